@@ -1,0 +1,107 @@
+"""speedflags: PyTorch's Tensor Core fast paths, switched on safely and restored exactly.
+
+Every lever (TF32, matmul precision, cuDNN benchmark, SDPA kernels, autocast) is a
+reversible context manager and decorator built on one :class:`FlagLedger`, which records the
+state before and after each change, restores it exactly, and refuses to mix PyTorch's legacy
+and new TF32 APIs.
+
+Example:
+    >>> import torch, speedflags
+    >>> with speedflags.fast_math(tf32=True, amp="bf16", device="cpu"):
+    ...     y = torch.ones(4, 4) @ torch.ones(4, 4)
+    >>> y.dtype
+    torch.bfloat16
+"""
+
+from ._ledger import FlagLedger, FlagRecord, Frame, ledger
+from ._sentinel import UNSET
+from ._version import __version__
+from .errors import (
+    DriftWarning,
+    InvalidTypeError,
+    InvalidValueError,
+    LedgerOrderError,
+    LeverUnavailableError,
+    MixedTF32APIError,
+    RestoreError,
+    SlowPathWarning,
+    SpeedflagsError,
+    SpeedflagsWarning,
+    StateMismatchError,
+)
+from .fast_math import (
+    FastMath,
+    autocast,
+    cudnn_benchmark,
+    fast_math,
+    matmul_precision,
+    sdpa_backend,
+    tf32,
+)
+from .hardware import Capabilities, Capability, capabilities
+from .levers import Unreadable
+from .recommend import Recommendation, recommended
+from .status import TF32Status, heal_tf32, snapshot, tf32_status
+
+__all__ = [
+    "UNSET",
+    "Capabilities",
+    "Capability",
+    "DriftWarning",
+    "FastMath",
+    "FlagLedger",
+    "FlagRecord",
+    "Frame",
+    "InvalidTypeError",
+    "InvalidValueError",
+    "LedgerOrderError",
+    "LeverUnavailableError",
+    "MixedTF32APIError",
+    "Recommendation",
+    "RestoreError",
+    "SlowPathWarning",
+    "SpeedflagsError",
+    "SpeedflagsWarning",
+    "StateMismatchError",
+    "TF32Status",
+    "Unreadable",
+    "__version__",
+    "autocast",
+    "capabilities",
+    "cudnn_benchmark",
+    "fast_math",
+    "heal_tf32",
+    "ledger",
+    "matmul_precision",
+    "recommended",
+    "sdpa_backend",
+    "snapshot",
+    "tf32",
+    "tf32_status",
+]
+
+# Public classes say where users find them: <speedflags.FastMath ...>, not a private module.
+for _cls in (
+    Capabilities,
+    Capability,
+    FastMath,
+    FlagLedger,
+    FlagRecord,
+    Frame,
+    Recommendation,
+    TF32Status,
+    Unreadable,
+    DriftWarning,
+    InvalidTypeError,
+    InvalidValueError,
+    LedgerOrderError,
+    LeverUnavailableError,
+    MixedTF32APIError,
+    RestoreError,
+    SlowPathWarning,
+    SpeedflagsError,
+    SpeedflagsWarning,
+    StateMismatchError,
+):
+    _cls.__module__ = __name__
+del _cls

@@ -1,0 +1,160 @@
+"""Turn "open a frame / close a frame" into a decorator for any kind of callable.
+
+Plain functions get one frame per call. Generator, coroutine and async-generator functions
+get one frame per *step*: the levers hold while the body runs and are restored whenever it
+suspends at a ``yield`` or ``await``, so code that runs in between (the consumer of a
+generator, other tasks on the event loop) never sees them. This is what
+``torch.no_grad``'s generator support does; ``contextlib.ContextDecorator`` instead wraps only
+the creation of the generator or coroutine object (CPython gh-125862).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from typing import Any, AsyncGenerator, Callable, Generator, Optional, Tuple, TypeVar
+
+from .errors import InvalidTypeError
+
+if sys.version_info >= (3, 10):
+    from contextlib import aclosing
+else:  # pragma: no cover - Python 3.9
+    from contextlib2 import aclosing
+
+F = TypeVar("F", bound=Callable[..., Any])
+Where = Optional[Tuple[str, int]]
+OpenFrame = Callable[[Where], Any]
+CloseFrame = Callable[[Any, Where], None]
+
+
+def caller_where(depth: int = 2) -> Where:
+    """``(filename, lineno)`` of the frame ``depth`` levels above the caller of this function."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:  # pragma: no cover - shallower stack than expected
+        return None
+    return (f.f_code.co_filename, f.f_lineno)
+
+
+def decorate(func: F, open_frame: OpenFrame, close_frame: CloseFrame, what: str) -> F:
+    """Wrap ``func`` so that each call (or each step) runs inside a frame."""
+    if isinstance(func, type):
+        raise InvalidTypeError(
+            f"{what} cannot decorate the class {func.__qualname__!r}: it is ambiguous whether "
+            "the constructor or every method should run with the levers; decorate the methods"
+        )
+    if isinstance(func, (staticmethod, classmethod)):
+        return type(func)(decorate(func.__func__, open_frame, close_frame, what))
+    if not callable(func):
+        raise InvalidTypeError(f"{what} can only decorate a callable, got {func!r}")
+
+    if inspect.isasyncgenfunction(func):
+
+        @functools.wraps(func)
+        async def async_gen_wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+            where = caller_where()
+            to_send: Any = None
+            to_throw: Optional[BaseException] = None
+            # aclosing: whatever ends this loop (even a step that fails inside speedflags),
+            # the wrapped generator is closed and its cleanup runs.
+            async with aclosing(func(*args, **kwargs)) as agen:
+                try:
+                    while True:
+                        if to_throw is not None:
+                            step = agen.athrow(to_throw)
+                            to_throw = None
+                        else:
+                            step = agen.asend(to_send)
+                        item = await _Stepped(step.__await__(), open_frame, close_frame, where)
+                        try:
+                            to_send = yield item
+                        except GeneratorExit:
+                            # closed early by the consumer: the generator's cleanup runs
+                            # with the levers, like every other step
+                            await _Stepped(
+                                agen.aclose().__await__(), open_frame, close_frame, where
+                            )
+                            raise
+                        except BaseException as exc:
+                            to_throw = exc
+                except StopAsyncIteration:
+                    return
+
+        return async_gen_wrapper  # type: ignore[return-value]
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
+            where = caller_where()
+            return await _Stepped(func(*args, **kwargs).__await__(), open_frame, close_frame, where)
+
+        return coroutine_wrapper  # type: ignore[return-value]
+
+    if inspect.isgeneratorfunction(func):
+
+        @functools.wraps(func)
+        def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+            return (
+                yield from _steps(func(*args, **kwargs), open_frame, close_frame, caller_where())
+            )
+
+        return generator_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        where = caller_where()
+        frame = open_frame(where)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_frame(frame, where)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _steps(
+    it: Any, open_frame: OpenFrame, close_frame: CloseFrame, where: Where
+) -> Generator[Any, Any, Any]:
+    """Drive a generator-like ``it`` (send/throw/close), one frame around every step."""
+    to_send: Any = None
+    to_throw: Optional[BaseException] = None
+    while True:
+        frame = open_frame(where)
+        try:
+            if to_throw is not None:
+                exc, to_throw = to_throw, None
+                item = it.throw(exc)
+            else:
+                item = it.send(to_send)
+        except StopIteration as stop:
+            return stop.value
+        finally:
+            close_frame(frame, where)
+        try:
+            to_send = yield item
+        except GeneratorExit:
+            frame = open_frame(where)
+            try:
+                it.close()
+            finally:
+                close_frame(frame, where)
+            raise
+        except BaseException as exc:
+            to_throw = exc
+
+
+class _Stepped:
+    """An awaitable that runs another awaitable's iterator one frame per step."""
+
+    __slots__ = ("_close", "_it", "_open", "_where")
+
+    def __init__(self, it: Any, open_frame: OpenFrame, close_frame: CloseFrame, where: Where):
+        self._it = it
+        self._open = open_frame
+        self._close = close_frame
+        self._where = where
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return _steps(self._it, self._open, self._close, self._where)

@@ -1,0 +1,736 @@
+"""The FlagLedger: every lever change goes through here, is recorded, and is undone exactly.
+
+The ledger knows levers only through the :class:`~speedflags.levers._base.Lever` protocol.
+
+Stacks. For each piece of torch state (a lever *domain*) the ledger keeps a stack of the
+open frames that set it, each with the state it found. Process-wide domains have one stack;
+thread-local ones (autocast) one per thread. Closing the top entry restores the state it
+found. Closing an entry below others (a frame of another thread that exits first, or an
+out-of-order exit) restores the state it found and then re-applies the entries above it, so
+every frame still open keeps what it asked for and the base state comes back once the last
+one exits.
+
+Hot path. ``@speedup`` enters and exits a frame every training step, so a frame's levers are
+compiled once into a :class:`Program` (domains, stack keys, hooks), and the history stores
+one tuple per frame operation; per-lever :class:`FlagRecord` objects are built only when
+``history`` is read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
+
+from . import _warn
+from ._version import __version__
+from .errors import DriftWarning, LedgerOrderError, RestoreError
+from .levers._base import Lever, Unreadable
+
+Where = Optional[Tuple[str, int]]
+LeverItem = Tuple[Lever, Any, str]  # (lever, requested value, reason to record)
+
+DEFAULT_HISTORY_SIZE = 4096
+_now = time.time
+_get_ident = threading.get_ident
+
+# History entries (tuples; the first field says which shape):
+#   (_SET, seq, time, frame, where, befores, afters)           one record per lever, in order
+#   (_RESTORE, seq, time, frame, where, found, restored, notes) one per lever, reverse order
+#   (_ONE, seq, time, origin, where, lever, action, reason, before, after)  a single record
+_SET, _RESTORE, _ONE = 0, 1, 2
+
+
+def format_where(where: Where) -> str:
+    """``"train.py:42"`` for a ``(filename, lineno)`` pair; ``""`` when unknown."""
+    if where is None:
+        return ""
+    return f"{where[0]}:{where[1]}"
+
+
+class Program:
+    """A frame's levers, compiled once: what the ledger needs on every enter and exit."""
+
+    __slots__ = (
+        "checks",
+        "domains",
+        "hooks",
+        "keys",
+        "levers",
+        "n",
+        "prev",
+        "reads",
+        "reasons",
+        "rows",
+        "skipped",
+        "values",
+    )
+
+    def __init__(self, items: Sequence[LeverItem], skipped: Sequence[Tuple[str, str]] = ()):
+        self.levers: Tuple[Lever, ...] = tuple(lever for lever, _, _ in items)
+        self.values: Tuple[Any, ...] = tuple(value for _, value, _ in items)
+        self.reasons: Tuple[str, ...] = tuple(reason for _, _, reason in items)
+        self.domains: Tuple[str, ...] = tuple(lever.domain for lever in self.levers)
+        # process-wide stacks are keyed by domain; thread-local ones by (domain, thread)
+        self.keys: Tuple[Optional[str], ...] = tuple(
+            None if lever.scope == "thread" else lever.domain for lever in self.levers
+        )
+        # index of the previous lever of the same domain (it hands over its state), or -1
+        self.prev: Tuple[int, ...] = tuple(
+            max((j for j in range(i) if self.domains[j] == self.domains[i]), default=-1)
+            for i in range(len(self.levers))
+        )
+        self.checks: Tuple[bool, ...] = tuple(
+            bool(getattr(lever, "checks_state", True)) for lever in self.levers
+        )
+        self.hooks: Tuple[bool, ...] = tuple(
+            bool(getattr(lever, "has_hooks", True)) for lever in self.levers
+        )
+        self.skipped: Tuple[Tuple[str, str], ...] = tuple(skipped)
+        self.n = len(self.levers)
+        # What open() iterates over, precomputed: (index, lever, value, prev, key, domain, hook)
+        self.rows = tuple(
+            zip(
+                range(self.n),
+                self.levers,
+                self.values,
+                self.prev,
+                self.keys,
+                self.domains,
+                self.hooks,
+            )
+        )
+        # The levers whose state must be read (first of their domain), and whether to check it
+        self.reads = tuple(
+            (i, self.levers[i], self.checks[i]) for i in range(self.n) if self.prev[i] < 0
+        )
+
+
+class _Origin:
+    """Where an event that is not a frame came from (``note``): a label and a thread."""
+
+    __slots__ = ("id", "label", "thread")
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.id = 0
+        self.thread = threading.current_thread().name
+
+
+class FlagRecord:
+    """One entry of the ledger's history: what happened to one lever, where and why.
+
+    Attributes:
+        seq: position in the process's history (increasing).
+        time: ``time.time()`` of the frame's entry or exit (or of the event).
+        lever: the lever's name (``"tf32"``), or ``"speedup"`` and the like for events.
+        action: ``"set"``, ``"restore"``, ``"skip"`` or ``"heal"`` (and event names).
+        before, after: the lever's observable state before and after (JSON-friendly).
+        reason: why, in words: no effect on this device, drift found, rolled back, ...
+        label: the frame's label (``"fast_math(tf32=True)"``).
+        frame: the frame's id (a set and its restore share it; 0 for events).
+        thread: the name of the thread that made the change.
+        where: ``"file.py:line"`` of the user code that entered or exited the block.
+    """
+
+    __slots__ = (
+        "_after",
+        "_before",
+        "_describe",
+        "action",
+        "frame",
+        "label",
+        "lever",
+        "reason",
+        "seq",
+        "thread",
+        "time",
+        "where",
+    )
+
+    def __init__(
+        self,
+        seq: int,
+        when: float,
+        lever: Any,
+        action: str,
+        reason: str,
+        origin: Any,
+        where: Where,
+        before: Any,
+        after: Any,
+    ) -> None:
+        self.seq = seq
+        self.time = when
+        if isinstance(lever, str):
+            self.lever = lever
+            self._describe: Optional[Callable[[Any], Any]] = None
+        else:
+            self.lever = lever.name
+            self._describe = lever.describe
+        self.action = action
+        self.reason = reason
+        self.label: str = origin.label
+        self.frame: int = origin.id
+        self.thread: str = origin.thread
+        self.where = format_where(where)
+        self._before = before
+        self._after = after
+
+    @property
+    def before(self) -> Any:
+        return self._describe(self._before) if self._describe else self._before
+
+    @property
+    def after(self) -> Any:
+        return self._describe(self._after) if self._describe else self._after
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain, JSON-friendly values."""
+        return {
+            "seq": self.seq,
+            "time": self.time,
+            "lever": self.lever,
+            "action": self.action,
+            "before": self.before,
+            "after": self.after,
+            "reason": self.reason,
+            "label": self.label,
+            "frame": self.frame,
+            "thread": self.thread,
+            "where": self.where,
+        }
+
+    def __repr__(self) -> str:
+        reason = f", reason={self.reason!r}" if self.reason else ""
+        return (
+            f"FlagRecord(lever={self.lever!r}, action={self.action!r}, before={self.before!r}, "
+            f"after={self.after!r}{reason}, label={self.label!r}, where={self.where!r})"
+        )
+
+
+class Frame:
+    """One ``fast_math`` block or decorated call, as the ledger sees it.
+
+    ``with fast_math(...) as frame:`` binds it. Attributes: ``id``, ``label``, ``device``
+    (the device the levers were resolved for), ``levers`` (names, in application order),
+    ``values`` (what each lever was set to, after ``"auto"`` resolution), ``thread`` (the
+    thread's name), ``where`` and ``closed``.
+    """
+
+    __slots__ = (
+        "_thread",
+        "_where",
+        "afters",
+        "applied",
+        "befores",
+        "closed",
+        "device",
+        "id",
+        "label",
+        "owner",
+        "program",
+        "thread_id",
+    )
+
+    def __init__(
+        self,
+        frame_id: int,
+        label: str,
+        owner: object,
+        where: Where,
+        device: Optional[str],
+        program: Program,
+    ) -> None:
+        self.id = frame_id
+        self.label = label
+        self.owner = owner
+        self.thread_id = _get_ident()
+        self._thread = threading.current_thread()
+        self._where = where
+        self.device = device
+        self.closed = False
+        self.program = program
+        n = program.n
+        self.befores: List[Any] = [None] * n
+        self.afters: List[Any] = [None] * n
+        self.applied = 0
+
+    def key(self, i: int) -> Hashable:
+        """The stack key of lever ``i``: its domain, or (domain, thread) if thread-local."""
+        key = self.program.keys[i]
+        return (self.program.domains[i], self.thread_id) if key is None else key
+
+    @property
+    def thread(self) -> str:
+        return self._thread.name
+
+    @property
+    def where(self) -> str:
+        return format_where(self._where)
+
+    @property
+    def levers(self) -> tuple[str, ...]:
+        return tuple(lever.name for lever in self.program.levers[: self.applied])
+
+    @property
+    def values(self) -> dict[str, Any]:
+        program = self.program
+        return {
+            program.levers[i].name: program.levers[i].describe_value(program.values[i])
+            for i in range(self.applied)
+        }
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<Frame {self.id} {self.label!r} {state} at {self.where} in {self.thread}>"
+
+
+class FlagLedger:
+    """Applies, records and restores lever changes for a process.
+
+    Use :func:`speedflags.ledger` for the process's ledger: the flags it guards are
+    process-wide, so all frames must go through one ledger. Scope: process; its operations
+    are thread-safe (one lock), and thread-local levers (autocast) are kept per thread.
+    Closing a frame restores each of its levers to the state it found.
+
+    Example:
+        >>> import speedflags
+        >>> with speedflags.fast_math(cudnn_benchmark=True):
+        ...     pass
+        >>> [(r.lever, r.action) for r in speedflags.ledger().history[-2:]]
+        [('cudnn_benchmark', 'set'), ('cudnn_benchmark', 'restore')]
+
+    Args:
+        history_size: how many recent records ``history`` keeps (a ring: a training loop
+            that enters a frame every step must not grow memory).
+    """
+
+    def __init__(self, history_size: int = DEFAULT_HISTORY_SIZE) -> None:
+        if not _is_positive_int(history_size):
+            raise ValueError(f"history_size={history_size!r}: expected a positive int")
+        self._history_size = history_size
+        # Levers never call back into the ledger, so a plain (cheaper) lock is enough.
+        self._lock = threading.Lock()
+        # domain -> [(frame, index)] (process scope); (domain, thread id) -> ... (thread scope)
+        self._stacks: Dict[Hashable, List[Tuple[Frame, int]]] = {}
+        self._threads: Dict[int, List[Frame]] = {}
+        # Each entry holds one or more records, so the ring never needs more entries than
+        # records kept.
+        self._history: Deque[tuple[Any, ...]] = deque(maxlen=history_size)
+        self._seq = 0
+        self._frame_ids = itertools.count(1)
+
+    # --- inspection ----------------------------------------------------------------------
+
+    @property
+    def history(self) -> tuple[FlagRecord, ...]:
+        """The most recent records (at most ``history_size``), oldest first (a copy)."""
+        with self._lock:
+            raw = tuple(self._history)
+        records: List[FlagRecord] = []
+        for entry in raw:
+            records.extend(_expand(entry))
+        return tuple(records[-self._history_size :])
+
+    def clear_history(self) -> None:
+        """Forget the recorded history (open frames and their restore data are kept)."""
+        with self._lock:
+            self._history.clear()
+
+    def open_frames(self) -> tuple[Frame, ...]:
+        """Every frame open now, in all threads, in order of entry."""
+        with self._lock:
+            frames = [f for stack in self._threads.values() for f in stack]
+        return tuple(sorted(frames, key=lambda f: f.id))
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        """The history as JSON, with the PyTorch and speedflags versions and the process id."""
+        import torch  # local: the ledger itself never needs torch
+
+        payload = {
+            "speedflags": __version__,
+            "torch": torch.__version__,
+            "pid": os.getpid(),
+            "records": [r.to_dict() for r in self.history],
+        }
+        return json.dumps(payload, indent=indent, default=json_default)
+
+    def __repr__(self) -> str:
+        return f"<FlagLedger: {len(self._history)} entries, {len(self.open_frames())} open frames>"
+
+    def note(
+        self,
+        lever: str,
+        action: str,
+        reason: str,
+        *,
+        before: Any = None,
+        after: Any = None,
+        label: str = "",
+        where: Where = None,
+    ) -> FlagRecord:
+        """Append an event that is not a frame (a heal, a compile fallback) to the history."""
+        origin = _Origin(label)
+        with self._lock:
+            entry = self._one(origin, where, lever, action, reason, before, after)
+        return next(iter(_expand(entry)))
+
+    def _one(
+        self,
+        origin: Any,
+        where: Where,
+        lever: Any,
+        action: str,
+        reason: str,
+        before: Any,
+        after: Any,
+    ) -> tuple[Any, ...]:
+        # a single record; the caller holds the lock
+        self._seq += 1
+        entry = (_ONE, self._seq, _now(), origin, where, lever, action, reason, before, after)
+        self._history.append(entry)
+        return entry
+
+    # --- frames --------------------------------------------------------------------------
+
+    def open(
+        self,
+        program: Program,
+        label: str,
+        where: Where = None,
+        owner: object = None,
+        device: Optional[str] = None,
+    ) -> Frame:
+        """Apply ``program``'s levers as one frame and return the frame.
+
+        All levers' states are read and checked first (a mixed TF32 state is refused before
+        anything changes); then, in order, each is written and pushed on its domain's stack.
+        If any lever fails, the levers already applied are restored before the error
+        propagates.
+        """
+        frame = Frame(next(self._frame_ids), label, owner, where, device, program)
+        tid = frame.thread_id
+        befores = frame.befores
+        afters = frame.afters
+        stacks = self._stacks
+        with self._lock:
+            for i, lever, check in program.reads:
+                state = befores[i] = lever.read()
+                if check:
+                    lever.check(state)  # may refuse: nothing has changed yet
+            i = 0
+            try:
+                for i, lever, value, p, key, domain, hook in program.rows:
+                    before = befores[i] if p < 0 else afters[p]
+                    befores[i] = before
+                    if key is None:
+                        key = (domain, tid)
+                    stack = stacks.get(key)
+                    if stack is None:
+                        stack = stacks[key] = []
+                    # Pushed before writing, so a write that fails half-way is rolled back too.
+                    stack.append((frame, i))
+                    frame.applied = i + 1
+                    afters[i] = lever.apply(value, before)
+                    if hook:
+                        lever.opened()
+            except BaseException as exc:
+                self._roll_back(frame, i, exc, where)
+                raise
+            n = program.n
+            self._seq += n
+            self._history.append(
+                (_SET, self._seq - n + 1, _now(), frame, where, tuple(befores), tuple(afters))
+            )
+            if program.skipped:
+                for name, reason in program.skipped:
+                    self._one(frame, where, name, "skip", reason, None, None)
+            frames = self._threads.get(tid)
+            if frames is None:
+                self._threads[tid] = [frame]
+            else:
+                frames.append(frame)
+        return frame
+
+    def _roll_back(self, frame: Frame, failed: int, exc: BaseException, where: Where) -> None:
+        errors: List[BaseException] = []
+        program = frame.program
+        for i in range(frame.applied - 1, -1, -1):
+            lever = program.levers[i]
+            try:
+                current = lever.read()
+                before = frame.befores[i]
+                restored = lever.restore(before, current) if current != before else current
+                self._one(
+                    frame,
+                    where,
+                    lever,
+                    "restore",
+                    f"rolled back: entering failed with {type(exc).__name__}",
+                    current,
+                    restored,
+                )
+            except BaseException as err:  # keep rolling back the others
+                errors.append(err)
+            finally:
+                self._unlink(frame, i)
+                if program.hooks[i] and i != failed:
+                    lever.closed()
+        frame.applied = 0
+        frame.closed = True
+        if errors:
+            raise RestoreError(
+                f"entering {frame.label!r} failed ({type(exc).__name__}: {exc}) and rolling back "
+                f"failed too: {'; '.join(f'{type(e).__name__}: {e}' for e in errors)}",
+                errors,
+            ) from errors[0]
+
+    def _unlink(self, frame: Frame, i: int) -> None:
+        key = frame.key(i)
+        stack = self._stacks.get(key)
+        if stack is None:
+            return
+        for j in range(len(stack) - 1, -1, -1):
+            entry = stack[j]
+            if entry[0] is frame and entry[1] == i:
+                del stack[j]
+                break
+        if not stack and isinstance(key, tuple):
+            # per-thread stacks go with their thread; process stacks are few and reused
+            del self._stacks[key]
+
+    def innermost(self, owner: object) -> Frame:
+        """The calling thread's innermost open frame entered through ``owner``."""
+        frames = self._threads.get(_get_ident(), ())
+        for frame in reversed(frames):
+            if frame.owner is owner:
+                return frame
+        raise LedgerOrderError(
+            f"{owner!r} is exited but was not entered in this thread "
+            "(each 'with' must exit in the thread that entered it)"
+        )
+
+    def close(self, frame: Frame, where: Where = None) -> None:
+        """Restore every lever of ``frame`` (in reverse order, trying each one) and close it.
+
+        Raises:
+            LedgerOrderError: the frame is closed already, belongs to another thread, or is
+                not the thread's innermost frame. In the last case the frame is still
+                closed correctly (frames opened after it keep their levers) before raising.
+            RestoreError: several levers could not be restored; the others were. A single
+                failure is raised as itself.
+        """
+        tid = _get_ident()
+        errors: Optional[List[BaseException]] = None
+        with self._lock:
+            if frame.closed:
+                raise LedgerOrderError(f"frame {frame.label!r} ({frame.where}) is already closed")
+            if frame.thread_id != tid:
+                raise LedgerOrderError(
+                    f"frame {frame.label!r} was entered in thread {frame.thread!r} and cannot be "
+                    f"exited from thread {threading.current_thread().name!r}; nothing was restored"
+                )
+            program = frame.program
+            befores = frame.befores
+            afters = frame.afters
+            stacks = self._stacks
+            n = frame.applied
+            found: List[Any] = [None] * n
+            restored: List[Any] = [None] * n
+            notes: Optional[Dict[int, str]] = None
+            rows = program.rows
+            for k in range(n - 1, -1, -1):
+                i, lever, _, _, key, domain, hook = rows[k]
+                try:
+                    if key is None:
+                        key = (domain, tid)
+                    stack = stacks[key]
+                    top_frame, top_i = stack[-1]
+                    current = found[i] = lever.read()
+                    if top_frame is frame and top_i == i:
+                        if current != afters[i]:
+                            if notes is None:
+                                notes = {}
+                            notes[i] = self._drift(lever, current, afters[i], befores[i], frame)
+                        stack.pop()
+                        if not stack and key.__class__ is tuple:
+                            del stacks[key]
+                        before = befores[i]
+                        try:
+                            restored[i] = (
+                                lever.restore(before, current) if current != before else current
+                            )
+                        finally:
+                            if hook:
+                                lever.closed()
+                    else:
+                        restored[i] = self._close_buried(frame, i, current, where)
+                        if notes is None:
+                            notes = {}
+                        notes[i] = "closed under frames entered later; see the records around it"
+                except BaseException as exc:  # every lever is restored even if one fails
+                    if errors is None:
+                        errors = []
+                    errors.append(exc)
+                    if notes is None:
+                        notes = {}
+                    notes[i] = f"failed: {type(exc).__name__}: {exc}"
+                    restored[i] = lever.read()
+            frame.closed = True
+            self._seq += n
+            self._history.append(
+                (
+                    _RESTORE,
+                    self._seq - n + 1,
+                    _now(),
+                    frame,
+                    where,
+                    tuple(found),
+                    tuple(restored),
+                    notes,
+                )
+            )
+            frames = self._threads[tid]
+            innermost = frames[-1]
+            if innermost is frame:
+                frames.pop()
+            else:
+                frames.remove(frame)
+            if not frames:
+                del self._threads[tid]
+        if innermost is not frame or errors:
+            self._raise_close_errors(frame, innermost, errors or [])
+
+    def _close_buried(self, frame: Frame, i: int, current: Any, where: Where) -> Any:
+        # Entries above this one belong to frames still open: put back the state this entry
+        # found, then re-apply theirs on top of it, in their order.
+        stack = self._stacks[frame.key(i)]
+        position = next(j for j, (f, k) in enumerate(stack) if f is frame and k == i)
+        later = stack[position + 1 :]
+        lever = frame.program.levers[i]
+        top_frame, top_i = later[-1]
+        if current != top_frame.afters[top_i]:
+            self._drift(lever, current, top_frame.afters[top_i], frame.befores[i], frame)
+        del stack[position]
+        state = lever.restore(frame.befores[i], current)
+        if frame.program.hooks[i]:
+            lever.closed()
+        for other, j in later:
+            other_lever = other.program.levers[j]
+            other.befores[j] = state
+            other.afters[j] = state = other_lever.apply(other.program.values[j], state)
+            self._one(
+                other,
+                where,
+                other_lever,
+                "set",
+                f"re-applied: {frame.label!r}, entered earlier, exited first",
+                other.befores[j],
+                other.afters[j],
+            )
+        return state
+
+    @staticmethod
+    def _raise_close_errors(frame: Frame, innermost: Frame, errors: List[BaseException]) -> None:
+        interrupts = [e for e in errors if not isinstance(e, Exception)]
+        if interrupts:
+            raise interrupts[0]
+        cause = errors[0] if errors else None
+        if innermost is not frame:
+            raise LedgerOrderError(
+                f"frame {frame.label!r} (entered at {frame.where}) exited while "
+                f"{innermost.label!r} (entered later, at {innermost.where}) is still open in this "
+                "thread; blocks must exit in reverse order of entry. The exited frame's levers "
+                "were restored and the later frame keeps its own."
+            ) from cause
+        if len(errors) == 1:
+            raise errors[0]
+        raise RestoreError(
+            f"restoring {len(errors)} levers of {frame.label!r} failed (the others were "
+            f"restored): {'; '.join(f'{type(e).__name__}: {e}' for e in errors)}",
+            errors,
+        ) from cause
+
+    def _drift(self, lever: Lever, found: Any, expected: Any, restoring: Any, frame: Frame) -> str:
+        message = (
+            f"{lever.name} was changed inside {frame.label!r} (entered at {frame.where}): found "
+            f"{lever.describe(found)!r} where the block had set {lever.describe(expected)!r}; "
+            f"restoring {lever.describe(restoring)!r}"
+        )
+        _warn.warn_once((lever.name, found, expected, restoring), message, DriftWarning)
+        return f"drift: found {lever.describe(found)!r}, expected {lever.describe(expected)!r}"
+
+
+def _expand(entry: tuple[Any, ...]) -> List[FlagRecord]:
+    kind = entry[0]
+    if kind == _ONE:
+        _, seq, when, origin, where, lever, action, reason, before, after = entry
+        return [FlagRecord(seq, when, lever, action, reason, origin, where, before, after)]
+    if kind == _SET:
+        _, seq, when, frame, where, befores, afters = entry
+        program = frame.program
+        return [
+            FlagRecord(
+                seq + i,
+                when,
+                program.levers[i],
+                "set",
+                program.reasons[i],
+                frame,
+                where,
+                befores[i],
+                afters[i],
+            )
+            for i in range(len(befores))
+        ]
+    _, seq, when, frame, where, found, restored, notes = entry
+    program = frame.program
+    n = len(found)
+    return [
+        FlagRecord(
+            seq + k,
+            when,
+            program.levers[i],
+            "restore",
+            (notes or {}).get(i, ""),
+            frame,
+            where,
+            found[i],
+            restored[i],
+        )
+        for k, i in enumerate(range(n - 1, -1, -1))
+    ]
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps`` fallback for the values speedflags records."""
+    if isinstance(value, Unreadable):
+        return value.to_json()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    return str(value)
+
+
+_PROCESS_LEDGER = FlagLedger()
+
+
+def ledger() -> FlagLedger:
+    """The process's :class:`FlagLedger` (all speedflags frames go through it).
+
+    Scope: process. Reading it changes nothing.
+
+    Example:
+        >>> import speedflags
+        >>> speedflags.ledger() is speedflags.ledger()
+        True
+    """
+    return _PROCESS_LEDGER

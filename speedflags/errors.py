@@ -1,0 +1,105 @@
+"""Exceptions and warnings raised by speedflags.
+
+Every exception subclasses :class:`SpeedflagsError` *and* the builtin a caller would
+naturally catch (``ValueError`` for a bad value, ``RuntimeError`` for a state problem), so
+``except ValueError`` keeps working for code that does not know about speedflags.
+
+Example:
+    >>> import speedflags
+    >>> try:
+    ...     speedflags.fast_math(amp="bf17")
+    ... except ValueError as exc:
+    ...     print(type(exc).__name__)
+    InvalidValueError
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = [
+    "DriftWarning",
+    "InvalidTypeError",
+    "InvalidValueError",
+    "LedgerOrderError",
+    "LeverUnavailableError",
+    "MixedTF32APIError",
+    "RestoreError",
+    "SlowPathWarning",
+    "SpeedflagsError",
+    "SpeedflagsWarning",
+    "StateMismatchError",
+]
+
+
+class SpeedflagsError(Exception):
+    """Base class of every error speedflags raises.
+
+    Example:
+        >>> import speedflags
+        >>> issubclass(speedflags.MixedTF32APIError, speedflags.SpeedflagsError)
+        True
+    """
+
+
+class InvalidValueError(SpeedflagsError, ValueError):
+    """An argument has the right type but a value outside its valid choices.
+
+    Raised at construction (``fast_math(amp="bf17")``), before any torch state is touched.
+    The message names the argument, shows the value with ``repr`` and lists the valid ones.
+    """
+
+
+class InvalidTypeError(SpeedflagsError, TypeError):
+    """An argument has the wrong type (``fast_math(tf32="yes")``).
+
+    Raised at construction, before any torch state is touched.
+    """
+
+
+class MixedTF32APIError(SpeedflagsError, RuntimeError):
+    """PyTorch's legacy and new TF32 APIs disagree, so a legacy getter would raise.
+
+    speedflags refuses to change TF32 or matmul precision from such a state, because
+    PyTorch's own compile, autotune and benchmark paths read the legacy getters and crash.
+    The message names the settings that disagree; :func:`speedflags.heal_tf32` is the fix.
+    """
+
+
+class LeverUnavailableError(SpeedflagsError, RuntimeError):
+    """With ``strict=True``: a lever would have no effect on this device (or no native speed-up)."""
+
+
+class LedgerOrderError(SpeedflagsError, RuntimeError):
+    """A frame was exited out of order, twice, or from a thread other than its own."""
+
+
+class StateMismatchError(SpeedflagsError, RuntimeError):
+    """A write left PyTorch in a different state than the one speedflags asked for.
+
+    This means PyTorch behaves differently from what speedflags was built against; the
+    message shows the intended and the actual state. The frame being entered is rolled back.
+    """
+
+
+class RestoreError(SpeedflagsError, RuntimeError):
+    """Restoring one or more levers failed; every other lever was still restored.
+
+    ``errors`` holds each underlying exception; the first is also ``__cause__``.
+    """
+
+    def __init__(self, message: str, errors: Sequence[BaseException] = ()) -> None:
+        super().__init__(message)
+        self.errors: tuple[BaseException, ...] = tuple(errors)
+
+
+class SpeedflagsWarning(UserWarning):
+    """Base class of the warnings speedflags emits (each cause is reported once)."""
+
+
+class DriftWarning(SpeedflagsWarning):
+    """Code inside a block changed a lever the block had set; the exit restores it anyway."""
+
+
+class SlowPathWarning(SpeedflagsWarning):
+    """A requested lever runs slower than the default on this device (fp16 autocast on a CPU)."""

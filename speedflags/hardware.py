@@ -1,0 +1,353 @@
+"""What a device can do, each answer with the reason behind it.
+
+Answers are computed once per device and cached: hardware does not change while a process
+runs. Nothing here writes torch state. Asking about a CUDA device initialises CUDA, as any
+``torch.cuda.get_device_capability`` call does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Tuple, Union
+
+import torch
+
+from .errors import InvalidTypeError, InvalidValueError
+
+__all__ = ["Capabilities", "Capability", "capabilities", "default_device", "resolve_device"]
+
+DeviceLike = Union[str, torch.device, None]
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One yes/no answer about a device, with the reason.
+
+    ``bool(capability)`` is ``supported``.
+
+    Example:
+        >>> from speedflags import capabilities
+        >>> cap = capabilities("cpu").tf32
+        >>> bool(cap), cap.reason
+        (False, 'TF32 is a tensor-core mode of NVIDIA Ampere (sm80) and newer GPUs; a CPU has none')
+    """
+
+    supported: bool
+    reason: str
+
+    def __bool__(self) -> bool:
+        return self.supported
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one device can do (see :func:`capabilities`).
+
+    Attributes:
+        device: the device these answers are about (``"cuda:0"``, ``"cpu"``).
+        name: the GPU's name, or the CPU's model name.
+        compute_capability: ``(major, minor)`` for a CUDA device, else ``None``.
+        tf32: TF32 tensor-core matmuls and convolutions.
+        bf16: *native* bfloat16 arithmetic (not emulated; ``torch.cuda.is_bf16_supported()``
+            says True on a T4 because it counts emulation).
+        fp16: fast float16 arithmetic.
+        flash_sdpa, efficient_sdpa, cudnn_sdpa: which fused attention kernels can run.
+        cpu_bf16: bfloat16 instructions on the host CPU (AVX512-BF16 or AMX-BF16).
+    """
+
+    device: str
+    name: str
+    compute_capability: Optional[Tuple[int, int]]
+    tf32: Capability
+    bf16: Capability
+    fp16: Capability
+    flash_sdpa: Capability
+    efficient_sdpa: Capability
+    cudnn_sdpa: Capability
+    cpu_bf16: Capability
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict of every answer."""
+        return asdict(self)
+
+
+def normalize_device(value: DeviceLike, call: str = "device") -> Optional[torch.device]:
+    """Validate a ``device=`` argument without touching any device state.
+
+    Errors read ``"{call}(device='gpu'): not a device PyTorch knows; ..."``.
+    """
+    if value is None:
+        return None
+    shown = f"{call}(device={value!r})"
+    if isinstance(value, torch.device):
+        device = value
+    elif isinstance(value, str):
+        try:
+            device = torch.device(value)
+        except RuntimeError:
+            raise InvalidValueError(
+                f"{shown}: not a device PyTorch knows; use 'cpu', 'cuda' or 'cuda:N'"
+            ) from None
+    else:
+        raise InvalidTypeError(
+            f"{shown}: expected a str or torch.device such as 'cpu' or 'cuda', "
+            f"got {type(value).__name__}"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise InvalidValueError(f"{shown}: speedflags supports the device types 'cpu' and 'cuda'")
+    return device
+
+
+_default: Optional[torch.device] = None
+
+
+def default_device() -> torch.device:
+    """``cuda`` when a CUDA device is available, else ``cpu`` (asked once per process)."""
+    global _default
+    if _default is None:
+        _default = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return _default
+
+
+def resolve_device(device: DeviceLike, call: str = "device") -> torch.device:
+    """The device a ``device=None`` (or string) argument stands for."""
+    normalized = normalize_device(device, call)
+    return default_device() if normalized is None else normalized
+
+
+_cache: dict[str, Capabilities] = {}
+_cache_lock = threading.Lock()
+
+
+def capabilities(device: DeviceLike = None) -> Capabilities:
+    """What ``device`` (default: CUDA if available, else CPU) can do, each with a reason.
+
+    Process scope; read-only: it changes no flag and restores nothing. Results are cached
+    per device.
+
+    Example:
+        >>> from speedflags import capabilities
+        >>> caps = capabilities("cpu")
+        >>> caps.device, caps.tf32.supported
+        ('cpu', False)
+    """
+    target = resolve_device(device, "capabilities")
+    index: Optional[int] = target.index
+    if target.type == "cuda" and index is None and torch.cuda.is_available():
+        target = torch.device("cuda", torch.cuda.current_device())
+    key = str(target)
+    cached = _cache.get(key)
+    if cached is not None:
+        return cached
+    caps = _cuda_capabilities(target) if target.type == "cuda" else _cpu_capabilities()
+    with _cache_lock:
+        _cache[key] = caps
+    return caps
+
+
+def _clear_cache() -> None:
+    # Tests that fake a GPU (compute capability) must not see answers cached for the real one.
+    global _default
+    with _cache_lock:
+        _cache.clear()
+        _default = None
+
+
+# --- CPU -----------------------------------------------------------------------------------
+
+
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    name, flags = "", frozenset[str]()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            lines = fh.readlines()
+    except OSError:  # not Linux: the torch.cpu probes answer instead
+        return name, flags
+    for line in lines:
+        key, _, val = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not name:
+            name = val.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = frozenset(val.split())
+        if name and flags:
+            break
+    return name, flags
+
+
+def _cpu_feature(torch_probe: str, cpuinfo_flags: frozenset[str], *flag_names: str) -> bool:
+    # torch.cpu._is_*_supported (2.3+) asks cpuinfo inside PyTorch; /proc/cpuinfo is the
+    # fallback for older PyTorch.
+    probe = getattr(torch.cpu, torch_probe, None)
+    if probe is not None:
+        return bool(probe())
+    return any(flag in cpuinfo_flags for flag in flag_names)
+
+
+def _host_cpu_bf16() -> Capability:
+    _, flags = _cpuinfo()
+    avx512_bf16 = _cpu_feature("_is_avx512_bf16_supported", flags, "avx512_bf16")
+    amx = _cpu_feature("_is_amx_tile_supported", flags, "amx_bf16")
+    arm_bf16 = "bf16" in flags  # aarch64 /proc/cpuinfo "Features"
+    if amx:
+        return Capability(True, "the CPU has AMX tiles (AMX-BF16)")
+    if avx512_bf16:
+        return Capability(True, "the CPU has AVX512-BF16 instructions")
+    if arm_bf16:
+        return Capability(True, "the CPU has Arm BF16 instructions")
+    return Capability(
+        False, "no AVX512-BF16, AMX or Arm BF16 instructions: bf16 runs emulated on this CPU"
+    )
+
+
+def _cpu_capabilities() -> Capabilities:
+    name, flags = _cpuinfo()
+    capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")()
+    cpu_bf16 = _host_cpu_bf16()
+    amx_fp16 = _cpu_feature("_is_amx_fp16_supported", flags, "amx_fp16")
+    avx512_fp16 = "avx512_fp16" in flags
+    if amx_fp16 or avx512_fp16:
+        fp16 = Capability(True, "the CPU has AMX-FP16 or AVX512-FP16 instructions")
+    else:
+        fp16 = Capability(
+            False,
+            "no AVX512-FP16 or AMX-FP16 instructions: fp16 on this CPU is emulated, "
+            "typically 40 to 1000 times slower than fp32",
+        )
+    no_fused = "fused kernel for CUDA GPUs only; CPU attention uses the flash (CPU) or math kernel"
+    return Capabilities(
+        device="cpu",
+        name=name or f"CPU ({capability or 'unknown ISA'})",
+        compute_capability=None,
+        tf32=Capability(
+            False,
+            "TF32 is a tensor-core mode of NVIDIA Ampere (sm80) and newer GPUs; a CPU has none",
+        ),
+        bf16=cpu_bf16,
+        fp16=fp16,
+        flash_sdpa=Capability(True, "PyTorch's CPU flash-attention kernel runs on any CPU"),
+        efficient_sdpa=Capability(False, f"memory-efficient attention is a {no_fused}"),
+        cudnn_sdpa=Capability(False, f"cuDNN attention is a {no_fused}"),
+        cpu_bf16=cpu_bf16,
+    )
+
+
+# --- CUDA ----------------------------------------------------------------------------------
+
+
+def _no_cuda_capabilities(device: torch.device) -> Capabilities:
+    built = torch.version.cuda or torch.version.hip
+    why = (
+        "CUDA is not available"
+        + ("" if built else " (this PyTorch is a CPU-only build)")
+        + f"; PyTorch {torch.__version__}"
+    )
+    off = Capability(False, why)
+    return Capabilities(
+        device=str(device),
+        name="(no CUDA device)",
+        compute_capability=None,
+        tf32=off,
+        bf16=off,
+        fp16=off,
+        flash_sdpa=off,
+        efficient_sdpa=off,
+        cudnn_sdpa=off,
+        cpu_bf16=_host_cpu_bf16(),
+    )
+
+
+def _cuda_capabilities(device: torch.device) -> Capabilities:
+    if not torch.cuda.is_available():
+        return _no_cuda_capabilities(device)
+    given: Optional[int] = device.index
+    index = given if given is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    name = torch.cuda.get_device_name(index)
+    sm = f"sm{major}{minor}"
+    rocm = torch.version.hip is not None
+    ampere = (major, minor) >= (8, 0)
+
+    if rocm:
+        tf32 = Capability(False, "TF32 is an NVIDIA tensor-core mode; this is a ROCm device")
+    elif not ampere:
+        tf32 = Capability(False, f"{name} is {sm}; TF32 needs Ampere (sm80) or newer")
+    elif os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        tf32 = Capability(
+            False,
+            "NVIDIA_TF32_OVERRIDE=0 disables TF32 inside the CUDA libraries, whatever PyTorch's "
+            "flags say",
+        )
+    else:
+        tf32 = Capability(True, f"{name} is {sm} (Ampere or newer)")
+
+    if ampere or (rocm and _rocm_bf16()):
+        bf16 = Capability(True, f"{name} ({sm}) has native bf16 tensor cores")
+    else:
+        bf16 = Capability(
+            False, f"{name} is {sm}; native bf16 needs sm80 or newer (older GPUs emulate it)"
+        )
+
+    if (major, minor) >= (7, 0):
+        fp16 = Capability(True, f"{name} ({sm}) has fp16 tensor cores")
+    elif (major, minor) >= (5, 3):
+        fp16 = Capability(True, f"{name} ({sm}) has native fp16 arithmetic (no tensor cores)")
+    else:
+        fp16 = Capability(False, f"{name} is {sm}; native fp16 needs sm53 or newer")
+
+    flash_built = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)()
+    if not flash_built:
+        flash = Capability(False, "this PyTorch build has no flash-attention kernel")
+    elif not ampere:
+        flash = Capability(False, f"{name} is {sm}; PyTorch's flash attention needs sm80+")
+    else:
+        flash = Capability(True, f"{name} ({sm}) runs flash attention for fp16/bf16 inputs")
+
+    if (major, minor) >= (5, 0):
+        efficient = Capability(True, f"{name} ({sm}) runs memory-efficient attention")
+    else:
+        efficient = Capability(False, f"{name} is {sm}; memory-efficient attention needs sm50+")
+
+    cudnn_version = cudnn_version_or_none()
+    if not hasattr(torch._C, "_set_sdp_use_cudnn"):
+        cudnn = Capability(False, f"PyTorch {torch.__version__} has no cuDNN attention backend")
+    elif cudnn_version is None or cudnn_version < 90000:
+        cudnn = Capability(False, f"cuDNN attention needs cuDNN 9; found {cudnn_version}")
+    elif not ampere:
+        cudnn = Capability(False, f"{name} is {sm}; cuDNN attention needs sm80+")
+    else:
+        cudnn = Capability(True, f"{name} ({sm}) with cuDNN {cudnn_version}")
+
+    return Capabilities(
+        device=str(torch.device("cuda", index)),
+        name=name,
+        compute_capability=(major, minor),
+        tf32=tf32,
+        bf16=bf16,
+        fp16=fp16,
+        flash_sdpa=flash,
+        efficient_sdpa=efficient,
+        cudnn_sdpa=cudnn,
+        cpu_bf16=_host_cpu_bf16(),
+    )
+
+
+def cudnn_available() -> bool:
+    """Whether this PyTorch build can use cuDNN (False on CPU-only builds)."""
+    return bool(torch.backends.cudnn.is_available())  # type: ignore[no-untyped-call]
+
+
+def cudnn_version_or_none() -> Optional[int]:
+    if not cudnn_available():
+        return None
+    version = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
+    return int(version) if version is not None else None
+
+
+def _rocm_bf16() -> bool:
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # PyTorch before the including_emulation argument
+        return bool(torch.cuda.is_bf16_supported())

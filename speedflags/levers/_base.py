@@ -1,0 +1,173 @@
+"""The Lever protocol: what the ledger needs to know about one reversible setting.
+
+A lever reads, writes and restores one piece of PyTorch state. The ledger never imports a
+concrete lever; it works through this protocol only.
+
+State values returned by :meth:`Lever.read` are hashable and compared with ``==``; they are
+internal (tuples) and turned into JSON-friendly values by :meth:`Lever.describe`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Literal, NamedTuple, Protocol
+
+import torch
+
+Scope = Literal["process", "thread"]
+
+
+class Unreadable:
+    """The value of a PyTorch getter that raises instead of answering.
+
+    PyTorch's legacy TF32 getters raise ``RuntimeError`` when the legacy and new APIs
+    disagree; :func:`speedflags.snapshot` reports such a getter with this value instead of
+    raising. Two ``Unreadable`` values are equal when the same error type and message
+    would be raised.
+
+    Example:
+        >>> from speedflags.levers._base import Unreadable
+        >>> Unreadable("RuntimeError", "mix of the legacy and new APIs")
+        <raises RuntimeError: mix of the legacy and new APIs>
+    """
+
+    __slots__ = ("error", "message")
+
+    def __init__(self, error: str, message: str) -> None:
+        self.error = error
+        self.message = message
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> Unreadable:
+        # PyTorch appends a C++ traceback on some builds; the first line carries the meaning.
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return cls(type(exc).__name__, message)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Unreadable):
+            return NotImplemented
+        return (self.error, self.message) == (other.error, other.message)
+
+    def __hash__(self) -> int:
+        return hash((Unreadable, self.error, self.message))
+
+    def __repr__(self) -> str:
+        return f"<raises {self.error}: {self.message}>"
+
+    def to_json(self) -> dict[str, str]:
+        """A JSON-friendly form: ``{"raises": "RuntimeError", "message": ...}``."""
+        return {"raises": self.error, "message": self.message}
+
+
+class Effect(NamedTuple):
+    """Whether a lever value changes what kernels do on a device, and why (not)."""
+
+    effective: bool
+    reason: str
+    slow: bool = False  # the lever works but makes things slower (fp16 autocast on a CPU)
+
+
+class Lever(Protocol):
+    """One reversible PyTorch setting.
+
+    Attributes:
+        name: the ``fast_math`` argument it implements (``"tf32"``).
+        scope: ``"process"`` for C++-global flags, ``"thread"`` for thread-local ones.
+        domain: the piece of torch state it reads and writes. Levers that share state
+            (``tf32`` and ``matmul_precision``) share a domain, so the ledger keeps one
+            stack of open frames for both.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def scope(self) -> Scope: ...
+
+    @property
+    def domain(self) -> str: ...
+
+    @property
+    def checks_state(self) -> bool:
+        """True if check() can refuse (the ledger skips the call otherwise)."""
+        ...
+
+    @property
+    def has_hooks(self) -> bool:
+        """True if opened()/closed() do something (the ledger skips the calls otherwise)."""
+        ...
+
+    def read(self) -> Hashable:
+        """The current state. Never raises."""
+        ...
+
+    def check(self, state: Any) -> None:
+        """Raise if no write may start from ``state`` (a mixed TF32 state). Changes nothing."""
+        ...
+
+    def apply(self, value: Any, before: Any) -> Hashable:
+        """Write ``value`` on top of ``before``; return the state read afterwards."""
+        ...
+
+    def restore(self, target: Any, current: Any) -> Hashable:
+        """Bring the state from ``current`` back to ``target``; return the state read afterwards."""
+        ...
+
+    def describe(self, state: Any) -> Any:
+        """A JSON-friendly view of ``state`` for snapshots, reports and history records."""
+        ...
+
+    def describe_value(self, value: Any) -> Any:
+        """A JSON-friendly view of a requested value."""
+        ...
+
+    def available(self, value: Any, device: torch.device) -> Effect:
+        """Whether ``value`` has an effect on ``device``, with the reason."""
+        ...
+
+    def opened(self) -> None:
+        """Called once when a frame entry for this lever opens (autocast nesting)."""
+        ...
+
+    def closed(self) -> None:
+        """Called once when that entry closes."""
+        ...
+
+
+class SimpleLever:
+    """Shared defaults for levers whose state is one plain value."""
+
+    name: str = ""
+    scope: Scope = "process"
+    domain: str = ""
+    checks_state: bool = False
+    has_hooks: bool = False
+
+    def check(self, state: Any) -> None:
+        return None
+
+    def opened(self) -> None:
+        return None
+
+    def closed(self) -> None:
+        return None
+
+    def describe(self, state: Any) -> Any:
+        return state
+
+    def describe_value(self, value: Any) -> Any:
+        return value
+
+    def __repr__(self) -> str:
+        return f"<lever {self.name} ({self.scope})>"
+
+
+def verified(lever: Lever, action: str, wanted: Any, got: Any) -> Any:
+    """Return ``got`` if it equals ``wanted``; else raise ``StateMismatchError`` naming both."""
+    if got == wanted:
+        return got
+    from ..errors import StateMismatchError  # local: keep this module free of import cycles
+
+    raise StateMismatchError(
+        f"{action} {lever.name}: speedflags wrote {lever.describe(wanted)!r} but PyTorch "
+        f"{torch.__version__} reports {lever.describe(got)!r}"
+    )

@@ -1,0 +1,146 @@
+"""The ``amp`` lever: autocast on one device type, in the calling thread only.
+
+Written the way ``torch.autocast`` writes it (enabled flag, dtype, nesting counter, cast
+cache cleared when the outermost autocast exits), so the two nest freely. Like
+``torch.autocast``, the state is thread-local: other threads, including threads started
+inside a block, keep their own autocast state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple, Union
+
+import torch
+
+from ..errors import InvalidTypeError, InvalidValueError
+from ..hardware import capabilities
+from ._base import Effect, SimpleLever
+
+AUTO = "auto"
+_BY_NAME = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CHOICES = "'bf16', 'fp16', 'auto', torch.bfloat16, torch.float16 or False"
+
+# None stands for "autocast off" (amp=False); "auto" is resolved per device when entered.
+AmpValue = Union[torch.dtype, None, str]
+AutocastState = Tuple[bool, torch.dtype]
+
+
+def validate_amp(value: object) -> AmpValue:
+    """Normalise an ``amp=`` argument: a dtype, ``None`` for off, or ``"auto"``."""
+    if value is False:
+        return None
+    if isinstance(value, torch.dtype):
+        if value in (torch.bfloat16, torch.float16):
+            return value
+        raise InvalidValueError(f"autocast runs in bf16 or fp16; valid: {CHOICES}")
+    if isinstance(value, str):
+        if value == AUTO:
+            return AUTO
+        if value in _BY_NAME:
+            return _BY_NAME[value]
+        raise InvalidValueError(f"not an autocast dtype; valid: {CHOICES}")
+    raise InvalidTypeError(f"expected {CHOICES}, got {type(value).__name__}")
+
+
+if hasattr(torch, "get_autocast_dtype"):  # device-generic accessors (PyTorch 2.4+)
+    _is_enabled: Callable[[str], bool] = torch.is_autocast_enabled
+    _get_dtype: Callable[[str], torch.dtype] = torch.get_autocast_dtype
+    _set_enabled: Callable[[str, bool], None] = torch.set_autocast_enabled
+    _set_dtype: Callable[[str, torch.dtype], None] = torch.set_autocast_dtype
+else:  # pragma: no cover - PyTorch < 2.4: one accessor pair per device type
+
+    def _is_enabled(device_type: str) -> bool:
+        if device_type == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return bool(torch.is_autocast_enabled())
+
+    def _get_dtype(device_type: str) -> torch.dtype:
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype()
+        return torch.get_autocast_gpu_dtype()
+
+    def _set_enabled(device_type: str, enabled: bool) -> None:
+        if device_type == "cpu":
+            torch.set_autocast_cpu_enabled(enabled)
+        else:
+            torch.set_autocast_enabled(enabled)
+
+    def _set_dtype(device_type: str, dtype: torch.dtype) -> None:
+        if device_type == "cpu":
+            torch.set_autocast_cpu_dtype(dtype)
+        else:
+            torch.set_autocast_gpu_dtype(dtype)
+
+
+class AutocastLever(SimpleLever):
+    """``amp=...`` on one device type (``"cpu"`` or ``"cuda"``).
+
+    Scope: thread. Restores the calling thread's autocast enabled flag and dtype for the
+    device type, and clears the autocast cast cache when the outermost autocast exits.
+    """
+
+    name = "amp"
+    scope = "thread"
+    has_hooks = True  # autocast nesting counter and cast cache
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self.domain = f"amp:{device_type}"
+
+    validate = staticmethod(validate_amp)
+
+    def read(self) -> AutocastState:
+        return (_is_enabled(self.device_type), _get_dtype(self.device_type))
+
+    # Two plain thread-local setters with no derived state: the state written is the state
+    # read back, so (unlike TF32) no read-back is spent on the hot path.
+    def apply(self, value: Optional[torch.dtype], before: AutocastState) -> AutocastState:
+        target = (False, before[1]) if value is None else (True, value)
+        self._write(target, before)
+        return target
+
+    def restore(self, target: AutocastState, current: AutocastState) -> AutocastState:
+        self._write(target, current)
+        return target
+
+    def _write(self, target: AutocastState, current: AutocastState) -> None:
+        if target[1] is not current[1]:  # dtypes are singletons; == on them is slow
+            _set_dtype(self.device_type, target[1])
+        if target[0] != current[0]:
+            _set_enabled(self.device_type, target[0])
+
+    def opened(self) -> None:
+        torch.autocast_increment_nesting()
+
+    def closed(self) -> None:
+        # as torch.autocast does: cached casts (of weights) live until the outermost exit
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+
+    def describe(self, state: AutocastState) -> Any:
+        return {"enabled": state[0], "dtype": _dtype_name(state[1])}
+
+    def describe_value(self, value: Optional[torch.dtype]) -> Any:
+        return False if value is None else _dtype_name(value)
+
+    def available(self, value: Optional[torch.dtype], device: torch.device) -> Effect:
+        caps = capabilities(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            return Effect(False, f"no effect on {caps.device}: {caps.bf16.reason}")
+        if value is None:
+            return Effect(True, "")
+        if value == torch.bfloat16:
+            if caps.bf16:
+                return Effect(True, "")
+            return Effect(False, f"bf16 is not native on {caps.device}: {caps.bf16.reason}")
+        if caps.fp16:
+            return Effect(True, "")
+        slow = device.type == "cpu"
+        return Effect(False, f"fp16 is not native on {caps.device}: {caps.fp16.reason}", slow)
+
+    def __repr__(self) -> str:
+        return f"<lever amp:{self.device_type} (thread)>"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

@@ -1,0 +1,58 @@
+"""The ``cudnn_benchmark`` lever: ``torch.backends.cudnn.benchmark`` and nothing else.
+
+PyTorch's own ``torch.backends.cudnn.flags(benchmark=True)`` also applies its other
+defaults (``enabled=False`` among them), silently switching cuDNN off; this lever writes the
+one flag through ``torch._C`` and leaves ``enabled``, ``deterministic`` and TF32 alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import InvalidTypeError
+from ..hardware import capabilities, cudnn_available
+from ._base import Effect, SimpleLever
+
+_C: Any = torch._C
+
+
+class CudnnBenchmarkLever(SimpleLever):
+    """``cudnn_benchmark=True/False``: let cuDNN time its convolution algorithms per shape.
+
+    Scope: process. Restores the previous ``torch.backends.cudnn.benchmark`` value.
+    """
+
+    name = "cudnn_benchmark"
+    scope = "process"
+    domain = "cudnn_benchmark"
+
+    @staticmethod
+    def validate(value: object) -> bool:
+        if not isinstance(value, bool):
+            raise InvalidTypeError(f"expected True or False, got {type(value).__name__}")
+        return value
+
+    def read(self) -> bool:
+        return bool(_C._get_cudnn_benchmark())
+
+    # One plain setter: the value written is the value read back, so no read-back is spent.
+    def apply(self, value: bool, before: bool) -> bool:
+        if before != value:
+            _C._set_cudnn_benchmark(value)
+        return value
+
+    def restore(self, target: bool, current: bool) -> bool:
+        if current != target:
+            _C._set_cudnn_benchmark(target)
+        return target
+
+    def available(self, value: bool, device: torch.device) -> Effect:
+        if device.type != "cuda":
+            return Effect(False, f"no effect on {device}: cuDNN autotuning is for CUDA devices")
+        if not cudnn_available():
+            caps = capabilities(device)
+            why = caps.fp16.reason if not torch.cuda.is_available() else "cuDNN is not available"
+            return Effect(False, f"no effect on {caps.device}: {why}")
+        return Effect(True, "")

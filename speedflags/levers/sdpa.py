@@ -1,0 +1,173 @@
+"""The ``sdpa`` lever: which scaled-dot-product-attention kernels may run, in priority order.
+
+A preference, never a trap: the preferred backends are enabled and put first in PyTorch's
+SDPA priority order, and the ``math`` backend always stays enabled after them. The math
+kernel accepts every input, so an input the preferred kernel cannot take (fp32 for flash,
+an unsupported head size, a mask) falls back to it instead of raising "No available kernel".
+Backends not named (other than math) are disabled. Exit restores every enabled flag and the
+exact priority order (``torch.nn.attention.sdpa_kernel(..., set_priority=True)`` does not).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple
+
+import torch
+
+from ..errors import InvalidTypeError, InvalidValueError
+from ..hardware import capabilities
+from ._base import Effect, SimpleLever, verified
+
+_C: Any = torch._C
+
+BACKENDS = ("flash", "efficient", "cudnn", "math")
+# Every backend whose flag is part of the state (overrideable: privateuse devices; never
+# touched, but restored if code inside a block changes it).
+_ALL = ("flash", "efficient", "cudnn", "math", "overrideable")
+_GETTERS = {
+    "flash": "_get_flash_sdp_enabled",
+    "efficient": "_get_mem_efficient_sdp_enabled",
+    "cudnn": "_get_cudnn_sdp_enabled",
+    "math": "_get_math_sdp_enabled",
+    "overrideable": "_get_overrideable_sdp_enabled",
+}
+_SETTERS = {
+    "flash": "_set_sdp_use_flash",
+    "efficient": "_set_sdp_use_mem_efficient",
+    "cudnn": "_set_sdp_use_cudnn",
+    "math": "_set_sdp_use_math",
+    "overrideable": "_set_sdp_use_overrideable",
+}
+# torch.nn.attention.SDPBackend values, as the priority order stores them
+_CODES = {"math": 0, "flash": 1, "efficient": 2, "cudnn": 3, "overrideable": 4}
+_NAMES = {code: name for name, code in _CODES.items()}
+_SDPBACKEND_NAMES = {
+    "FLASH_ATTENTION": "flash",
+    "EFFICIENT_ATTENTION": "efficient",
+    "CUDNN_ATTENTION": "cudnn",
+    "MATH": "math",
+}
+
+# Feature detection: cuDNN attention, overrideable and the priority order arrived over 2.2-2.5
+_PRESENT = tuple(n for n in _ALL if hasattr(_C, _GETTERS[n]) and hasattr(_C, _SETTERS[n]))
+HAS_PRIORITY = hasattr(_C, "_get_sdp_priority_order") and hasattr(_C, "_set_sdp_priority_order")
+
+SdpaState = Tuple[Tuple[Optional[bool], ...], Optional[Tuple[int, ...]]]
+
+
+class SdpaLever(SimpleLever):
+    """``sdpa="flash"`` or ``sdpa=("flash", "efficient")``: an ordered kernel preference.
+
+    Scope: process (PyTorch's SDPA flags are C++ globals, not thread-local). Restores every
+    backend's enabled flag and the exact priority order.
+    """
+
+    name = "sdpa"
+    scope = "process"
+    domain = "sdpa"
+
+    @staticmethod
+    def validate(value: object) -> Tuple[str, ...]:
+        choices = ", ".join(repr(b) for b in BACKENDS)
+        items: Sequence[object]
+        if isinstance(value, (str, bytes)) or _is_sdpbackend(value):
+            items = (value,)
+        elif isinstance(value, (list, tuple)):
+            items = value
+        else:
+            raise InvalidTypeError(
+                f"expected a backend name or a sequence of them "
+                f"({choices}), got {type(value).__name__}"
+            )
+        if not items:
+            raise InvalidValueError(f"name at least one backend of {choices}")
+        names = []
+        for item in items:
+            if _is_sdpbackend(item):
+                name = _SDPBACKEND_NAMES.get(getattr(item, "name", ""), "")
+            elif isinstance(item, str):
+                name = item
+            else:
+                raise InvalidTypeError(f"{item!r} is not a backend name; valid: {choices}")
+            if name not in BACKENDS:
+                raise InvalidValueError(f"unknown backend {item!r}; valid: {choices}")
+            if name in names:
+                raise InvalidValueError(f"backend {name!r} is listed twice")
+            names.append(name)
+        return tuple(names)
+
+    def read(self) -> SdpaState:
+        flags = tuple(bool(getattr(_C, _GETTERS[n])()) if n in _PRESENT else None for n in _ALL)
+        order = tuple(_C._get_sdp_priority_order()) if HAS_PRIORITY else None
+        return flags, order
+
+    def apply(self, value: Tuple[str, ...], before: SdpaState) -> SdpaState:
+        allowed = set(value) | {"math"}
+        flags = tuple(
+            (name in allowed if name in BACKENDS else old) if old is not None else None
+            for name, old in zip(_ALL, before[0])
+        )
+        order = before[1]
+        if order is not None:
+            head = [_CODES[n] for n in value] + ([] if "math" in value else [_CODES["math"]])
+            order = tuple(head + [code for code in order if code not in head])
+        target: SdpaState = (flags, order)
+        self._write(target, before)
+        after: SdpaState = verified(self, "setting", target, self.read())
+        return after
+
+    def restore(self, target: SdpaState, current: SdpaState) -> SdpaState:
+        self._write(target, current)
+        after: SdpaState = verified(self, "restoring", target, self.read())
+        return after
+
+    @staticmethod
+    def _write(target: SdpaState, current: SdpaState) -> None:
+        for name, want, have in zip(_ALL, target[0], current[0]):
+            if want is not None and want != have:
+                getattr(_C, _SETTERS[name])(want)
+        if target[1] is not None and target[1] != current[1]:
+            _C._set_sdp_priority_order(list(target[1]))
+
+    def describe(self, state: SdpaState) -> Any:
+        flags, order = state
+        out: dict[str, Any] = {name: flag for name, flag in zip(_ALL, flags) if flag is not None}
+        out["priority"] = (
+            [_NAMES.get(code, str(code)) for code in order] if order is not None else None
+        )
+        return out
+
+    def describe_value(self, value: Tuple[str, ...]) -> Any:
+        return list(value)
+
+    def available(self, value: Tuple[str, ...], device: torch.device) -> Effect:
+        caps = capabilities(device)
+        support = {
+            "flash": caps.flash_sdpa,
+            "efficient": caps.efficient_sdpa,
+            "cudnn": caps.cudnn_sdpa,
+            "math": None,
+        }
+        notes = []
+        missing = [n for n in value if n not in _PRESENT]
+        if missing:
+            notes.append(
+                f"PyTorch {torch.__version__} has no {', '.join(missing)} SDPA backend; "
+                "nothing written for it"
+            )
+        if not HAS_PRIORITY:
+            notes.append(
+                f"PyTorch {torch.__version__} has no SDPA priority order: the order of the "
+                "preference is not applied, only which backends are enabled"
+            )
+        first = value[0]
+        cap = support[first]
+        if first in missing or (cap is not None and not cap.supported):
+            why = cap.reason if cap is not None and not cap.supported else "not in this PyTorch"
+            notes.insert(0, f"the preferred {first!r} kernel cannot run on {caps.device} ({why})")
+            return Effect(False, "; ".join(notes))
+        return Effect(True, "; ".join(notes))
+
+
+def _is_sdpbackend(value: object) -> bool:
+    return type(value).__name__ in ("SDPBackend", "_SDPBackend") and hasattr(value, "name")

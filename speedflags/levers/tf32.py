@@ -1,0 +1,67 @@
+"""The ``tf32`` lever: TF32 for cuBLAS matmuls and cuDNN convolutions/RNNs (process scope).
+
+Both of PyTorch's TF32 API families stay readable: the write goes through the legacy
+setters and is corrected through the new ``fp32_precision`` API where needed, and a mixed
+starting state is refused with :class:`~speedflags.MixedTF32APIError` before anything is
+changed. The policy and its limits are in :mod:`speedflags.levers._fp32_family`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import InvalidTypeError
+from ..hardware import capabilities
+from . import _fp32_family as family
+from ._base import Effect, SimpleLever, verified
+
+
+class TF32Lever(SimpleLever):
+    """``tf32=True/False``: TF32 tensor-core math for float32 matmuls and convolutions.
+
+    Scope: process. The state read and restored is every getter of both TF32 API families.
+    """
+
+    name = "tf32"
+    scope = "process"
+    domain = "fp32_precision"
+    checks_state = True  # refuses a mixed TF32 state
+
+    @staticmethod
+    def validate(value: object) -> bool:
+        if not isinstance(value, bool):
+            raise InvalidTypeError(f"expected True or False, got {type(value).__name__}")
+        return value
+
+    def read(self) -> family.FamilyState:
+        return family.read_state()
+
+    def check(self, state: family.FamilyState) -> None:
+        family.require_consistent(state, "change TF32")
+
+    def apply(self, value: Any, before: family.FamilyState) -> family.FamilyState:
+        after, target = family.transition(
+            ("tf32", before, value), before, family.tf32_target, before, value
+        )
+        return after if after is target else verified(self, "setting", target, after)
+
+    def restore(
+        self, target: family.FamilyState, current: family.FamilyState
+    ) -> family.FamilyState:
+        after, wanted = family.transition(("restore", current, target), current, _same, target)
+        return after if after is wanted else verified(self, "restoring", target, after)
+
+    def describe(self, state: family.FamilyState) -> Any:
+        return family.describe_state(state)
+
+    def available(self, value: bool, device: torch.device) -> Effect:
+        caps = capabilities(device)
+        if caps.tf32:
+            return Effect(True, "")
+        return Effect(False, f"no effect on {caps.device}: {caps.tf32.reason}")
+
+
+def _same(state: family.FamilyState) -> family.FamilyState:
+    return state

@@ -1,0 +1,219 @@
+"""Looking at the flags without changing them, and repairing a mixed TF32 state.
+
+``snapshot()`` and ``tf32_status()`` only read (and never raise); ``heal_tf32()`` writes,
+through the ledger's lock, and records what it did.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from ._decorate import caller_where
+from ._ledger import ledger
+from .errors import StateMismatchError
+from .levers import PROCESS_LEVERS, autocast_lever
+from .levers import _fp32_family as family
+
+__all__ = ["TF32Status", "heal_tf32", "snapshot", "tf32_status"]
+
+ENV_OVERRIDES = ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE")
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def snapshot() -> Dict[str, Any]:
+    """Every lever's current observable state, by lever name. Never raises.
+
+    A PyTorch getter that would raise (a legacy TF32 getter in a mixed state) is reported
+    as an :class:`~speedflags.Unreadable` value, which says so and compares equal to the
+    same failure. ``amp`` is the calling thread's autocast state per device type.
+
+    Scope: reads process-wide flags and the calling thread's autocast; changes nothing.
+
+    Example:
+        >>> import speedflags
+        >>> before = speedflags.snapshot()
+        >>> with speedflags.fast_math(tf32=True):
+        ...     speedflags.snapshot()["tf32"]["torch.backends.cuda.matmul.allow_tf32"]
+        True
+        >>> speedflags.snapshot() == before
+        True
+    """
+    fp32 = family.read_state()
+    out: Dict[str, Any] = {
+        "tf32": family.describe_state(fp32),
+        "matmul_precision": family.describe_precision(fp32),
+    }
+    for name in ("cudnn_benchmark", "sdpa"):
+        lever = PROCESS_LEVERS[name]
+        out[name] = lever.describe(lever.read())
+    out["amp"] = {
+        device_type: autocast_lever(device_type).describe(autocast_lever(device_type).read())
+        for device_type in AUTOCAST_DEVICES
+    }
+    return out
+
+
+@dataclass(frozen=True)
+class TF32Status:
+    """Both TF32 API families, side by side (see :func:`tf32_status`).
+
+    Attributes:
+        api: ``"legacy"`` (PyTorch before 2.9) or ``"legacy+fp32_precision"``.
+        consistent: no legacy getter raises (PyTorch's compile paths are safe).
+        legacy: the legacy getters, each a value or an ``Unreadable``.
+        new: the ``fp32_precision`` getters (``None`` before PyTorch 2.9).
+        effective: what kernels use now: TF32 for cuBLAS matmul, cuDNN conv, cuDNN rnn, and
+            bf16 for oneDNN (CPU) matmul.
+        conflicts: one sentence per disagreement between the families.
+        env: the environment overrides and their values (``None`` when unset).
+        notes: what the environment overrides and the state mean, in words.
+    """
+
+    api: str
+    consistent: bool
+    legacy: Dict[str, Any]
+    new: Optional[Dict[str, str]]
+    effective: Dict[str, bool]
+    conflicts: Tuple[str, ...]
+    env: Dict[str, Optional[str]]
+    notes: Tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-friendly dict."""
+        return {
+            "api": self.api,
+            "consistent": self.consistent,
+            "legacy": self.legacy,
+            "new": self.new,
+            "effective": self.effective,
+            "conflicts": list(self.conflicts),
+            "env": self.env,
+            "notes": list(self.notes),
+        }
+
+
+def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF32Status:
+    described = family.describe_state(state)
+    legacy = {
+        k: described[k]
+        for k in (family.LEGACY_MATMUL, family.LEGACY_CUDNN, family.LEGACY_PRECISION)
+    }
+    nodes = state.nodes
+    if nodes is not None:
+        new: Optional[Dict[str, str]] = dict(zip(family.NODE_NAMES, nodes))
+        effective = {
+            "cublas_matmul_tf32": nodes[family.MATMUL] == "tf32",
+            "cudnn_conv_tf32": nodes[family.CONV] == "tf32",
+            "cudnn_rnn_tf32": nodes[family.RNN] == "tf32",
+            "onednn_matmul_bf16": nodes[family.MKLDNN_MATMUL] == "bf16",
+        }
+    else:
+        new = None
+        effective = {
+            "cublas_matmul_tf32": state.matmul_tf32 is True,
+            "cudnn_conv_tf32": state.cudnn_tf32 is True,
+            "cudnn_rnn_tf32": state.cudnn_tf32 is True,
+            "onednn_matmul_bf16": state.matmul_precision == "medium",
+        }
+    env = {name: os.environ.get(name) for name in ENV_OVERRIDES}
+    notes = list(extra_notes)
+    if env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "1":
+        notes.append(
+            "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 switched cuBLAS TF32 on at startup (the getters "
+            "show it)"
+        )
+    if env["NVIDIA_TF32_OVERRIDE"] == "0":
+        notes.append(
+            "NVIDIA_TF32_OVERRIDE=0 disables TF32 inside the CUDA libraries whatever the flags "
+            "say; PyTorch's getters cannot see it"
+        )
+    return TF32Status(
+        api="legacy+fp32_precision" if family.HAS_NEW_API else "legacy",
+        consistent=family.is_consistent(state),
+        legacy=legacy,
+        new=new,
+        effective=effective,
+        conflicts=tuple(family.conflicts(state)),
+        env=env,
+        notes=tuple(notes),
+    )
+
+
+def tf32_status() -> TF32Status:
+    """Both TF32 API families, whether they agree, and the environment overrides. Never raises.
+
+    Scope: process; read-only.
+
+    Example:
+        >>> import speedflags
+        >>> status = speedflags.tf32_status()
+        >>> status.consistent
+        True
+        >>> sorted(status.env)
+        ['NVIDIA_TF32_OVERRIDE', 'TORCH_ALLOW_TF32_CUBLAS_OVERRIDE']
+    """
+    return _status(family.read_state())
+
+
+def heal_tf32() -> TF32Status:
+    """Make a mixed TF32 state consistent, keeping the precision kernels use now.
+
+    Kernels read the new ``fp32_precision`` API, so its values are kept and the legacy
+    flags are set to agree with them. Where no legacy value can express the current state
+    (cuBLAS without TF32 but oneDNN matmul in bf16; cuDNN conv and rnn disagreeing), one side
+    gives way and the returned status's ``notes`` (and the ledger record) say which.
+
+    Scope: process. Permanent: it is a repair, not a block, so nothing is restored later.
+    Recorded on the ledger as action ``"heal"``.
+
+    Returns:
+        The :class:`TF32Status` after healing.
+
+    Example:
+        >>> import torch, speedflags
+        >>> torch.backends.cuda.matmul.fp32_precision = "tf32"  # new API only: now mixed
+        >>> speedflags.tf32_status().consistent
+        False
+        >>> speedflags.heal_tf32().consistent
+        True
+        >>> torch.backends.cuda.matmul.allow_tf32
+        True
+        >>> with speedflags.tf32(False):  # speedflags is usable again
+        ...     torch.backends.cuda.matmul.allow_tf32
+        False
+        >>> torch.backends.cuda.matmul.allow_tf32 = False  # tidy up: back to a fresh process
+        >>> torch.backends.cuda.matmul.fp32_precision = "none"
+    """
+    the_ledger = ledger()
+    where = caller_where(2)
+    tf32_lever = PROCESS_LEVERS["tf32"]
+    with the_ledger._lock:  # no frame may open or close while the family is rewritten
+        before = family.read_state()
+        notes: list[str] = []
+        after = before
+        if not family.is_consistent(before):
+            target, notes = family.heal_target(before, prefer_cuda=torch.cuda.is_available())
+            after = family.write_state(target, before)
+            if after != target:
+                raise StateMismatchError(
+                    f"heal_tf32: wrote {family.describe_state(target)!r} but PyTorch "
+                    f"{torch.__version__} reports {family.describe_state(after)!r}"
+                )
+    if after is before:
+        reason = "already consistent: nothing written"
+    else:
+        reason = "; ".join(notes) or "the legacy flags now agree with the new API"
+    the_ledger.note(
+        "tf32",
+        "heal",
+        reason,
+        before=tf32_lever.describe(before),
+        after=tf32_lever.describe(after),
+        label="heal_tf32()",
+        where=where,
+    )
+    return _status(after, tuple(notes))

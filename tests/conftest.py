@@ -1,0 +1,159 @@
+"""Shared fixtures: the leak guard every test runs under, raw-torch helpers, a faked GPU."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Iterator, Tuple
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+import speedflags
+from speedflags import _warn, hardware
+from speedflags._ledger import ledger
+
+settings.register_profile(
+    "speedflags",
+    deadline=None,  # torch calls make example times uneven; correctness is what is checked
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "speedflags"))
+
+C: Any = torch._C
+HAS_NEW_API = hasattr(torch.backends, "fp32_precision")
+needs_new_api = pytest.mark.skipif(
+    not HAS_NEW_API,
+    reason=f"PyTorch {torch.__version__} has no fp32_precision API (added in 2.9)",
+)
+
+
+def autocast_nesting() -> int:
+    # PyTorch has no getter for the autocast nesting counter; +1 then -1 reads it.
+    level = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return int(level) - 1
+
+
+def flag_state() -> Dict[str, Any]:
+    """Every flag a test could leak: the levers, plus neighbours they must not touch."""
+    state = speedflags.snapshot()
+    state["others"] = {
+        "cudnn.enabled": torch.backends.cudnn.enabled,
+        "cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "mkldnn.enabled": torch.backends.mkldnn.enabled,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "autocast_cache": torch.is_autocast_cache_enabled(),
+        "autocast_nesting": autocast_nesting(),
+        "math_sdp_reduction": C._get_math_sdp_allow_fp16_bf16_reduction(),
+        "open_frames": len(ledger().open_frames()),
+    }
+    return state
+
+
+def reset_tf32_family() -> None:
+    """Put both TF32 API families back to a fresh process's readings, with raw torch calls.
+
+    Written without speedflags, so a bug in speedflags cannot hide behind its own reset.
+    """
+    if HAS_NEW_API:
+        for backend, op in (("generic", "all"), ("cuda", "all"), ("mkldnn", "all")):
+            C._set_fp32_precision_setter(backend, op, "none")
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = True
+    if HAS_NEW_API:
+        for backend, op in (
+            ("cuda", "matmul"),
+            ("mkldnn", "matmul"),
+            ("mkldnn", "conv"),
+            ("mkldnn", "rnn"),
+        ):
+            C._set_fp32_precision_setter(backend, op, "none")
+
+
+def reset_all() -> None:
+    reset_tf32_family()
+    C._set_cudnn_benchmark(False)
+    for name in ("flash", "mem_efficient", "math", "cudnn", "overrideable"):
+        setter = getattr(C, f"_set_sdp_use_{name}", None)
+        if setter is not None:
+            setter(True)
+    if hasattr(C, "_set_sdp_priority_order"):
+        C._set_sdp_priority_order(PRISTINE_SDP_ORDER)
+    torch.set_autocast_enabled("cpu", False)
+    torch.set_autocast_dtype("cpu", torch.bfloat16)
+    torch.set_autocast_enabled("cuda", False)
+    torch.set_autocast_dtype("cuda", torch.float16)
+    while autocast_nesting() > 0:
+        torch.autocast_decrement_nesting()
+    the_ledger = ledger()
+    with the_ledger._lock:  # a test that left frames open must not poison the next ones
+        the_ledger._stacks.clear()
+        the_ledger._threads.clear()
+
+
+PRISTINE_SDP_ORDER = (
+    list(C._get_sdp_priority_order()) if hasattr(C, "_get_sdp_priority_order") else []
+)
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += _diff(a.get(key), b.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
+
+
+_PRISTINE: Dict[str, Any] = {}
+
+
+@pytest.fixture(autouse=True)
+def no_flag_leaks() -> Iterator[None]:
+    """Fail any test that leaves a flag changed (and put the flags back for the next test)."""
+    if not _PRISTINE:
+        _PRISTINE.update(flag_state())
+    before = flag_state()
+    _warn._forget()  # each test sees its own once-per-cause warnings
+    yield
+    after = flag_state()
+    if after != before:
+        changes = _diff(before, after)
+        reset_all()
+        pytest.fail("test leaked flag changes:\n  " + "\n  ".join(changes), pytrace=False)
+
+
+@pytest.fixture
+def raw_tf32() -> Iterator[None]:
+    """For tests that write TF32 flags with raw torch calls: reset them afterwards."""
+    yield
+    reset_tf32_family()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Pretend a CUDA GPU of a given compute capability is present.
+
+    A CPU build of PyTorch cannot show a GPU's compute capability, so only what
+    ``speedflags.capabilities`` asks is faked; every flag is still PyTorch's real one.
+    """
+
+    def install(capability: Tuple[int, int] = (8, 0), name: str = "NVIDIA A100-SXM4-80GB") -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
+        monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+        monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+        # a CUDA wheel ships the flash kernel; this CPU wheel does not
+        monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+        hardware._clear_cache()
+
+    yield install
+    hardware._clear_cache()
+
+
+@pytest.fixture
+def fresh_history() -> None:
+    ledger().clear_history()

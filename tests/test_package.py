@@ -1,0 +1,74 @@
+"""The public face: every public name is documented (example, scope, what it restores)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import speedflags
+from speedflags import errors
+
+PUBLIC = [name for name in speedflags.__all__ if name not in ("__version__", "UNSET")]
+
+# Names that change or restore flags must say their scope and what they restore.
+CHANGES_FLAGS = {
+    "fast_math",
+    "FastMath",
+    "tf32",
+    "matmul_precision",
+    "cudnn_benchmark",
+    "sdpa_backend",
+    "autocast",
+    "heal_tf32",
+}
+READS_FLAGS = {"snapshot", "tf32_status", "capabilities", "recommended", "ledger", "FlagLedger"}
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_public_name_has_a_docstring(name: str) -> None:
+    doc = inspect.getdoc(getattr(speedflags, name))
+    assert doc, f"speedflags.{name} has no docstring"
+    assert len(doc.split()) >= 8, f"speedflags.{name}'s docstring is too thin: {doc!r}"
+
+
+@pytest.mark.parametrize("name", sorted(CHANGES_FLAGS | READS_FLAGS))
+def test_functions_have_an_example_and_a_scope(name: str) -> None:
+    doc = inspect.getdoc(getattr(speedflags, name)) or ""
+    assert ">>>" in doc, f"speedflags.{name} has no example"
+    assert "scope" in doc.lower(), f"speedflags.{name} does not say its scope"
+    if name in CHANGES_FLAGS:
+        assert "restore" in doc.lower(), f"speedflags.{name} does not say what it restores"
+
+
+def test_all_is_exactly_the_public_face() -> None:
+    exported = {n for n in dir(speedflags) if not n.startswith("_")}
+    # submodules show up as attributes too (speedflags.fast_math is the function)
+    modules = {"errors", "hardware", "levers", "recommend", "report", "status"}
+    assert set(speedflags.__all__) - {"__version__"} == exported - modules
+
+
+def test_public_classes_report_the_package() -> None:
+    for name in PUBLIC:
+        obj = getattr(speedflags, name)
+        if inspect.isclass(obj):
+            assert obj.__module__ == "speedflags", name
+
+
+def test_error_hierarchy() -> None:
+    assert issubclass(errors.MixedTF32APIError, (speedflags.SpeedflagsError, RuntimeError))
+    assert issubclass(errors.InvalidValueError, (speedflags.SpeedflagsError, ValueError))
+    assert issubclass(errors.InvalidTypeError, (speedflags.SpeedflagsError, TypeError))
+    assert issubclass(errors.LedgerOrderError, speedflags.SpeedflagsError)
+    assert issubclass(errors.LeverUnavailableError, speedflags.SpeedflagsError)
+    assert issubclass(errors.DriftWarning, speedflags.SpeedflagsWarning)
+    assert issubclass(errors.SlowPathWarning, UserWarning)
+
+
+def test_unreadable_says_what_raised() -> None:
+    a = speedflags.Unreadable("RuntimeError", "mix of the legacy and new APIs")
+    assert a == speedflags.Unreadable("RuntimeError", "mix of the legacy and new APIs")
+    assert a != speedflags.Unreadable("RuntimeError", "other")
+    assert hash(a) == hash(speedflags.Unreadable("RuntimeError", "mix of the legacy and new APIs"))
+    assert repr(a) == "<raises RuntimeError: mix of the legacy and new APIs>"
+    assert a.to_json() == {"raises": "RuntimeError", "message": "mix of the legacy and new APIs"}

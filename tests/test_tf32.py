@@ -1,0 +1,398 @@
+"""The tf32 and matmul_precision levers: both API families readable, never mixed, exact restore."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Dict
+
+import pytest
+import torch
+from conftest import HAS_NEW_API, C, needs_new_api
+
+import speedflags
+from speedflags import MixedTF32APIError, Unreadable, fast_math, heal_tf32, tf32_status
+
+
+def tf32_getters() -> Dict[str, Any]:
+    return speedflags.snapshot()["tf32"]
+
+
+def legacy_getters_answer() -> bool:
+    try:
+        _ = torch.backends.cuda.matmul.allow_tf32
+        _ = torch.backends.cudnn.allow_tf32
+        _ = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return False
+    return True
+
+
+def compile_paths_work() -> None:
+    """Call the PyTorch internals that read the legacy getters (they raise when mixed)."""
+    from torch._dynamo.graph_region_tracker import get_global_state_key
+    from torch._inductor.select_algorithm import create_precompile_key
+
+    get_global_state_key()
+    create_precompile_key("mm", "key", [])
+
+
+# --- behaviour 2: inside tf32=True both families say TF32 and nothing raises ---------------
+
+
+@needs_new_api
+def test_inside_tf32_both_families_read_tf32_and_no_getter_raises() -> None:
+    before = tf32_getters()
+    with fast_math(tf32=True):
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.cudnn.allow_tf32 is True
+        assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+        assert torch.backends.cudnn.rnn.fp32_precision == "tf32"
+        assert torch.get_float32_matmul_precision() == "high"
+        assert all(not isinstance(v, Unreadable) for v in tf32_getters().values())
+        compile_paths_work()
+    assert tf32_getters() == before
+
+
+def test_torch_compile_runs_inside_the_tf32_block() -> None:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ x.T).sum(dim=1)
+
+    x = torch.randn(32, 16, generator=torch.Generator().manual_seed(0))
+    expected = step(x)
+    torch._dynamo.reset()
+    with fast_math(tf32=True, matmul_precision="high"):
+        compiled = torch.compile(step, backend="inductor")
+        got = compiled(x)
+        compile_paths_work()
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, expected)
+
+
+@needs_new_api
+def test_new_api_only_write_breaks_the_compile_paths(raw_tf32: None) -> None:
+    # The bug speedflags exists for (seed 000/001): if this ever stops raising, the
+    # compile-path checks above no longer prove anything.
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+        compile_paths_work()
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_tf32_restores_every_getter_of_both_families(value: bool) -> None:
+    before = tf32_getters()
+    with fast_math(tf32=value):
+        assert torch.backends.cuda.matmul.allow_tf32 is value
+        assert torch.backends.cudnn.allow_tf32 is value
+        assert legacy_getters_answer()
+    assert tf32_getters() == before
+
+
+@pytest.mark.parametrize("precision", ["highest", "high", "medium"])
+def test_matmul_precision_reads_as_set_and_restores(precision: str) -> None:
+    before = tf32_getters()
+    with fast_math(matmul_precision=precision):
+        assert torch.get_float32_matmul_precision() == precision
+        assert torch.backends.cuda.matmul.allow_tf32 is (precision != "highest")
+        if HAS_NEW_API:
+            expected_onednn = {"highest": "none", "high": "tf32", "medium": "bf16"}[precision]
+            assert torch.backends.mkldnn.matmul.fp32_precision == expected_onednn
+        assert legacy_getters_answer()
+    assert tf32_getters() == before
+
+
+def test_medium_precision_really_routes_cpu_matmuls_through_onednn_bf16() -> None:
+    # 'medium' is not only a flag: PyTorch reads it for CPU float32 matmuls (oneDNN bf16
+    # fpmath). Both results stay close to float64; they are computed by different kernels.
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
+    reference = (a.double() @ b.double()).float()
+    with fast_math(matmul_precision="medium"):
+        inside = a @ b
+    torch.testing.assert_close(inside, reference, rtol=2e-2, atol=2e-2)
+
+
+def test_tf32_and_precision_together_and_nested() -> None:
+    before = tf32_getters()
+    with fast_math(tf32=True, matmul_precision="medium"):
+        assert torch.get_float32_matmul_precision() == "medium"
+        with fast_math(tf32=False):
+            assert torch.backends.cuda.matmul.allow_tf32 is False
+            assert torch.get_float32_matmul_precision() == "highest"
+            assert legacy_getters_answer()
+        assert torch.get_float32_matmul_precision() == "medium"
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert tf32_getters() == before
+
+
+# --- behaviour 3: a mixed process is refused before anything changes ----------------------
+
+
+def _inheriting_cudnn_leaves() -> None:
+    # In a fresh process cuDNN conv/rnn hold a hidden DEFAULT that follows the parent nodes;
+    # after any legacy cuDNN write (earlier tests) they are explicit. 'none' inherits the
+    # same way, so the mixers below read as in a fresh process (see the subprocess test).
+    torch.backends.cudnn.conv.fp32_precision = "none"
+    torch.backends.cudnn.rnn.fp32_precision = "none"
+
+
+MIXERS: Dict[str, Callable[[], None]] = {
+    "cuda.matmul=tf32": lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"),
+    "generic=tf32": lambda: setattr(torch.backends, "fp32_precision", "tf32"),
+    "generic=ieee": lambda: (
+        setattr(torch.backends, "fp32_precision", "ieee"),
+        _inheriting_cudnn_leaves(),
+    ),
+    "generic=bf16": lambda: (
+        setattr(torch.backends, "fp32_precision", "bf16"),
+        _inheriting_cudnn_leaves(),
+    ),
+    "cuda.all=tf32": lambda: setattr(torch.backends.cudnn, "fp32_precision", "tf32"),
+    "cuda.all=ieee": lambda: (
+        setattr(torch.backends.cudnn, "fp32_precision", "ieee"),
+        _inheriting_cudnn_leaves(),
+    ),
+    "cudnn.conv=ieee": lambda: setattr(torch.backends.cudnn.conv, "fp32_precision", "ieee"),
+    "mkldnn.matmul=bf16": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
+    "mkldnn.matmul=tf32": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "tf32"),
+    "legacy on, then cuda.matmul=ieee": lambda: (
+        setattr(torch.backends.cuda.matmul, "allow_tf32", True),
+        setattr(torch.backends.cuda.matmul, "fp32_precision", "ieee"),
+    ),
+    "medium, then both matmul leaves none": lambda: (
+        torch.set_float32_matmul_precision("medium"),
+        setattr(torch.backends.cuda.matmul, "fp32_precision", "none"),
+        setattr(torch.backends.mkldnn.matmul, "fp32_precision", "none"),
+    ),
+    "cudnn legacy off, then conv=tf32": lambda: (
+        setattr(torch.backends.cudnn, "allow_tf32", False),
+        setattr(torch.backends.cudnn.conv, "fp32_precision", "tf32"),
+    ),
+}
+
+
+@needs_new_api
+@pytest.mark.parametrize("mixer", list(MIXERS), ids=list(MIXERS))
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(tf32=True),
+        dict(tf32=False),
+        dict(matmul_precision="high"),
+        dict(tf32=True, amp="bf16", cudnn_benchmark=True),
+    ],
+    ids=["tf32", "tf32-off", "precision", "tf32+amp+benchmark"],
+)
+def test_mixed_state_is_refused_before_anything_changes(
+    raw_tf32: None, mixer: str, spec: Dict[str, Any]
+) -> None:
+    MIXERS[mixer]()
+    assert not tf32_status().consistent
+    before = speedflags.snapshot()  # includes which getters raise
+    history = len(speedflags.ledger().history)
+    with pytest.raises(MixedTF32APIError) as excinfo, fast_math(device="cpu", **spec):
+        pytest.fail("the block must not run")
+    assert speedflags.snapshot() == before
+    assert len(speedflags.ledger().history) == history  # nothing was written, so nothing recorded
+    message = str(excinfo.value)
+    assert "heal_tf32()" in message
+    assert "fp32_precision" in message  # names the setting that disagrees
+    assert isinstance(excinfo.value, RuntimeError)
+
+
+@needs_new_api
+def test_mixed_message_names_both_settings(raw_tf32: None) -> None:
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    with pytest.raises(MixedTF32APIError) as excinfo, fast_math(tf32=True):
+        pass
+    message = str(excinfo.value)
+    assert "torch.backends.cuda.matmul.fp32_precision is 'tf32'" in message
+    assert "legacy matmul precision is 'highest'" in message
+    assert "torch.backends.cuda.matmul.allow_tf32" in message
+
+
+@needs_new_api
+@pytest.mark.parametrize("mixer", list(MIXERS), ids=list(MIXERS))
+def test_heal_then_the_same_block_works(raw_tf32: None, mixer: str) -> None:
+    MIXERS[mixer]()
+    effective = tf32_status().effective
+    status = heal_tf32()
+    assert status.consistent
+    assert legacy_getters_answer()
+    changed = {k for k in effective if effective[k] != status.effective[k]}
+    # Only what no legacy value can express may change, and the notes must say so.
+    for key in changed:
+        assert any(key.split("_")[0] in note.lower() or "kept" in note for note in status.notes)
+    record = speedflags.ledger().history[-1]
+    assert (record.lever, record.action) == ("tf32", "heal")
+    healed = tf32_getters()
+    with fast_math(tf32=True, matmul_precision="high"):
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+        assert legacy_getters_answer()
+        compile_paths_work()
+    assert tf32_getters() == healed
+
+
+@needs_new_api
+def test_heal_keeps_what_kernels_use(raw_tf32: None) -> None:
+    torch.backends.cuda.matmul.fp32_precision = "tf32"  # kernels run TF32 now
+    heal_tf32()
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert torch.get_float32_matmul_precision() == "high"
+
+
+def test_heal_on_a_consistent_state_writes_nothing() -> None:
+    before = tf32_getters()
+    status = heal_tf32()
+    assert status.consistent
+    assert tf32_getters() == before
+    record = speedflags.ledger().history[-1]
+    assert record.action == "heal"
+    assert "nothing written" in record.reason
+
+
+# --- what speedflags writes never leaves a mixed state ------------------------------------
+
+
+@needs_new_api
+@pytest.mark.parametrize(
+    "setup",
+    [
+        lambda: (
+            setattr(torch.backends, "fp32_precision", "tf32")
+            or torch.set_float32_matmul_precision("high")
+        ),
+        lambda: torch.set_float32_matmul_precision("medium"),
+        lambda: setattr(torch.backends.cuda.matmul, "allow_tf32", True),
+        lambda: setattr(torch.backends.cudnn, "allow_tf32", False),
+        lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "ieee"),
+    ],
+    ids=["generic-tf32+high", "medium", "legacy-on", "cudnn-off", "matmul-ieee"],
+)
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(tf32=True),
+        dict(tf32=False),
+        dict(matmul_precision="highest"),
+        dict(matmul_precision="medium"),
+    ],
+    ids=["on", "off", "highest", "medium"],
+)
+def test_consistent_starts_stay_consistent_and_restore_exactly(
+    raw_tf32: None, setup: Callable[[], None], spec: Dict[str, Any]
+) -> None:
+    setup()
+    assert tf32_status().consistent, "the starting state must be consistent for this test"
+    before = tf32_getters()
+    with fast_math(**spec):
+        assert legacy_getters_answer()
+        compile_paths_work()
+    assert tf32_getters() == before
+    assert legacy_getters_answer()
+
+
+@needs_new_api
+def test_cudnn_off_under_a_tf32_parent_gets_an_explicit_ieee(raw_tf32: None) -> None:
+    # With generic='tf32' the legacy cudnn setter alone would leave conv/rnn inheriting
+    # 'tf32' while allow_tf32 says False: the mixed state speedflags must correct.
+    torch.set_float32_matmul_precision("high")
+    torch.backends.fp32_precision = "tf32"
+    assert tf32_status().consistent
+    with fast_math(tf32=False):
+        assert torch.backends.cudnn.allow_tf32 is False
+        assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+        assert torch.backends.cudnn.rnn.fp32_precision == "ieee"
+        assert legacy_getters_answer()
+
+
+FRESH_PROCESS_SCRIPT = r"""
+import torch, speedflags
+torch.backends.fp32_precision = "ieee"   # conv/rnn still DEFAULT here: they follow -> mixed
+assert not speedflags.tf32_status().consistent, speedflags.tf32_status()
+before = speedflags.snapshot()
+try:
+    with speedflags.fast_math(tf32=True):
+        raise SystemExit("entered a mixed state")
+except speedflags.MixedTF32APIError:
+    pass
+assert speedflags.snapshot() == before
+speedflags.heal_tf32()
+healed = speedflags.snapshot()
+with speedflags.fast_math(tf32=True):
+    torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
+assert speedflags.snapshot() == healed
+print("ok")
+"""
+
+
+@needs_new_api
+def test_fresh_process_default_cudnn_follows_the_root_and_is_refused() -> None:
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_env_overrides_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    monkeypatch.delenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", raising=False)
+    status = tf32_status()
+    assert status.env == {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": None, "NVIDIA_TF32_OVERRIDE": "0"}
+    assert any("NVIDIA_TF32_OVERRIDE=0" in note for note in status.notes)
+
+
+def test_status_and_snapshot_never_raise_in_a_mixed_state(raw_tf32: None) -> None:
+    if not HAS_NEW_API:
+        pytest.skip(f"PyTorch {torch.__version__} cannot be mixed: it has only the legacy API")
+    torch.backends.fp32_precision = "bf16"
+    status = tf32_status()
+    assert not status.consistent
+    assert status.conflicts
+    snap = speedflags.snapshot()["tf32"]
+    raising = [k for k, v in snap.items() if isinstance(v, Unreadable)]
+    assert "torch.get_float32_matmul_precision()" in raising
+    assert all("mix of the legacy and new APIs" in snap[k].message for k in raising)
+
+
+def test_legacy_only_pytorch_is_handled_by_the_legacy_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Simulates a PyTorch without the fp32_precision API (before 2.9), which this CPU
+    # wheel cannot be: speedflags must then read and write the legacy API alone.
+    from speedflags.levers import _fp32_family as family
+
+    monkeypatch.setattr(family, "HAS_NEW_API", False)
+    state = family.read_state()
+    assert state.nodes is None
+    legacy = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
+    with fast_math(tf32=True, matmul_precision="medium"):
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+        assert torch.get_float32_matmul_precision() == "medium"
+    with fast_math(tf32=False):
+        assert torch.get_float32_matmul_precision() == "highest"
+    assert (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    ) == legacy
+    assert tf32_status().api == "legacy"
+    monkeypatch.undo()
+    # The legacy setters leave explicit leaves behind on a real 2.9+ PyTorch; put the
+    # nodes back so the leak guard sees the process as it was.
+    if HAS_NEW_API:
+        C._set_fp32_precision_setter("cuda", "matmul", "none")
+        C._set_fp32_precision_setter("mkldnn", "matmul", "none")
+
+
+def test_torch_utils_benchmark_imports_inside_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch.utils.benchmark.utils.compile reads get_float32_matmul_precision() at import.
+    monkeypatch.delitem(sys.modules, "torch.utils.benchmark.utils.compile", raising=False)
+    with fast_math(tf32=True):
+        import torch.utils.benchmark.utils.compile  # noqa: F401

@@ -1,0 +1,141 @@
+"""Behaviour 4: bad input fails at construction.
+
+The message names the argument, shows the value and lists the valid choices.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Tuple
+
+import pytest
+import torch
+
+import speedflags
+from speedflags import InvalidTypeError, InvalidValueError, fast_math
+
+# (kwargs, error type, fragments the message must contain)
+BAD: Dict[str, Tuple[Dict[str, Any], type, Tuple[str, ...]]] = {
+    "amp bf17": ({"amp": "bf17"}, InvalidValueError, ("amp='bf17'", "'bf16'", "'fp16'", "'auto'")),
+    "amp float32": ({"amp": torch.float32}, InvalidValueError, ("amp=torch.float32", "'bf16'")),
+    "amp True": ({"amp": True}, InvalidTypeError, ("amp=True", "'bf16'", "got bool")),
+    "precision HIGH": (
+        {"matmul_precision": "HIGH"},
+        InvalidValueError,
+        ("matmul_precision='HIGH'", "'highest', 'high', 'medium'"),
+    ),
+    "precision int": (
+        {"matmul_precision": 1},
+        InvalidTypeError,
+        ("matmul_precision=1", "'highest'"),
+    ),
+    "sdpa flashy": ({"sdpa": "flashy"}, InvalidValueError, ("sdpa='flashy'", "'flash'", "'math'")),
+    "sdpa empty": ({"sdpa": []}, InvalidValueError, ("sdpa=[]", "'flash'")),
+    "sdpa twice": ({"sdpa": ["flash", "flash"]}, InvalidValueError, ("listed twice",)),
+    "sdpa number": ({"sdpa": 3}, InvalidTypeError, ("sdpa=3", "'efficient'")),
+    "tf32 yes": ({"tf32": "yes"}, InvalidTypeError, ("tf32='yes'", "True or False")),
+    "tf32 1": ({"tf32": 1}, InvalidTypeError, ("tf32=1", "True or False")),
+    "benchmark str": ({"cudnn_benchmark": "on"}, InvalidTypeError, ("cudnn_benchmark='on'",)),
+    "tf32 off but high": (
+        {"tf32": False, "matmul_precision": "high"},
+        InvalidValueError,
+        ("tf32=False", "matmul_precision='high'", "contradictory", "tf32=True"),
+    ),
+    "tf32 off but medium": (
+        {"tf32": False, "matmul_precision": "medium"},
+        InvalidValueError,
+        ("contradictory",),
+    ),
+    "tf32 on but highest": (
+        {"tf32": True, "matmul_precision": "highest"},
+        InvalidValueError,
+        ("tf32=True", "matmul_precision='highest'", "contradictory"),
+    ),
+    "device gpu": ({"device": "gpu"}, InvalidValueError, ("device='gpu'", "'cpu'", "'cuda'")),
+    "device mps": ({"device": "mps"}, InvalidValueError, ("device='mps'", "'cpu' and 'cuda'")),
+    "device int": ({"device": 0}, InvalidTypeError, ("device=0", "str or torch.device")),
+    "strict str": ({"strict": "yes"}, InvalidTypeError, ("strict='yes'",)),
+    "label int": ({"label": 3}, InvalidTypeError, ("label=3",)),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_bad_arguments_fail_at_construction_with_a_clear_message(case: str) -> None:
+    kwargs, error, fragments = BAD[case]
+    before = speedflags.snapshot()
+    with pytest.raises(error) as excinfo:
+        fast_math(**kwargs)
+    assert isinstance(excinfo.value, speedflags.SpeedflagsError)
+    assert isinstance(excinfo.value, ValueError if error is InvalidValueError else TypeError)
+    message = str(excinfo.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} missing from {message!r}"
+    assert speedflags.snapshot() == before
+
+
+def test_pytorch_itself_silently_ignores_HIGH() -> None:
+    # Why speedflags refuses 'HIGH': PyTorch only warns and changes nothing.
+    with pytest.warns(UserWarning, match="no effect"):
+        torch.set_float32_matmul_precision("HIGH")
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+SHORTHANDS: Dict[str, Tuple[Callable[[], Any], type, str]] = {
+    "tf32": (lambda: speedflags.tf32("yes"), InvalidTypeError, "tf32(enabled='yes')"),
+    "matmul_precision": (
+        lambda: speedflags.matmul_precision("fast"),
+        InvalidValueError,
+        "matmul_precision(value='fast')",
+    ),
+    "cudnn_benchmark": (
+        lambda: speedflags.cudnn_benchmark(None),
+        InvalidTypeError,
+        "cudnn_benchmark(enabled=None)",
+    ),
+    "sdpa_backend": (
+        lambda: speedflags.sdpa_backend("flash", "turbo"),
+        InvalidValueError,
+        "sdpa_backend(backends=('flash', 'turbo'))",
+    ),
+    "sdpa_backend empty": (lambda: speedflags.sdpa_backend(), InvalidValueError, "backends=()"),
+    "autocast": (lambda: speedflags.autocast("int8"), InvalidValueError, "autocast(dtype='int8')"),
+    "autocast device": (
+        lambda: speedflags.autocast("bf16", device="tpu"),
+        InvalidValueError,
+        "device='tpu'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SHORTHANDS), ids=list(SHORTHANDS))
+def test_shorthands_name_their_own_arguments(case: str) -> None:
+    call, error, fragment = SHORTHANDS[case]
+    with pytest.raises(error) as excinfo:
+        call()
+    assert fragment in str(excinfo.value)
+
+
+def test_none_means_leave_unchanged() -> None:
+    before = speedflags.snapshot()
+    with fast_math(
+        tf32=None, matmul_precision=None, cudnn_benchmark=None, sdpa=None, amp=None
+    ) as frame:
+        assert frame.levers == ()
+        assert speedflags.snapshot() == before
+
+
+def test_positional_non_callable_is_refused() -> None:
+    with pytest.raises(InvalidTypeError, match="keyword arguments only"):
+        fast_math(True)  # type: ignore[call-overload]
+
+
+def test_sdpbackend_members_are_accepted() -> None:
+    attention = pytest.importorskip("torch.nn.attention")
+    spec = fast_math(sdpa=[attention.SDPBackend.MATH, attention.SDPBackend.FLASH_ATTENTION])
+    assert spec.levers == {"sdpa": ["math", "flash"]}
+
+
+def test_spec_repr_and_levers() -> None:
+    spec = fast_math(tf32=True, amp="bf16")
+    assert repr(spec) == "<speedflags fast_math(tf32=True, amp='bf16')>"
+    assert spec.levers == {"tf32": True, "amp": "bfloat16"}
+    assert fast_math().levers == {}
