@@ -1,0 +1,189 @@
+"""``python -m speedflags report``: the device, both TF32 API families, every lever's state.
+
+With ``apply=True`` the recommended levers are entered (a normal ``fast_math()`` frame) and
+each one's before/after is shown; with ``restore=True`` the frame is exited and the full
+snapshot is compared with the one taken first, getter by getter.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from ._ledger import json_default, ledger
+from ._version import __version__
+from .fast_math import fast_math
+from .hardware import capabilities, resolve_device
+from .levers import _fp32_family as family
+from .recommend import recommended
+from .status import snapshot, tf32_status
+
+__all__ = ["build_report", "render_report"]
+
+
+def _api_in_use() -> str:
+    if not family.HAS_NEW_API:
+        return f"legacy only (PyTorch {torch.__version__} has no fp32_precision API)"
+    state = family.read_state()
+    if not family.is_consistent(state):
+        return "mixed: the legacy and new APIs disagree (see conflicts; speedflags.heal_tf32())"
+    assert state.nodes is not None  # noqa: S101 - HAS_NEW_API implies nodes
+    parents = [
+        f"{family.NODE_NAMES[i]}={state.nodes[i]!r}"
+        for i in (family.GENERIC, family.CUDA, family.MKLDNN)
+        if state.nodes[i] != "none"
+    ]
+    if parents:
+        return "new API at a parent node (" + ", ".join(parents) + "); both families agree"
+    return "legacy-compatible: both families agree and no fp32_precision parent node is set"
+
+
+def _flatten(prefix: str, value: Any, out: Dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else str(key), sub, out)
+    else:
+        out[prefix] = value
+
+
+def _diff(before: Dict[str, Any], after: Dict[str, Any]) -> List[Dict[str, Any]]:
+    flat_before: Dict[str, Any] = {}
+    flat_after: Dict[str, Any] = {}
+    _flatten("", before, flat_before)
+    _flatten("", after, flat_after)
+    return [
+        {"getter": key, "before": flat_before.get(key), "after": flat_after.get(key)}
+        for key in sorted(set(flat_before) | set(flat_after))
+        if flat_before.get(key) != flat_after.get(key)
+    ]
+
+
+def build_report(
+    device: Optional[str] = None, apply: bool = False, restore: bool = False
+) -> Dict[str, Any]:
+    """Everything ``speedflags report`` shows, as a JSON-friendly dict.
+
+    Scope: reads process-wide flags and the calling thread's autocast state. With
+    ``apply`` it enters a ``fast_math()`` frame (recommended levers); with ``restore`` it
+    exits it and reports whether every getter answers as before.
+
+    Example:
+        >>> from speedflags.report import build_report
+        >>> report = build_report("cpu", apply=True, restore=True)
+        >>> report["restore"]["exact"]
+        True
+    """
+    target = resolve_device(device, "report")
+    caps = capabilities(target)
+    rec = recommended(target)
+    report: Dict[str, Any] = {
+        "speedflags": __version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "device": caps.device,
+        "device_name": caps.name,
+        "capabilities": caps.to_dict(),
+        "tf32_api": {"in_use": _api_in_use(), **tf32_status().to_dict()},
+        "levers": snapshot(),
+        "recommended": {"levers": rec.levers, "reasons": rec.reasons},
+    }
+    if apply:
+        before = snapshot()
+        spec = fast_math(device=str(target), label="speedflags report --apply")
+        frame = spec.__enter__()
+        try:
+            inside = snapshot()
+            report["apply"] = {
+                "levers": frame.values,
+                "changes": _diff(before, inside),
+                "records": [r.to_dict() for r in ledger().history if r.frame == frame.id],
+            }
+        finally:
+            if restore:
+                spec.__exit__(None, None, None)
+        if restore:
+            after = snapshot()
+            mismatches = _diff(before, after)
+            flat: Dict[str, Any] = {}
+            _flatten("", before, flat)
+            report["restore"] = {
+                "exact": not mismatches,
+                "getters_compared": len(flat),
+                "mismatches": mismatches,
+            }
+    return report
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no "
+
+
+def render_report(report: Dict[str, Any]) -> str:
+    """The human-readable form of :func:`build_report`'s result."""
+    lines: List[str] = []
+    add = lines.append
+    add(
+        f"speedflags {report['speedflags']} · PyTorch {report['torch']} "
+        f"(CUDA {report['cuda'] or 'none'}) · Python {report['python']}"
+    )
+    add(f"device: {report['device']} — {report['device_name']}")
+    add("")
+    add("capabilities")
+    for name, cap in report["capabilities"].items():
+        if isinstance(cap, dict):
+            add(f"  {name:15s} {_yes(cap['supported'])}  {cap['reason']}")
+    add("")
+    api = report["tf32_api"]
+    add(f"TF32 API: {api['api']} — {api['in_use']}")
+    add(f"  consistent: {api['consistent']}")
+    for conflict in api["conflicts"]:
+        add(f"  conflict: {conflict}")
+    env = ", ".join(f"{k}={v if v is not None else '(unset)'}" for k, v in api["env"].items())
+    add(f"  environment: {env}")
+    for note in api["notes"]:
+        add(f"  note: {note}")
+    add("")
+    add("levers (current state)")
+    flat: Dict[str, Any] = {}
+    _flatten("", report["levers"], flat)
+    for key, value in flat.items():
+        add(f"  {key} = {value!r}")
+    add("")
+    rec = report["recommended"]
+    shown = ", ".join(f"{k}={v!r}" for k, v in rec["levers"].items()) or "(none)"
+    add(f"recommended for {report['device']}: {shown}")
+    for lever, reason in rec["reasons"].items():
+        add(f"  {lever}: {reason}")
+    if "apply" in report:
+        add("")
+        add("--apply: fast_math() entered")
+        for record in report["apply"]["records"]:
+            reason = f"  ({record['reason']})" if record["reason"] else ""
+            add(f"  {record['action']} {record['lever']}{reason}")
+        for change in report["apply"]["changes"]:
+            add(f"    {change['getter']}: {change['before']!r} -> {change['after']!r}")
+        if not report["apply"]["changes"]:
+            add("    (no getter changed)")
+    if "restore" in report:
+        add("")
+        restored = report["restore"]
+        if restored["exact"]:
+            add(f"--restore: exact — all {restored['getters_compared']} getters answer as before")
+        else:
+            add(f"--restore: NOT exact — {len(restored['mismatches'])} getters differ:")
+            for change in restored["mismatches"]:
+                add(f"    {change['getter']}: {change['before']!r} -> {change['after']!r}")
+    return "\n".join(lines)
+
+
+def print_report(report: Dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        json.dump(report, sys.stdout, indent=2, default=json_default)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_report(report) + "\n")

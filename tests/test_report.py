@@ -1,0 +1,102 @@
+"""python -m speedflags report: in process, and once as a real subprocess and console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import torch
+from conftest import needs_new_api
+
+import speedflags
+from speedflags.__main__ import main
+
+
+def test_report_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"speedflags {speedflags.__version__}" in out
+    assert "device: cpu" in out
+    assert "TF32 API:" in out
+    assert "consistent: True" in out
+    assert "torch.backends.cuda.matmul.allow_tf32 = False" in out
+    assert "recommended for cpu" in out
+    assert "--apply" not in out
+
+
+def test_report_apply_restore_proves_the_state_came_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = speedflags.snapshot()
+    assert main(["report", "--apply", "--restore", "--json", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["restore"]["exact"] is True
+    assert report["restore"]["getters_compared"] >= 20
+    assert report["restore"]["mismatches"] == []
+    expected = speedflags.recommended("cpu").levers
+    assert set(report["apply"]["levers"]) == set(expected)
+    if expected:
+        assert report["apply"]["changes"]  # something visibly changed inside
+        assert {r["action"] for r in report["apply"]["records"]} == {"set"}
+    assert speedflags.snapshot() == before
+
+
+def test_report_apply_without_restore_leaves_the_frame_open(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = speedflags.snapshot()
+    assert main(["report", "--apply", "--json", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "restore" not in report
+    open_frames = speedflags.ledger().open_frames()
+    assert [f.label for f in open_frames] == ["speedflags report --apply"]
+    speedflags.ledger().close(open_frames[0])  # what the end of the process would make moot
+    assert speedflags.snapshot() == before
+
+
+@needs_new_api
+def test_report_shows_a_mixed_state(raw_tf32: None, capsys: pytest.CaptureFixture[str]) -> None:
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    assert main(["report", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "consistent: False" in out
+    assert "conflict: torch.backends.cuda.matmul.fp32_precision is 'tf32'" in out
+    assert "<raises RuntimeError" in out
+
+
+def test_restore_without_apply_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as excinfo:
+        main(["report", "--restore"])
+    assert excinfo.value.code == 2
+    assert "--apply" in capsys.readouterr().err
+
+
+def test_bad_device_is_reported_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--device", "gpu"]) == 2
+    assert "report(device='gpu')" in capsys.readouterr().err
+
+
+def run_cli(*command: str) -> Any:
+    return subprocess.run(
+        list(command), capture_output=True, text=True, timeout=120, env={**os.environ}
+    )
+
+
+def test_python_dash_m_smoke() -> None:
+    result = run_cli(sys.executable, "-m", "speedflags", "report", "--apply", "--restore", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["restore"]["exact"] is True
+
+
+def test_console_script_is_installed() -> None:
+    script = shutil.which("speedflags", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("speedflags is not installed as a package here (no console script)")
+    result = run_cli(script, "report", "--help")
+    assert result.returncode == 0
+    assert "--apply" in result.stdout
