@@ -31,11 +31,11 @@ def _api_in_use() -> str:
     state = family.read_state()
     if not family.is_consistent(state):
         return "mixed: the legacy and new APIs disagree (see conflicts; speedflags.heal_tf32())"
-    assert state.nodes is not None  # noqa: S101 - HAS_NEW_API implies nodes
+    nodes = state[family.F_NODES] or ()
     parents = [
-        f"{family.NODE_NAMES[i]}={state.nodes[i]!r}"
+        f"{family.NODE_NAMES[i]}={nodes[i]!r}"
         for i in (family.GENERIC, family.CUDA, family.MKLDNN)
-        if state.nodes[i] != "none"
+        if nodes and nodes[i] != "none"
     ]
     if parents:
         return "new API at a parent node (" + ", ".join(parents) + "); both families agree"

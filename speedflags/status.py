@@ -102,7 +102,7 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
         k: described[k]
         for k in (family.LEGACY_MATMUL, family.LEGACY_CUDNN, family.LEGACY_PRECISION)
     }
-    nodes = state.nodes
+    nodes = state[family.F_NODES]
     if nodes is not None:
         new: Optional[Dict[str, str]] = dict(zip(family.NODE_NAMES, nodes))
         effective = {
@@ -114,10 +114,10 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
     else:
         new = None
         effective = {
-            "cublas_matmul_tf32": state.matmul_tf32 is True,
-            "cudnn_conv_tf32": state.cudnn_tf32 is True,
-            "cudnn_rnn_tf32": state.cudnn_tf32 is True,
-            "onednn_matmul_bf16": state.matmul_precision == "medium",
+            "cublas_matmul_tf32": state[family.F_MATMUL] is True,
+            "cudnn_conv_tf32": state[family.F_CUDNN] is True,
+            "cudnn_rnn_tf32": state[family.F_CUDNN] is True,
+            "onednn_matmul_bf16": state[family.F_PRECISION] == "medium",
         }
     env = {name: os.environ.get(name) for name in ENV_OVERRIDES}
     notes = list(extra_notes)

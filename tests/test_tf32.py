@@ -366,7 +366,7 @@ def test_legacy_only_pytorch_is_handled_by_the_legacy_api(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(family, "HAS_NEW_API", False)
     state = family.read_state()
-    assert state.nodes is None
+    assert state[family.F_NODES] is None
     legacy = (
         torch.backends.cuda.matmul.allow_tf32,
         torch.backends.cudnn.allow_tf32,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Callable, Hashable, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Final, Hashable, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -89,13 +89,17 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 Legacy = Union[bool, str, Unreadable]
 
 
-class FamilyState(NamedTuple):
-    """Every getter of both families; legacy values are :class:`Unreadable` when they raise."""
-
-    matmul_tf32: Union[bool, Unreadable]  # torch.backends.cuda.matmul.allow_tf32
-    cudnn_tf32: Union[bool, Unreadable]  # torch.backends.cudnn.allow_tf32
-    matmul_precision: Union[str, Unreadable]  # torch.get_float32_matmul_precision()
-    nodes: Optional[Tuple[str, ...]]  # resolved fp32_precision per NODES; None before 2.9
+# Every getter of both families: (torch.backends.cuda.matmul.allow_tf32,
+# torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision(), resolved
+# fp32_precision per NODES or None before 2.9); legacy values are Unreadable when they raise.
+# An exact tuple of atomic values, not a NamedTuple: the ledger's bounded history holds
+# thousands of these, and the garbage collector can stop tracking exact tuples of atomic
+# values but never a tuple subclass (measured: ~23% of a frame's cost was GC traversal).
+FamilyState = Tuple[Any, Any, Any, Optional[Tuple[str, ...]]]
+F_MATMUL: Final = 0
+F_CUDNN: Final = 1
+F_PRECISION: Final = 2
+F_NODES: Final = 3
 
 
 # --- quiet legacy access ---------------------------------------------------------------------
@@ -145,7 +149,6 @@ _get_cudnn: Callable[[], bool] = _C._get_cudnn_allow_tf32
 _get_precision: Callable[[], str] = _C._get_float32_matmul_precision
 _get_node: Callable[[str, str], str] = getattr(_C, "_get_fp32_precision_getter", None)  # type: ignore[assignment]
 _set_node: Callable[[str, str, str], None] = getattr(_C, "_set_fp32_precision_setter", None)  # type: ignore[assignment]
-_new_state = tuple.__new__  # FamilyState(...) without the NamedTuple __new__ overhead (hot path)
 
 
 def _read_legacy() -> tuple[Any, Any, Any]:
@@ -186,7 +189,7 @@ def read_state() -> FamilyState:
     except RuntimeError as exc:
         precision = Unreadable.from_exception(exc)
     if not HAS_NEW_API:
-        return _new_state(FamilyState, (matmul, cudnn, precision, None))
+        return (matmul, cudnn, precision, None)
     g = _get_node
     nodes = (
         g("generic", "all"),
@@ -199,15 +202,15 @@ def read_state() -> FamilyState:
         g("mkldnn", "conv"),
         g("mkldnn", "rnn"),
     )
-    return _new_state(FamilyState, (matmul, cudnn, precision, nodes))
+    return (matmul, cudnn, precision, nodes)
 
 
 def is_consistent(state: FamilyState) -> bool:
     """True when every legacy getter answers (none would raise the mixed-API error)."""
     return not (
-        isinstance(state.matmul_tf32, Unreadable)
-        or isinstance(state.cudnn_tf32, Unreadable)
-        or isinstance(state.matmul_precision, Unreadable)
+        isinstance(state[F_MATMUL], Unreadable)
+        or isinstance(state[F_CUDNN], Unreadable)
+        or isinstance(state[F_PRECISION], Unreadable)
     )
 
 
@@ -227,11 +230,11 @@ def _inherited_note(nodes: Tuple[str, ...], node: int) -> str:
 def conflicts(state: FamilyState) -> list[str]:
     """One sentence per disagreement between the legacy and the new API. Empty if none."""
     found: list[str] = []
-    nodes = state.nodes
+    nodes = state[F_NODES]
     if nodes is None:
         return found  # a legacy-only PyTorch cannot be mixed
     mm = nodes[MATMUL]
-    if isinstance(state.matmul_tf32, Unreadable):
+    if isinstance(state[F_MATMUL], Unreadable):
         if mm == "tf32":
             found.append(
                 f"{NODE_NAMES[MATMUL]} is 'tf32'{_inherited_note(nodes, MATMUL)}, but the legacy "
@@ -242,16 +245,14 @@ def conflicts(state: FamilyState) -> list[str]:
                 f"{NODE_NAMES[MATMUL]} is {mm!r}{_inherited_note(nodes, MATMUL)}, but the legacy "
                 f"matmul precision is 'high' or 'medium' ({LEGACY_MATMUL} would be True)"
             )
-    if isinstance(state.matmul_precision, Unreadable) and not isinstance(
-        state.matmul_tf32, Unreadable
-    ):
+    if isinstance(state[F_PRECISION], Unreadable) and not isinstance(state[F_MATMUL], Unreadable):
         kmm = nodes[MKLDNN_MATMUL]
         legacy_needs = {"bf16": "'medium'", "tf32": "'high'"}.get(kmm, "a matching value")
         found.append(
             f"{NODE_NAMES[MKLDNN_MATMUL]} is {kmm!r}{_inherited_note(nodes, MKLDNN_MATMUL)}, but "
             f"the legacy matmul precision is not {legacy_needs}"
         )
-    if isinstance(state.cudnn_tf32, Unreadable):
+    if isinstance(state[F_CUDNN], Unreadable):
         conv, rnn = nodes[CONV], nodes[RNN]
         if (conv == "tf32") != (rnn == "tf32"):
             found.append(
@@ -307,12 +308,10 @@ def _tf32_target(state: FamilyState, enabled: bool) -> FamilyState:
     API can see, i.e. precision 'highest', which also takes oneDNN matmul off bf16/tf32.
     """
     if enabled:
-        precision = (
-            state.matmul_precision if state.matmul_precision in ("high", "medium") else "high"
-        )
+        precision = state[F_PRECISION] if state[F_PRECISION] in ("high", "medium") else "high"
     else:
         precision = "highest"
-    nodes = state.nodes
+    nodes = state[F_NODES]
     if nodes is not None and enabled:
         nodes = (*nodes[:MATMUL], "tf32", "tf32", "tf32", *nodes[RNN + 1 :])
     elif nodes is not None:
@@ -327,7 +326,7 @@ def _tf32_target(state: FamilyState, enabled: bool) -> FamilyState:
                 # that would leak through, so the leaf gets an explicit 'ieee'
                 n[leaf] = n[CUDA] if n[CUDA] != "tf32" else "ieee"
         nodes = tuple(n)
-    return _new_state(FamilyState, (enabled, enabled, precision, nodes))
+    return (enabled, enabled, precision, nodes)
 
 
 _ONEDNN_FOR_PRECISION = {"highest": "ieee", "high": "tf32", "medium": "bf16"}
@@ -339,8 +338,8 @@ def precision_target(state: FamilyState, precision: str) -> FamilyState:
     Returns ``state`` itself when the precision already holds (for 'medium': only when
     oneDNN matmul is really on bf16, since that is what 'medium' changes on a CPU).
     """
-    nodes = state.nodes
-    if state.matmul_precision == precision and (
+    nodes = state[F_NODES]
+    if state[F_PRECISION] == precision and (
         nodes is None or precision != "medium" or nodes[MKLDNN_MATMUL] == "bf16"
     ):
         return state
@@ -350,7 +349,7 @@ def precision_target(state: FamilyState, precision: str) -> FamilyState:
         n[MATMUL] = "tf32" if tf32 else "ieee"
         n[MKLDNN_MATMUL] = _ONEDNN_FOR_PRECISION[precision]
         nodes = tuple(n)
-    return FamilyState(tf32, state.cudnn_tf32, precision, nodes)
+    return (tf32, state[F_CUDNN], precision, nodes)
 
 
 def heal_target(state: FamilyState, prefer_cuda: bool) -> tuple[FamilyState, list[str]]:
@@ -361,7 +360,7 @@ def heal_target(state: FamilyState, prefer_cuda: bool) -> tuple[FamilyState, lis
     is bf16; cuDNN conv and rnn disagreeing) one side gives way, and a note says which.
     """
     notes: list[str] = []
-    nodes = state.nodes
+    nodes = state[F_NODES]
     if nodes is None:
         return state, notes
     n = list(nodes)
@@ -399,7 +398,7 @@ def heal_target(state: FamilyState, prefer_cuda: bool) -> tuple[FamilyState, lis
             "flag for conv and rnn, and convolutions were kept"
         )
         n[RNN] = new_rnn
-    return FamilyState(mm_tf32, conv_tf32, precision, tuple(n)), notes
+    return (mm_tf32, conv_tf32, precision, tuple(n)), notes
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -440,8 +439,8 @@ def _plan_write(current: FamilyState, target: FamilyState) -> Optional[WritePlan
     value, an explicit value where a parent would leak through. Which leaves each legacy
     setter writes is known (research/tf32_api.md), so no read is needed in between.
     """
-    tnodes = target.nodes
-    cnodes = current.nodes
+    tnodes = target[F_NODES]
+    cnodes = current[F_NODES]
     if (
         tnodes is not None
         and cnodes is not None
@@ -457,11 +456,11 @@ def _plan_write(current: FamilyState, target: FamilyState) -> Optional[WritePlan
     written: list[int] = []
     # The legacy matmul scalar. It also writes the cuBLAS leaf; set_float32_matmul_precision
     # writes the oneDNN matmul leaf too, so the lighter allow_tf32 setter is used when enough.
-    precision = target.matmul_precision
-    if current.matmul_precision != precision or current.matmul_tf32 != target.matmul_tf32:
+    precision = target[F_PRECISION]
+    if current[F_PRECISION] != precision or current[F_MATMUL] != target[F_MATMUL]:
         if (
             precision in ("highest", "high")
-            and current.matmul_precision in ("highest", "high")
+            and current[F_PRECISION] in ("highest", "high")
             and (
                 predicted is None
                 or tnodes is None
@@ -479,10 +478,10 @@ def _plan_write(current: FamilyState, target: FamilyState) -> Optional[WritePlan
                 predicted[MKLDNN_MATMUL] = _ONEDNN_FOR_PRECISION[str(precision)]
                 written += (MATMUL, MKLDNN_MATMUL)
     # The legacy cuDNN scalar: conv and rnn become explicit 'tf32', or 'none' (inherit).
-    if current.cudnn_tf32 != target.cudnn_tf32:
-        ops.append(("set_cudnn", _C._set_cudnn_allow_tf32, (target.cudnn_tf32,)))
+    if current[F_CUDNN] != target[F_CUDNN]:
+        ops.append(("set_cudnn", _C._set_cudnn_allow_tf32, (target[F_CUDNN],)))
         if predicted is not None:
-            predicted[CONV] = predicted[RNN] = "tf32" if target.cudnn_tf32 else predicted[CUDA]
+            predicted[CONV] = predicted[RNN] = "tf32" if target[F_CUDNN] else predicted[CUDA]
             written += (CONV, RNN)
     if predicted is not None and tnodes is not None:
         for leaf, parent in LEAVES:
@@ -535,7 +534,7 @@ def write_state(target: FamilyState, current: FamilyState) -> FamilyState:
         for node in plan.written:
             nodes[node] = _get_node(*NODES[node])
         predicted = tuple(nodes)
-    after: FamilyState = _new_state(FamilyState, (*_read_legacy(), predicted))
+    after: FamilyState = (*_read_legacy(), predicted)
     if after == target:
         _TRUSTED[key] = tuple((fn, args) for _, fn, args in plan.ops)
         return after
@@ -583,8 +582,8 @@ _MISSING: Any = object()
 def _write_slow(target: FamilyState, current: FamilyState) -> FamilyState:
     # Reads between the steps instead of predicting: parents first (root first), then the
     # legacy setters, then the leaves from what PyTorch really reports.
-    tnodes = target.nodes
-    if tnodes is not None and current.nodes is not None:
+    tnodes = target[F_NODES]
+    if tnodes is not None and current[F_NODES] is not None:
         for node in (GENERIC, CUDA, MKLDNN):
             if _get_node(*NODES[node]) != tnodes[node]:
                 parent = PARENT[node]
@@ -595,8 +594,8 @@ def _write_slow(target: FamilyState, current: FamilyState) -> FamilyState:
     if plan is not None:  # the legacy setters only; leaves are corrected from a fresh read
         _run(tuple(op for op in plan.ops if op[0]))
     after = read_state()
-    if after != target and tnodes is not None and after.nodes is not None:
-        resolved = list(after.nodes)
+    if after != target and tnodes is not None and after[F_NODES] is not None:
+        resolved = list(after[F_NODES])
         for leaf, parent in LEAVES:
             want = tnodes[leaf]
             if resolved[leaf] != want:
@@ -611,20 +610,20 @@ def _write_slow(target: FamilyState, current: FamilyState) -> FamilyState:
 def describe_state(state: FamilyState) -> dict[str, Any]:
     """Every getter of both families by the name a user would type."""
     out: dict[str, Any] = {
-        LEGACY_MATMUL: state.matmul_tf32,
-        LEGACY_CUDNN: state.cudnn_tf32,
-        LEGACY_PRECISION: state.matmul_precision,
+        LEGACY_MATMUL: state[F_MATMUL],
+        LEGACY_CUDNN: state[F_CUDNN],
+        LEGACY_PRECISION: state[F_PRECISION],
     }
-    if state.nodes is not None:
-        for name, value in zip(NODE_NAMES, state.nodes):
+    if state[F_NODES] is not None:
+        for name, value in zip(NODE_NAMES, state[F_NODES]):
             out[name] = value
     return out
 
 
 def describe_precision(state: FamilyState) -> dict[str, Any]:
     """The getters ``matmul_precision`` is about."""
-    out: dict[str, Any] = {LEGACY_PRECISION: state.matmul_precision}
-    if state.nodes is not None:
-        out[NODE_NAMES[MATMUL]] = state.nodes[MATMUL]
-        out[NODE_NAMES[MKLDNN_MATMUL]] = state.nodes[MKLDNN_MATMUL]
+    out: dict[str, Any] = {LEGACY_PRECISION: state[F_PRECISION]}
+    if state[F_NODES] is not None:
+        out[NODE_NAMES[MATMUL]] = state[F_NODES][MATMUL]
+        out[NODE_NAMES[MKLDNN_MATMUL]] = state[F_NODES][MKLDNN_MATMUL]
     return out
