@@ -7,7 +7,12 @@ from typing import Any, Dict
 import pytest
 
 # group name -> baseline benchmark name (the test parameter id)
-BASELINES: Dict[str, str] = {"enter-exit": "plain-torch"}
+BASELINES: Dict[str, str] = {
+    "enter-exit": "plain-torch",
+    "speedup-overhead": "fast_math-decorated",
+    "train-step-cpu": "fp32-eager",
+    "train-step-cuda": "fp32-eager",
+}
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

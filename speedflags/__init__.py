@@ -17,6 +17,7 @@ from ._ledger import FlagLedger, FlagRecord, Frame, ledger
 from ._sentinel import UNSET
 from ._version import __version__
 from .errors import (
+    CompileFallbackWarning,
     DriftWarning,
     InvalidTypeError,
     InvalidValueError,
@@ -41,12 +42,16 @@ from .fast_math import (
 from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
 from .recommend import Recommendation, recommended
+from .schedule import Schedule, TF32Schedule
+from .speedup import SpeedupStats, speedup
 from .status import TF32Status, heal_tf32, snapshot, tf32_status
+from .training import fast_optimizer, grad_scaler, to_device
 
 __all__ = [
     "UNSET",
     "Capabilities",
     "Capability",
+    "CompileFallbackWarning",
     "DriftWarning",
     "FastMath",
     "FlagLedger",
@@ -59,10 +64,13 @@ __all__ = [
     "MixedTF32APIError",
     "Recommendation",
     "RestoreError",
+    "Schedule",
     "SlowPathWarning",
     "SpeedflagsError",
     "SpeedflagsWarning",
+    "SpeedupStats",
     "StateMismatchError",
+    "TF32Schedule",
     "TF32Status",
     "Unreadable",
     "__version__",
@@ -70,14 +78,18 @@ __all__ = [
     "capabilities",
     "cudnn_benchmark",
     "fast_math",
+    "fast_optimizer",
+    "grad_scaler",
     "heal_tf32",
     "ledger",
     "matmul_precision",
     "recommended",
     "sdpa_backend",
     "snapshot",
+    "speedup",
     "tf32",
     "tf32_status",
+    "to_device",
 ]
 
 # Public classes say where users find them: <speedflags.FastMath ...>, not a private module.
@@ -89,8 +101,12 @@ for _cls in (
     FlagRecord,
     Frame,
     Recommendation,
+    Schedule,
+    SpeedupStats,
+    TF32Schedule,
     TF32Status,
     Unreadable,
+    CompileFallbackWarning,
     DriftWarning,
     InvalidTypeError,
     InvalidValueError,

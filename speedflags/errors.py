@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = [
+    "CompileFallbackWarning",
     "DriftWarning",
     "InvalidTypeError",
     "InvalidValueError",
@@ -103,3 +104,13 @@ class DriftWarning(SpeedflagsWarning):
 
 class SlowPathWarning(SpeedflagsWarning):
     """A requested lever runs slower than the default on this device (fp16 autocast on a CPU)."""
+
+
+class CompileFallbackWarning(SpeedflagsWarning):
+    """``@speedup(compile=...)``: torch.compile failed, so the function runs eagerly from now on.
+
+    Emitted once per decorated function, with the reason; the call that failed still
+    completes (eagerly) and later calls do not retry compiling. The event is also logged
+    through the ``speedflags`` logger, recorded in the ledger's history and shown by the
+    function's ``.stats``.
+    """

@@ -21,8 +21,22 @@ CHANGES_FLAGS = {
     "sdpa_backend",
     "autocast",
     "heal_tf32",
+    "speedup",
+    "Schedule",
+    "TF32Schedule",
 }
-READS_FLAGS = {"snapshot", "tf32_status", "capabilities", "recommended", "ledger", "FlagLedger"}
+READS_FLAGS = {
+    "snapshot",
+    "tf32_status",
+    "capabilities",
+    "recommended",
+    "ledger",
+    "FlagLedger",
+    "SpeedupStats",
+    "grad_scaler",
+    "fast_optimizer",
+    "to_device",
+}
 
 
 @pytest.mark.parametrize("name", PUBLIC)
@@ -44,7 +58,16 @@ def test_functions_have_an_example_and_a_scope(name: str) -> None:
 def test_all_is_exactly_the_public_face() -> None:
     exported = {n for n in dir(speedflags) if not n.startswith("_")}
     # submodules show up as attributes too (speedflags.fast_math is the function)
-    modules = {"errors", "hardware", "levers", "recommend", "report", "status"}
+    modules = {
+        "errors",
+        "hardware",
+        "levers",
+        "recommend",
+        "report",
+        "schedule",
+        "status",
+        "training",
+    }
     assert set(speedflags.__all__) - {"__version__"} == exported - modules
 
 
@@ -63,6 +86,7 @@ def test_error_hierarchy() -> None:
     assert issubclass(errors.LeverUnavailableError, speedflags.SpeedflagsError)
     assert issubclass(errors.DriftWarning, speedflags.SpeedflagsWarning)
     assert issubclass(errors.SlowPathWarning, UserWarning)
+    assert issubclass(errors.CompileFallbackWarning, speedflags.SpeedflagsWarning)
 
 
 def test_unreadable_says_what_raised() -> None:

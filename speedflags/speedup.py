@@ -1,0 +1,363 @@
+"""``@speedup``: the levers of ``fast_math`` around every call of a train (or eval) step,
+with optional ``torch.compile`` that falls back to eager instead of breaking the step, and
+optional ``torch.inference_mode``.
+
+The levers go through the same ledger frames as ``fast_math`` (one frame per call, restored
+exactly, recorded); compiling is :mod:`speedflags._compile`'s job.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union, overload
+
+import torch
+
+from ._compile import COMPILED, GuardedCompile, compile_options
+from ._decorate import decorate
+from ._ledger import Frame, ledger
+from ._sentinel import UNSET, _Unset
+from .errors import InvalidTypeError, InvalidValueError
+from .fast_math import AmpArg, FastMath, SdpaArg
+from .hardware import DeviceLike
+from .levers import LEVER_NAMES
+from .recommend import recommended
+
+__all__ = ["SpeedupStats", "speedup"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_LEDGER = ledger()
+
+
+class SpeedupStats:
+    """What a ``@speedup`` function has done: ``step.stats`` (read-only, updated live).
+
+    Attributes:
+        calls: how many times the function was called (for generator and coroutine
+            functions: how many steps ran); counted without a lock.
+        mode: ``"eager"`` (no compile requested), ``"pending"`` (compile requested, not
+            called yet), ``"compiled"``, or ``"fallback"`` (compiling failed; runs eagerly).
+        compiled: ``mode == "compiled"``.
+        fallback_reason: why compiling failed, or ``None``.
+        compile_options: the ``torch.compile`` options, or ``None`` without compile.
+        inference: whether calls run under ``torch.inference_mode()``.
+        levers: the lever values applied around each call (for a bare ``@speedup``, the
+            device's recommended levers).
+
+    Scope: reads only; it changes and restores nothing.
+
+    Example:
+        >>> import speedflags
+        >>> @speedflags.speedup(cudnn_benchmark=True)
+        ... def step():
+        ...     pass
+        >>> step(); step()
+        >>> step.stats.calls, step.stats.mode, step.stats.levers
+        (2, 'eager', {'cudnn_benchmark': True})
+    """
+
+    __slots__ = ("_compile", "_fast", "_inference", "calls")
+
+    def __init__(self, fast: FastMath, compiled: Optional[GuardedCompile], inference: bool) -> None:
+        self.calls = 0
+        self._fast = fast
+        self._compile = compiled
+        self._inference = inference
+
+    @property
+    def mode(self) -> str:
+        return "eager" if self._compile is None else self._compile.state
+
+    @property
+    def compiled(self) -> bool:
+        return self.mode == COMPILED
+
+    @property
+    def fallback_reason(self) -> Optional[str]:
+        return None if self._compile is None else self._compile.reason
+
+    @property
+    def compile_options(self) -> Optional[Dict[str, Any]]:
+        return None if self._compile is None else dict(self._compile.options)
+
+    @property
+    def inference(self) -> bool:
+        return self._inference
+
+    @property
+    def levers(self) -> Dict[str, Any]:
+        fast = self._fast
+        plan = fast._plan_cache
+        if plan is not None:
+            program = plan.program
+            return {
+                lever.name: lever.describe_value(value)
+                for lever, value in zip(program.levers, program.values)
+            }
+        if fast._recommend:
+            return dict(recommended(fast._device).levers)
+        return fast.levers
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The stats as plain values."""
+        return {
+            "calls": self.calls,
+            "mode": self.mode,
+            "fallback_reason": self.fallback_reason,
+            "compile_options": self.compile_options,
+            "inference": self.inference,
+            "levers": self.levers,
+        }
+
+    def __repr__(self) -> str:
+        reason = f", fallback_reason={self.fallback_reason!r}" if self.fallback_reason else ""
+        return (
+            f"SpeedupStats(calls={self.calls}, mode={self.mode!r}{reason}, levers={self.levers!r})"
+        )
+
+
+class _Speedup:
+    """A validated ``speedup(...)``: call it on a function to decorate it."""
+
+    __slots__ = ("_compile", "_fast", "_inference", "_label")
+
+    def __init__(
+        self,
+        levers: Dict[str, Any],
+        device: DeviceLike,
+        strict: bool,
+        compile: object,
+        inference: object,
+    ) -> None:
+        options = compile_options(compile)
+        if not isinstance(inference, bool):
+            raise InvalidTypeError(
+                f"speedup(inference={inference!r}): expected True or False, "
+                f"got {type(inference).__name__}"
+            )
+        shown = [f"{name}={levers[name]!r}" for name in LEVER_NAMES if levers[name] is not UNSET]
+        if device is not None:
+            shown.append(f"device={str(device)!r}")
+        if strict is True:
+            shown.append("strict=True")
+        if options is not None:
+            shown.append(f"compile={compile!r}")
+        if inference:
+            shown.append("inference=True")
+        self._label = f"speedup({', '.join(shown)})"
+        try:
+            self._fast = FastMath(**levers, device=device, strict=strict, label=self._label)
+        except (InvalidValueError, InvalidTypeError) as exc:
+            # FastMath names the argument and its valid values; say which call it was.
+            message = str(exc)
+            if message.startswith("fast_math("):
+                message = "speedup(" + message[len("fast_math(") :]
+            raise type(exc)(message) from None
+        self._compile = options
+        self._inference = inference
+
+    def __repr__(self) -> str:
+        return f"<speedflags {self._label}>"
+
+    def __call__(self, func: F) -> F:
+        if isinstance(func, (staticmethod, classmethod)):
+            return type(func)(self(func.__func__))
+        if isinstance(func, type) or not callable(func):
+            return decorate(func, _never, _never, "speedup")  # raises its usual error
+        label = f"{getattr(func, '__qualname__', repr(func))}: {self._label}"
+        plain = not (
+            inspect.isgeneratorfunction(func)
+            or inspect.iscoroutinefunction(func)
+            or inspect.isasyncgenfunction(func)
+        )
+        guarded: Optional[GuardedCompile] = None
+        if self._compile is not None:
+            if not plain:
+                raise InvalidTypeError(
+                    f"speedup(compile=...) cannot compile {func.__qualname__!r}: torch.compile "
+                    "compiles plain functions, not generator or coroutine functions; compile "
+                    "the function it calls, or leave compile out"
+                )
+            guarded = GuardedCompile(func, self._compile, label)
+        stats = SpeedupStats(self._fast, guarded, self._inference)
+        if plain:
+            wrapper = self._plain(func, guarded, label, stats)
+        else:
+            wrapper = self._stepped(func, label, stats)
+        wrapper.stats = stats  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    def _plain(
+        self,
+        func: Callable[..., Any],
+        guarded: Optional[GuardedCompile],
+        label: str,
+        stats: SpeedupStats,
+    ) -> Callable[..., Any]:
+        # The hot path: one frame per call, nothing allocated that fast_math does not.
+        target: Callable[..., Any] = func if guarded is None else guarded
+        if self._inference:
+            target = _in_inference_mode(target)
+        fast = self._fast
+        plan_of = fast._plan
+        open_frame = _LEDGER.open
+        close_frame = _LEDGER.close
+        getframe = sys._getframe
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            caller = getframe(1)
+            where = (caller.f_code.co_filename, caller.f_lineno)
+            stats.calls += 1
+            plan = plan_of()
+            frame = open_frame(plan.program, label, where, fast, plan.device)
+            try:
+                return target(*args, **kwargs)
+            finally:
+                close_frame(frame, where)
+
+        return wrapper
+
+    def _stepped(self, func: Callable[..., Any], label: str, stats: SpeedupStats) -> Any:
+        # Generators and coroutines: the levers (and inference mode) hold per step.
+        fast = self._fast
+        inference = self._inference
+
+        def open_frame(where: Any) -> Tuple[Frame, Any]:
+            stats.calls += 1
+            plan = fast._plan()
+            frame = _LEDGER.open(plan.program, label, where, fast, plan.device)
+            guard = None
+            if inference:
+                guard = torch.inference_mode()
+                guard.__enter__()
+            return frame, guard
+
+        def close_frame(opened: Tuple[Frame, Any], where: Any) -> None:
+            frame, guard = opened
+            try:
+                if guard is not None:
+                    guard.__exit__(None, None, None)
+            finally:
+                _LEDGER.close(frame, where)
+
+        return decorate(func, open_frame, close_frame, "speedup")
+
+
+def _never(*args: Any) -> Any:  # pragma: no cover - decorate refuses before calling it
+    raise AssertionError("unreachable")
+
+
+def _in_inference_mode(func: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode():
+            return func(*args, **kwargs)
+
+    return run
+
+
+@overload
+def speedup(func: F, /) -> F: ...
+
+
+@overload
+def speedup(
+    *,
+    tf32: Union[bool, _Unset, None] = ...,
+    matmul_precision: Union[str, _Unset, None] = ...,
+    cudnn_benchmark: Union[bool, _Unset, None] = ...,
+    sdpa: Union[SdpaArg, _Unset, None] = ...,
+    amp: Union[AmpArg, _Unset, None] = ...,
+    device: DeviceLike = ...,
+    strict: bool = ...,
+    compile: Union[bool, Dict[str, Any]] = ...,
+    inference: bool = ...,
+) -> Callable[[F], F]: ...
+
+
+def speedup(
+    func: Optional[Callable[..., Any]] = None,
+    /,
+    *,
+    tf32: Union[bool, _Unset, None] = UNSET,
+    matmul_precision: Union[str, _Unset, None] = UNSET,
+    cudnn_benchmark: Union[bool, _Unset, None] = UNSET,
+    sdpa: Union[SdpaArg, _Unset, None] = UNSET,
+    amp: Union[AmpArg, _Unset, None] = UNSET,
+    device: DeviceLike = None,
+    strict: bool = False,
+    compile: Union[bool, Dict[str, Any]] = False,
+    inference: bool = False,
+) -> Any:
+    """Decorate a train (or eval) step: fast paths on for every call, restored after it.
+
+    A bare ``@speedup``, or one given no lever argument (``@speedup(compile=True)``),
+    applies the device's recommended levers: the same table as a bare ``fast_math()`` (see
+    :func:`speedflags.recommended`); pass ``amp=False`` and the like to keep a lever off.
+    The lever arguments are ``fast_math``'s and mean the same; each call opens one ledger
+    frame, exactly as ``@fast_math`` does, and restores every lever when the call returns
+    or raises.
+
+    Args:
+        tf32, matmul_precision, cudnn_benchmark, sdpa, amp, device, strict: as in
+            :func:`speedflags.fast_math`.
+        compile: ``True``, or a dict of ``torch.compile`` options (``mode``, ``dynamic``,
+            ``fullgraph``, ``backend``, ``options``, ...). Compiled lazily at the first
+            call, once per function (methods share one artefact). If compiling fails,
+            at the first call, at a later recompile or for the backward graph, the call
+            still completes eagerly with nothing run twice, a
+            :class:`~speedflags.CompileFallbackWarning` is emitted once (and logged to the
+            ``speedflags`` logger), the ledger's history records it, and later calls run
+            eagerly without retrying. No compiler setting outlives the call.
+        inference: run each call under ``torch.inference_mode()``.
+
+    Returns:
+        The decorated function (``functools.wraps`` metadata, ``__wrapped__`` is the
+        original) with a live :class:`SpeedupStats` as ``.stats``; or, called with
+        arguments only, the decorator.
+
+    Raises:
+        InvalidValueError, InvalidTypeError: at decoration, for a bad argument, before any
+            torch state is touched (a ``compile`` backend name is checked against
+            dynamo's registry; a bad ``mode`` is reported by torch at the first call,
+            as a fallback).
+
+    Scope: as ``fast_math``: ``amp`` is thread-local, the other levers process-wide, each
+    for the duration of a call. Restores every lever after every call, also when it
+    raises; the compiler settings it needs (``suppress_errors`` for the call,
+    ``force_non_lazy_backward_lowering`` while a graph compiles) are thread-local and put
+    back too.
+
+    Example:
+        >>> import torch, speedflags
+        >>> @speedflags.speedup(amp="bf16", device="cpu")
+        ... def step(x):
+        ...     return (x @ x).dtype, torch.is_autocast_enabled("cpu")
+        >>> step(torch.ones(2, 2))
+        (torch.bfloat16, True)
+        >>> torch.is_autocast_enabled("cpu"), step.stats.calls
+        (False, 1)
+    """
+    spec = _Speedup(
+        {
+            "tf32": tf32,
+            "matmul_precision": matmul_precision,
+            "cudnn_benchmark": cudnn_benchmark,
+            "sdpa": sdpa,
+            "amp": amp,
+        },
+        device,
+        strict,
+        compile,
+        inference,
+    )
+    if func is None:
+        return spec
+    if not callable(func):
+        raise InvalidTypeError(
+            f"speedup({func!r}): takes keyword arguments only (speedup(amp='bf16')) or a "
+            "function to decorate"
+        )
+    return spec(func)

@@ -1,0 +1,299 @@
+"""The rest of a fast training loop: a GradScaler paired with the autocast dtype, the fastest
+optimizer implementation, and batches moved to the device without needless syncs.
+
+None of these change a flag; the scaler and the optimizer choices are recorded in the
+ledger's history, so the audit trail says what the loop runs with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections import defaultdict
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
+
+import torch
+
+from ._decorate import caller_where
+from ._ledger import ledger
+from .errors import InvalidTypeError, InvalidValueError
+from .fast_math import AmpArg, _checked, _resolve_auto
+from .hardware import DeviceLike, capabilities, resolve_device
+from .levers.autocast import AUTO, validate_amp
+
+__all__ = ["fast_optimizer", "grad_scaler", "to_device"]
+
+Opt = TypeVar("Opt", bound=torch.optim.Optimizer)
+T = TypeVar("T")
+
+
+# --- GradScaler ---------------------------------------------------------------------------
+
+
+def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
+    """A ``torch.amp.GradScaler`` that is enabled for fp16 and a pass-through otherwise.
+
+    fp16 needs loss scaling: its 5-bit exponent underflows below ~6e-8, and small
+    gradients flush to zero unless the loss is scaled up before ``backward()``. bf16 needs
+    none: it has float32's 8-bit exponent (the same range, down to ~1e-38), so gradients
+    do not underflow, and an enabled scaler with bf16 only costs time (an unscale and an
+    inf/NaN check every step), can skip optimizer steps, and on some PyTorch versions fails
+    (``_amp_foreach_non_finite_check_and_unscale_cuda not implemented for 'BFloat16'``).
+    No autocast (``amp=False``) needs no scaler either. A disabled scaler's ``scale()``,
+    ``step()`` and ``update()`` pass straight through, so one training loop serves every
+    dtype.
+
+    Args:
+        amp: the autocast dtype the loop uses, as ``fast_math``'s ``amp``: ``"bf16"``,
+            ``"fp16"``, ``"auto"`` (resolved for ``device`` as ``fast_math`` resolves it),
+            ``torch.bfloat16``, ``torch.float16`` or ``False``.
+        device: the device the loop trains on (default: CUDA if available, else CPU).
+        **kwargs: passed to ``GradScaler`` (``init_scale``, ``growth_interval``, ...).
+
+    Returns:
+        A ``torch.amp.GradScaler`` for ``device``'s type; its choice (enabled or not, and
+        why) is recorded in the ledger's history.
+
+    Raises:
+        InvalidValueError, InvalidTypeError: for a bad ``amp`` or ``device``.
+
+    Scope: none; it changes no flag and restores nothing (the scaler's state is its own).
+
+    Example:
+        >>> import speedflags
+        >>> speedflags.grad_scaler("bf16", device="cpu").is_enabled()
+        False
+        >>> speedflags.grad_scaler("fp16", device="cpu").is_enabled()
+        True
+    """
+    dtype = _checked("grad_scaler", "amp", amp, validate_amp)
+    target = resolve_device(device, "grad_scaler")
+    if dtype == AUTO:
+        dtype, why = _resolve_auto(target)
+        why = f"amp='auto' chose {_dtype_name(dtype)}: {why}"
+    else:
+        why = ""
+    if dtype is None:
+        enabled, reason = False, "no autocast: float32 gradients need no loss scaling"
+    elif dtype == torch.bfloat16:
+        enabled, reason = False, "bf16 has float32's exponent range: no loss scaling needed"
+    elif target.type == "cuda" and not torch.cuda.is_available():
+        enabled, reason = False, f"fp16 on {target}, but {capabilities(target).fp16.reason}"
+    else:
+        enabled, reason = True, "fp16 gradients underflow without loss scaling"
+    reason = f"{why}; {reason}" if why else reason
+    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_cls is not None:
+        scaler = scaler_cls(target.type, enabled=enabled, **kwargs)
+    else:  # pragma: no cover - PyTorch before 2.3: the CUDA-only scaler
+        scaler = torch.cuda.amp.GradScaler(enabled=enabled, **kwargs)
+    ledger().note(
+        "grad_scaler",
+        "enabled" if enabled else "disabled",
+        reason,
+        after={"device": target.type, "amp": _dtype_name(dtype), "enabled": enabled},
+        label=f"grad_scaler({amp!r})",
+        where=caller_where(),
+    )
+    return scaler
+
+
+def _dtype_name(dtype: Optional[torch.dtype]) -> Any:
+    return False if dtype is None else str(dtype).replace("torch.", "")
+
+
+# --- optimizers ---------------------------------------------------------------------------
+
+
+def fast_optimizer(cls: type[Opt], params: Iterable[Any], **kwargs: Any) -> Opt:
+    """Build a ``torch.optim`` optimizer with the fastest implementation available.
+
+    ``fused=True`` where the class has a fused kernel and every parameter is a
+    floating-point tensor on a device type PyTorch fuses for (CUDA and, since PyTorch 2.4,
+    CPU among them); else ``foreach=True`` where the parameters are on a device with
+    multi-tensor kernels (CUDA); else PyTorch's default. A ``fused`` that the constructor
+    refuses falls back to the next choice. A ``fused`` or ``foreach`` you pass yourself is
+    kept as given. The choice and its reason are recorded in the ledger's history.
+
+    Args:
+        cls: the optimizer class (``torch.optim.AdamW``).
+        params: parameters or parameter groups, as for ``cls`` (an iterator is consumed).
+        **kwargs: the optimizer's other arguments (``lr=...``).
+
+    Returns:
+        The optimizer.
+
+    Scope: none; it changes no flag and restores nothing.
+
+    Example:
+        >>> import torch, speedflags
+        >>> model = torch.nn.Linear(4, 2)
+        >>> opt = speedflags.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
+        >>> opt.defaults["fused"]  # CPU fused AdamW, PyTorch 2.4+
+        True
+    """
+    given: Any = cls
+    if not (isinstance(given, type) and issubclass(given, torch.optim.Optimizer)):
+        raise InvalidTypeError(
+            f"fast_optimizer(cls={cls!r}): expected a torch.optim.Optimizer subclass"
+        )
+    build: Callable[..., Opt] = cls  # the subclass takes fused/foreach; Optimizer does not
+    params = list(params)
+    tensors = _param_tensors(params)
+    accepted = inspect.signature(cls).parameters
+    where = caller_where()
+    label = f"fast_optimizer({cls.__name__})"
+    if "fused" in kwargs or "foreach" in kwargs:
+        chosen = {k: kwargs[k] for k in ("fused", "foreach") if k in kwargs}
+        optimizer = build(params, **kwargs)
+        _note(label, where, cls, "as given", f"kept as given: {chosen}")
+        return optimizer
+    refused = ""
+    fused_ok, why = _fused_supported(accepted, tensors, kwargs)
+    if fused_ok:
+        try:
+            optimizer = build(params, fused=True, **kwargs)
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
+            refused = f"fused=True refused ({type(exc).__name__}: {exc}); "
+        else:
+            _note(label, where, cls, "fused", why)
+            return optimizer
+    else:
+        refused = f"not fused: {why}; "
+    foreach_ok, why = _foreach_supported(accepted, tensors)
+    if foreach_ok:
+        optimizer = build(params, foreach=True, **kwargs)
+        _note(label, where, cls, "foreach", refused + why)
+        return optimizer
+    optimizer = build(params, **kwargs)
+    _note(label, where, cls, "default", f"{refused}not foreach: {why}")
+    return optimizer
+
+
+def _param_tensors(params: List[Any]) -> List[torch.Tensor]:
+    tensors: List[torch.Tensor] = []
+    for item in params:
+        if isinstance(item, dict):
+            group = item.get("params", ())
+            tensors.extend([group] if isinstance(group, torch.Tensor) else list(group))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
+            tensors.append(item[1])  # named parameters
+        elif isinstance(item, torch.Tensor):
+            tensors.append(item)
+    return tensors
+
+
+def _supported_devices(name: str, fallback: Tuple[str, ...]) -> Tuple[str, ...]:
+    try:
+        from torch.utils import _foreach_utils
+
+        return tuple(getattr(_foreach_utils, name)())
+    except (ImportError, AttributeError):  # pragma: no cover - older PyTorch
+        return fallback
+
+
+def _fused_supported(
+    accepted: Any, tensors: List[torch.Tensor], kwargs: Dict[str, Any]
+) -> Tuple[bool, str]:
+    if "fused" not in accepted:
+        return False, "the class has no fused implementation"
+    if kwargs.get("differentiable"):
+        return False, "fused kernels are not differentiable"
+    if not tensors:
+        return False, "no parameters"
+    devices = _supported_devices("_get_fused_kernels_supported_devices", ("cuda",))
+    types = sorted({t.device.type for t in tensors})
+    if not all(t.device.type in devices and torch.is_floating_point(t) for t in tensors):
+        return False, (
+            f"fused kernels need floating-point parameters on {', '.join(devices)}; "
+            f"got {', '.join(sorted({str(t.dtype) for t in tensors}))} on {', '.join(types)}"
+        )
+    return True, f"fused kernel for {', '.join(types)} parameters"
+
+
+def _foreach_supported(accepted: Any, tensors: List[torch.Tensor]) -> Tuple[bool, str]:
+    if "foreach" not in accepted:
+        return False, "the class has no foreach implementation"
+    devices = _supported_devices("_get_foreach_kernels_supported_devices", ("cuda",))
+    types = sorted({t.device.type for t in tensors})
+    if not tensors or not all(t in devices for t in types):
+        return False, f"multi-tensor kernels run on {', '.join(devices)}, not {', '.join(types)}"
+    return True, f"multi-tensor kernels for {', '.join(types)} parameters"
+
+
+def _note(label: str, where: Any, cls: type, impl: str, reason: str) -> None:
+    ledger().note(
+        "optimizer",
+        impl,
+        reason,
+        after={"optimizer": cls.__name__, "implementation": impl},
+        label=label,
+        where=where,
+    )
+
+
+# --- batches ------------------------------------------------------------------------------
+
+
+def to_device(batch: T, device: DeviceLike) -> T:
+    """Move a tensor, or every tensor in a nested batch, to ``device``.
+
+    Walks dicts (``OrderedDict`` and ``defaultdict`` kept), lists, tuples, namedtuples and
+    dataclass instances, and rebuilds each container with its type; anything that is not a
+    tensor (strings, numbers, ``None``, arrays) is left as it is. Copies to an accelerator
+    use ``non_blocking=True``: the host-to-device copy is ordered on the device's stream
+    before any kernel that reads it, and overlaps with host work when the source is pinned
+    (``DataLoader(pin_memory=True)``). Copies to the CPU block: a non-blocking
+    device-to-host copy can be read before it has landed.
+
+    Args:
+        batch: a tensor or a nested structure of them.
+        device: where to move them (``"cuda"``, ``torch.device("cuda:1")``, ``"cpu"``).
+
+    Returns:
+        A structure like ``batch`` with its tensors on ``device``.
+
+    Scope: none; it changes no flag and restores nothing.
+
+    Example:
+        >>> import torch, speedflags
+        >>> batch = {"x": torch.ones(2), "ids": [torch.zeros(1), "keep me"], "n": 3}
+        >>> moved = speedflags.to_device(batch, "cpu")
+        >>> moved["ids"][1], moved["n"], moved["x"].device.type
+        ('keep me', 3, 'cpu')
+    """
+    target = resolve_device(device, "to_device")
+    if target.type == "meta":
+        raise InvalidValueError("to_device(device='meta'): a meta device holds no data")
+    return _move(batch, target, target.type != "cpu")  # type: ignore[no-any-return]
+
+
+def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
+        return obj
+    if isinstance(obj, dict):
+        items = [(k, _move(v, device, non_blocking)) for k, v in obj.items()]
+        if isinstance(obj, defaultdict):
+            return type(obj)(obj.default_factory, items)
+        try:
+            return type(obj)(items)
+        except TypeError:  # a dict subclass with its own constructor
+            return dict(items)
+    if isinstance(obj, tuple):
+        moved = [_move(v, device, non_blocking) for v in obj]
+        if hasattr(obj, "_fields"):  # namedtuple
+            return type(obj)(*moved)
+        return tuple(moved) if type(obj) is tuple else type(obj)(moved)
+    if isinstance(obj, list):
+        moved_list = [_move(v, device, non_blocking) for v in obj]
+        return moved_list if type(obj) is list else type(obj)(moved_list)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {
+            f.name: _move(getattr(obj, f.name), device, non_blocking)
+            for f in dataclasses.fields(obj)
+            if f.init
+        }
+        return dataclasses.replace(obj, **changes)
+    return obj

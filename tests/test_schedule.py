@@ -1,0 +1,155 @@
+"""Schedule and TF32Schedule: switch at the right epochs, record each switch, restore."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, List
+
+import pytest
+import torch
+
+import speedflags
+from speedflags import InvalidTypeError, InvalidValueError, Schedule, TF32Schedule
+
+
+def switches() -> List[Any]:
+    return [r for r in speedflags.ledger().history if r.lever == "schedule"]
+
+
+def tf32_on() -> bool:
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def test_tf32_schedule_switches_at_the_right_epochs_and_restores() -> None:
+    before = speedflags.snapshot()
+    sched = TF32Schedule({0: True, 100: False})
+    seen = {}
+    for epoch in range(0, 130):
+        sched.step(epoch)
+        seen[epoch] = tf32_on()
+    assert all(seen[e] for e in range(100)) and not any(seen[e] for e in range(100, 130))
+    assert sched.active == 100
+    sched.close()
+    assert speedflags.snapshot() == before
+    assert sched.active is None
+
+
+def test_each_switch_is_recorded_once() -> None:
+    start = len(switches())
+    with TF32Schedule({0: True, 3: False}) as sched:
+        for epoch in range(6):
+            sched.step(epoch)
+    recorded = switches()[start:]
+    assert [(r.action, r.before, r.after) for r in recorded] == [
+        ("switch", {}, {"tf32": True}),
+        ("switch", {"tf32": True}, {"tf32": False}),
+    ]
+    assert recorded[1].reason == "epoch 3: settings of epoch 3"
+    assert recorded[0].where.split(":")[0].endswith("test_schedule.py")
+    tf32_records = [r for r in speedflags.ledger().history[-12:] if r.lever == "tf32"]
+    assert [r.action for r in tf32_records][-4:] == ["set", "restore", "set", "restore"]
+
+
+def test_several_levers_and_an_empty_entry() -> None:
+    before = speedflags.snapshot()
+    sched = Schedule(
+        {
+            0: dict(matmul_precision="high", amp="bf16"),
+            2: dict(cudnn_benchmark=True),
+            4: {},
+        },
+        device="cpu",
+    )
+    states = []
+    for epoch in range(5):
+        assert sched.step(epoch) == sched.settings_at(epoch)
+        states.append(
+            (
+                torch.get_float32_matmul_precision(),
+                torch.is_autocast_enabled("cpu"),
+                torch.backends.cudnn.benchmark,
+            )
+        )
+    assert states == [
+        ("high", True, False),
+        ("high", True, False),
+        ("highest", False, True),
+        ("highest", False, True),
+        ("highest", False, False),
+    ]
+    sched.close()
+    assert speedflags.snapshot() == before
+
+
+def test_before_the_first_epoch_nothing_is_applied() -> None:
+    with TF32Schedule({5: True}) as sched:
+        assert sched.step(0) == {}
+        assert not tf32_on()
+        sched.step(5)
+        assert tf32_on()
+    assert not tf32_on()
+
+
+def test_close_twice_and_step_after_close() -> None:
+    sched = TF32Schedule({0: True})
+    sched.step(0)
+    sched.close()
+    sched.close()
+    assert not tf32_on()
+    sched.step(1)  # reopens
+    assert tf32_on()
+    sched.close()
+    assert not tf32_on()
+
+
+def test_amp_from_a_schedule_is_thread_local() -> None:
+    seen: List[bool] = []
+    with Schedule({0: dict(amp="bf16")}, device="cpu") as sched:
+        sched.step(0)
+        other = threading.Thread(target=lambda: seen.append(torch.is_autocast_enabled("cpu")))
+        other.start()
+        other.join()
+        assert torch.is_autocast_enabled("cpu")
+    assert seen == [False]
+    assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize(
+    ("schedule", "error", "message"),
+    [
+        ({-1: dict(tf32=True)}, InvalidValueError, "Schedule: epoch -1: expected a non-negative"),
+        ({1.5: dict(tf32=True)}, InvalidTypeError, "Schedule: epoch 1.5: expected a non-negative"),
+        ({True: dict(tf32=True)}, InvalidTypeError, "Schedule: epoch True: expected"),
+        ({"0": dict(tf32=True)}, InvalidTypeError, "Schedule: epoch '0': expected"),
+        (
+            {0: dict(tf33=True)},
+            InvalidValueError,
+            "Schedule: epoch 0: unknown lever 'tf33'; valid: amp, cudnn_benchmark, "
+            "matmul_precision, sdpa, tf32",
+        ),
+        ({0: dict(amp="bf17")}, InvalidValueError, "Schedule: epoch 0: fast_math(amp='bf17'): "),
+        ({0: True}, InvalidTypeError, "Schedule: epoch 0: expected a dict of fast_math"),
+        ({}, InvalidValueError, "Schedule({}): needs at least one epoch"),
+        ([(0, {})], InvalidTypeError, "Schedule([(0, {})]): expected a dict"),
+    ],
+)
+def test_bad_schedules_fail_at_construction(schedule: Any, error: type, message: str) -> None:
+    before = speedflags.snapshot()
+    with pytest.raises(error) as excinfo:
+        Schedule(schedule)
+    assert str(excinfo.value).startswith(message)
+    assert speedflags.snapshot() == before
+
+
+def test_bad_tf32_schedules() -> None:
+    with pytest.raises(InvalidTypeError, match=r"^TF32Schedule: epoch 100: expected True or False"):
+        TF32Schedule({0: True, 100: "off"})  # type: ignore[dict-item]
+    with pytest.raises(InvalidValueError, match=r"^TF32Schedule: epoch -3"):
+        TF32Schedule({-3: True})
+
+
+def test_step_refuses_a_bad_epoch() -> None:
+    sched = TF32Schedule({0: True})
+    with pytest.raises(InvalidValueError, match=r"^TF32Schedule.step: epoch -1"):
+        sched.step(-1)
+    assert not tf32_on()
