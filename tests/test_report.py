@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Dict
 
 import pytest
 import torch
@@ -15,6 +15,7 @@ from conftest import needs_new_api
 
 import speedflags
 from speedflags.__main__ import main
+from speedflags.report import _flatten
 
 
 def test_report_text(capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,7 +37,9 @@ def test_report_apply_restore_proves_the_state_came_back(
     assert main(["report", "--apply", "--restore", "--json", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["restore"]["exact"] is True
-    assert report["restore"]["getters_compared"] >= 20
+    flat: Dict[str, Any] = {}
+    _flatten("", before, flat)
+    assert report["restore"]["getters_compared"] == len(flat) >= 10  # fewer on PyTorch < 2.9
     assert report["restore"]["mismatches"] == []
     expected = speedflags.recommended("cpu").levers
     assert set(report["apply"]["levers"]) == set(expected)
