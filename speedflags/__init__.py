@@ -16,6 +16,7 @@ Example:
 from ._ledger import FlagLedger, FlagRecord, Frame, ledger
 from ._sentinel import UNSET
 from ._version import __version__
+from .distributed import RankSnapshot, check_ranks
 from .errors import (
     DriftWarning,
     InvalidTypeError,
@@ -23,6 +24,7 @@ from .errors import (
     LedgerOrderError,
     LeverUnavailableError,
     MixedTF32APIError,
+    RankMismatchError,
     RestoreError,
     SlowPathWarning,
     SpeedflagsError,
@@ -57,6 +59,8 @@ __all__ = [
     "LedgerOrderError",
     "LeverUnavailableError",
     "MixedTF32APIError",
+    "RankMismatchError",
+    "RankSnapshot",
     "Recommendation",
     "RestoreError",
     "SlowPathWarning",
@@ -68,6 +72,7 @@ __all__ = [
     "__version__",
     "autocast",
     "capabilities",
+    "check_ranks",
     "cudnn_benchmark",
     "fast_math",
     "heal_tf32",
@@ -88,6 +93,7 @@ for _cls in (
     FlagLedger,
     FlagRecord,
     Frame,
+    RankSnapshot,
     Recommendation,
     TF32Status,
     Unreadable,
@@ -97,6 +103,7 @@ for _cls in (
     LedgerOrderError,
     LeverUnavailableError,
     MixedTF32APIError,
+    RankMismatchError,
     RestoreError,
     SlowPathWarning,
     SpeedflagsError,

@@ -45,6 +45,21 @@ _get_ident = threading.get_ident
 _SET, _RESTORE, _ONE = 0, 1, 2
 
 
+def _no_rank() -> Optional[int]:
+    return None
+
+
+# Tells the calling process's rank in a torch.distributed job (None without one). The ledger
+# imports no torch; speedflags.distributed installs the real source. Read once per frame.
+_rank_source: Callable[[], Optional[int]] = _no_rank
+
+
+def set_rank_source(source: Callable[[], Optional[int]]) -> None:
+    """Install the function that says the process's rank (``speedflags.distributed`` does)."""
+    global _rank_source
+    _rank_source = source
+
+
 def format_where(where: Where) -> str:
     """``"train.py:42"`` for a ``(filename, lineno)`` pair; ``""`` when unknown."""
     if where is None:
@@ -113,12 +128,13 @@ class Program:
 class _Origin:
     """Where an event that is not a frame came from (``note``): a label and a thread."""
 
-    __slots__ = ("id", "label", "thread")
+    __slots__ = ("id", "label", "rank", "thread")
 
     def __init__(self, label: str) -> None:
         self.label = label
         self.id = 0
         self.thread = threading.current_thread().name
+        self.rank = _rank_source()
 
 
 class FlagRecord:
@@ -134,6 +150,8 @@ class FlagRecord:
         label: the frame's label (``"fast_math(tf32=True)"``).
         frame: the frame's id (a set and its restore share it; 0 for events).
         thread: the name of the thread that made the change.
+        rank: the process's rank in its ``torch.distributed`` process group when the frame
+            was entered (``None`` without a process group).
         where: ``"file.py:line"`` of the user code that entered or exited the block.
     """
 
@@ -145,6 +163,7 @@ class FlagRecord:
         "frame",
         "label",
         "lever",
+        "rank",
         "reason",
         "seq",
         "thread",
@@ -177,6 +196,7 @@ class FlagRecord:
         self.label: str = origin.label
         self.frame: int = origin.id
         self.thread: str = origin.thread
+        self.rank: Optional[int] = origin.rank
         self.where = format_where(where)
         self._before = before
         self._after = after
@@ -202,14 +222,16 @@ class FlagRecord:
             "label": self.label,
             "frame": self.frame,
             "thread": self.thread,
+            "rank": self.rank,
             "where": self.where,
         }
 
     def __repr__(self) -> str:
         reason = f", reason={self.reason!r}" if self.reason else ""
+        rank = f", rank={self.rank!r}" if self.rank is not None else ""
         return (
             f"FlagRecord(lever={self.lever!r}, action={self.action!r}, before={self.before!r}, "
-            f"after={self.after!r}{reason}, label={self.label!r}, where={self.where!r})"
+            f"after={self.after!r}{reason}, label={self.label!r}{rank}, where={self.where!r})"
         )
 
 
@@ -219,7 +241,8 @@ class Frame:
     ``with fast_math(...) as frame:`` binds it. Attributes: ``id``, ``label``, ``device``
     (the device the levers were resolved for), ``levers`` (names, in application order),
     ``values`` (what each lever was set to, after ``"auto"`` resolution), ``thread`` (the
-    thread's name), ``where`` and ``closed``.
+    thread's name), ``rank`` (the process's ``torch.distributed`` rank, ``None`` without a
+    process group), ``where`` and ``closed``.
     """
 
     __slots__ = (
@@ -234,6 +257,7 @@ class Frame:
         "label",
         "owner",
         "program",
+        "rank",
         "thread_id",
     )
 
@@ -255,6 +279,7 @@ class Frame:
         self.device = device
         self.closed = False
         self.program = program
+        self.rank = _rank_source()  # once per frame; cached per process group
         n = program.n
         self.befores: List[Any] = [None] * n
         self.afters: List[Any] = [None] * n

@@ -22,7 +22,16 @@ CHANGES_FLAGS = {
     "autocast",
     "heal_tf32",
 }
-READS_FLAGS = {"snapshot", "tf32_status", "capabilities", "recommended", "ledger", "FlagLedger"}
+READS_FLAGS = {
+    "snapshot",
+    "tf32_status",
+    "capabilities",
+    "recommended",
+    "ledger",
+    "FlagLedger",
+    "check_ranks",
+    "RankSnapshot",
+}
 
 
 @pytest.mark.parametrize("name", PUBLIC)
@@ -44,7 +53,7 @@ def test_functions_have_an_example_and_a_scope(name: str) -> None:
 def test_all_is_exactly_the_public_face() -> None:
     exported = {n for n in dir(speedflags) if not n.startswith("_")}
     # submodules show up as attributes too (speedflags.fast_math is the function)
-    modules = {"errors", "hardware", "levers", "recommend", "report", "status"}
+    modules = {"distributed", "errors", "hardware", "levers", "recommend", "report", "status"}
     assert set(speedflags.__all__) - {"__version__"} == exported - modules
 
 
@@ -61,6 +70,7 @@ def test_error_hierarchy() -> None:
     assert issubclass(errors.InvalidTypeError, (speedflags.SpeedflagsError, TypeError))
     assert issubclass(errors.LedgerOrderError, speedflags.SpeedflagsError)
     assert issubclass(errors.LeverUnavailableError, speedflags.SpeedflagsError)
+    assert issubclass(errors.RankMismatchError, (speedflags.SpeedflagsError, RuntimeError))
     assert issubclass(errors.DriftWarning, speedflags.SpeedflagsWarning)
     assert issubclass(errors.SlowPathWarning, UserWarning)
 

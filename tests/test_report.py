@@ -103,3 +103,16 @@ def test_console_script_is_installed() -> None:
     result = run_cli(script, "report", "--help")
     assert result.returncode == 0
     assert "--apply" in result.stdout
+
+
+def test_report_lists_the_pytorch_features_it_found(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--json", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "ranks" not in report  # no process group: no section about ranks
+    features = report["features"]
+    assert features["fp32_precision API"]["present"] is hasattr(torch.backends, "fp32_precision")
+    has_order = hasattr(torch._C, "_get_sdp_priority_order")
+    assert features["SDPA priority order"]["present"] is has_order
+    if not has_order:  # PyTorch 2.4: says what speedflags does without it
+        assert "cannot put them first" in features["SDPA priority order"]["note"]
+    assert features["SDPA backends"]["note"].startswith("flash, efficient")
