@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import sys
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -425,6 +426,44 @@ def test_legacy_only_pytorch_is_handled_by_the_legacy_api(monkeypatch: pytest.Mo
     if HAS_NEW_API:
         C._set_fp32_precision_setter("cuda", "matmul", "none")
         C._set_fp32_precision_setter("mkldnn", "matmul", "none")
+
+
+@pytest.mark.skipif(
+    HAS_NEW_API,
+    reason=f"PyTorch {torch.__version__} has the fp32_precision API; "
+    "test_legacy_only_pytorch_is_handled_by_the_legacy_api simulates a build without it",
+)
+def test_on_a_legacy_only_build_everything_uses_the_legacy_api_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = tf32_status()
+    assert (status.api, status.consistent, status.new, status.conflicts) == (
+        "legacy",
+        True,
+        None,
+        (),
+    )
+    assert set(tf32_getters()) == {
+        "torch.backends.cuda.matmul.allow_tf32",
+        "torch.backends.cudnn.allow_tf32",
+        "torch.get_float32_matmul_precision()",
+    }
+    before = tf32_getters()
+    with fast_math(tf32=True, matmul_precision="medium"):
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+        assert torch.get_float32_matmul_precision() == "medium"
+        assert tf32_status().effective["onednn_matmul_bf16"] is True
+    with fast_math(tf32=False):
+        assert torch.backends.cudnn.allow_tf32 is False
+    assert tf32_getters() == before
+    assert heal_tf32().consistent
+    assert speedflags.ledger().history[-1].reason == "already consistent: nothing written"
+    from speedflags.__main__ import main
+
+    assert main(["report", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "TF32 API: legacy — legacy only" in out
+    assert re.search(r"fp32_precision API +no +PyTorch \S+ has the legacy TF32 API only", out)
 
 
 def test_torch_utils_benchmark_imports_inside_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
