@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -39,22 +40,30 @@ _GroupMember: Any = _dist.GroupMember if AVAILABLE else None
 
 # --- the rank, for ledger records ------------------------------------------------------------
 
-_cached: Tuple[Any, Optional[int]] = (None, None)  # (default process group, this rank in it)
+
+def _dead() -> None:
+    return None
+
+
+# (weak reference to the default process group, this process's rank in it). Weak: holding
+# the group would keep it alive after destroy_process_group().
+_cached: Tuple[Callable[[], Any], Optional[int]] = (_dead, None)
 
 
 def current_rank() -> Optional[int]:
     """This process's rank in the default process group; ``None`` without one.
 
-    Called once per ledger frame: one attribute read while the group stays the same.
+    Called once per ledger frame: an attribute read and a weak-reference call while the
+    group stays the same.
     """
     global _cached
     world = _GroupMember.WORLD
     if world is None:
         return None
     cached_world, rank = _cached
-    if world is not cached_world:
+    if cached_world() is not world:
         rank = int(_dist.get_rank())
-        _cached = (world, rank)
+        _cached = (weakref.ref(world), rank)
     return rank
 
 
