@@ -2,15 +2,30 @@
 #   make run    set up, then: python -m speedflags report --apply --restore
 #   make test   set up, then: ruff, mypy, the test suite, and the benchmarks once (not timed)
 # The pinned torch is installed first, so pip never resolves a bare `torch` (which would
-# download the newest CUDA build, several GB). Override: make test TORCH_VERSION=2.4.1
+# download the newest CUDA build, several GB).
+#
+# One PyTorch per virtual environment. CI runs `make test` for three of them (.ci/run):
+#   make test                          torch 2.13.0, the CPU wheel, in .venv (the default)
+#   make test TORCH_VERSION=2.4.1      legacy TF32 API only, in .venv-torch2.4.1 (make test-legacy)
+#   make test-newest                   the newest release the registry serves, in its own venv
+# VENV=... overrides the environment's directory.
 
 PYTHON ?= python3
-TORCH_VERSION ?= 2.13.0
+DEFAULT_TORCH := 2.13.0
+LEGACY_TORCH := 2.4.1
+TORCH_VERSION ?= $(DEFAULT_TORCH)
+ifeq ($(strip $(TORCH_VERSION)),)
+$(error TORCH_VERSION is empty: give an exact version such as 2.4.1)
+endif
+ifeq ($(TORCH_VERSION),$(DEFAULT_TORCH))
 VENV ?= .venv
+else
+VENV ?= .venv-torch$(TORCH_VERSION)
+endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
 
-.PHONY: setup run test lint typecheck unit bench clean
+.PHONY: setup run test lint typecheck unit bench test-legacy test-newest test-all newest clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +40,8 @@ run: setup
 	$(PY) -m speedflags report --apply --restore
 
 lint: setup
-	$(PY) -m ruff check speedflags tests benchmarks
-	$(PY) -m ruff format --check speedflags tests benchmarks
+	$(PY) -m ruff check speedflags tests benchmarks .ci
+	$(PY) -m ruff format --check speedflags tests benchmarks .ci
 
 typecheck: setup
 	$(PY) -m mypy
@@ -40,5 +55,18 @@ bench: setup
 test: lint typecheck unit
 	$(PY) -m pytest benchmarks --benchmark-disable -q -p no:cacheprovider
 
+test-legacy:
+	$(MAKE) test TORCH_VERSION=$(LEGACY_TORCH)
+
+# The newest torch release the registry serves, resolved first and then installed pinned;
+# resolution fails loudly (no registry, or only a local wheel) instead of testing another.
+newest:
+	@$(PYTHON) .ci/newest_torch.py
+
+test-newest:
+	version="$$($(PYTHON) .ci/newest_torch.py)" && $(MAKE) test TORCH_VERSION="$$version"
+
+test-all: test test-legacy test-newest
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info
+	rm -rf .venv .venv-torch* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info

@@ -16,6 +16,7 @@ Example:
 from ._ledger import FlagLedger, FlagRecord, Frame, ledger
 from ._sentinel import UNSET
 from ._version import __version__
+from .distributed import RankSnapshot, check_ranks
 from .errors import (
     CompileFallbackWarning,
     DriftWarning,
@@ -24,6 +25,7 @@ from .errors import (
     LedgerOrderError,
     LeverUnavailableError,
     MixedTF32APIError,
+    RankMismatchError,
     RestoreError,
     SlowPathWarning,
     SpeedflagsError,
@@ -62,6 +64,8 @@ __all__ = [
     "LedgerOrderError",
     "LeverUnavailableError",
     "MixedTF32APIError",
+    "RankMismatchError",
+    "RankSnapshot",
     "Recommendation",
     "RestoreError",
     "Schedule",
@@ -76,6 +80,7 @@ __all__ = [
     "__version__",
     "autocast",
     "capabilities",
+    "check_ranks",
     "cudnn_benchmark",
     "fast_math",
     "fast_optimizer",
@@ -100,6 +105,7 @@ for _cls in (
     FlagLedger,
     FlagRecord,
     Frame,
+    RankSnapshot,
     Recommendation,
     Schedule,
     SpeedupStats,
@@ -113,6 +119,7 @@ for _cls in (
     LedgerOrderError,
     LeverUnavailableError,
     MixedTF32APIError,
+    RankMismatchError,
     RestoreError,
     SlowPathWarning,
     SpeedflagsError,

@@ -1,12 +1,62 @@
-"""The command line: ``python -m speedflags report`` (also the ``speedflags`` console script)."""
+"""The command line: ``python -m speedflags report`` (also the ``speedflags`` console script).
+
+Under ``torchrun`` (``torchrun --nproc_per_node=N -m speedflags report``) each rank joins a
+gloo process group set up from torchrun's environment, the ranks' states are gathered, and
+rank 0 prints each rank's state and the verdict. Every rank exits with status 1 when the
+ranks disagree.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from .errors import SpeedflagsError
+
+# torchrun (torch.distributed.run) sets these for every worker
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+GROUP_TIMEOUT_S = 120
+
+
+def launched_by_torchrun() -> bool:
+    """True in a worker that torchrun started as one of several ranks."""
+    return all(name in os.environ for name in TORCHRUN_ENV) and os.environ["WORLD_SIZE"] != "1"
+
+
+@contextlib.contextmanager
+def torchrun_group() -> Iterator[None]:
+    """Join the job's process group from torchrun's environment, for the report's gather.
+
+    gloo: it gathers a few kilobytes, and works on CPU-only and GPU machines alike. Nothing
+    is done when torchrun did not start this process or a group already exists (the caller's
+    group is used and left as it is).
+    """
+    import torch.distributed as dist
+
+    if not launched_by_torchrun() or not dist.is_available() or dist.is_initialized():
+        yield
+        return
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    try:
+        yield
+        dist.barrier()  # every rank is done with the group before any leaves it
+    finally:
+        dist.destroy_process_group()
+
+
+def _default_device(requested: Optional[str]) -> Optional[str]:
+    # under torchrun each rank reports on its own GPU
+    if requested is None and launched_by_torchrun():
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    return requested
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,7 +85,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; return the exit status (0 ok, 1 restore not exact, 2 bad usage)."""
+    """Run the command line; return the exit status.
+
+    0: ok; 1: ``--restore`` was not exact, or the ranks of a distributed job disagree;
+    2: bad usage.
+    """
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "report":
@@ -44,12 +98,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .report import build_report, print_report  # local: keep --help fast
 
         try:
-            report = build_report(args.device, apply=args.apply, restore=args.restore)
+            with torchrun_group():
+                report = build_report(
+                    _default_device(args.device), apply=args.apply, restore=args.restore
+                )
         except SpeedflagsError as exc:
             print(f"speedflags: {exc}", file=sys.stderr)
             return 2
-        print_report(report, args.json)
+        ranks = report.get("ranks")
+        if ranks is None or ranks["rank"] == 0:  # one report per job, from rank 0
+            print_report(report, args.json)
         if args.restore and not report["restore"]["exact"]:
+            return 1
+        if ranks is not None and not ranks["consistent"]:
             return 1
     return 0
 

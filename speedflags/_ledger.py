@@ -41,7 +41,7 @@ DEFAULT_HISTORY_SIZE = 4096
 _now = time.time
 _get_ident = threading.get_ident
 
-# History entries: (kind, seq, time, label, frame id, thread name, where, ...), then
+# History entries: (kind, seq, time, label, frame id, thread name, rank, where, ...), then
 #   _SET:     lever keys, reasons, befores, afters    one record per lever, in order
 #   _RESTORE: lever keys, notes, found, restored      one record per lever, reverse order
 #   _ONE:     lever key or name, action, reason, before, after     a single record
@@ -56,6 +56,21 @@ def _lever_key(lever: Lever) -> str:
     key = f"{lever.name}@{lever.domain}"
     _LEVERS.setdefault(key, lever)
     return key
+
+
+def _no_rank() -> Optional[int]:
+    return None
+
+
+# Tells the calling process's rank in a torch.distributed job (None without one). The ledger
+# imports no torch; speedflags.distributed installs the real source. Read once per frame.
+_rank_source: Callable[[], Optional[int]] = _no_rank
+
+
+def set_rank_source(source: Callable[[], Optional[int]]) -> None:
+    """Install the function that says the process's rank (``speedflags.distributed`` does)."""
+    global _rank_source
+    _rank_source = source
 
 
 def format_where(where: Where) -> str:
@@ -138,6 +153,8 @@ class FlagRecord:
         label: the frame's label (``"fast_math(tf32=True)"``).
         frame: the frame's id (a set and its restore share it; 0 for events).
         thread: the name of the thread that made the change.
+        rank: the process's rank in its ``torch.distributed`` process group when the frame
+            was entered (``None`` without a process group).
         where: ``"file.py:line"`` of the user code that entered or exited the block.
     """
 
@@ -149,6 +166,7 @@ class FlagRecord:
         "frame",
         "label",
         "lever",
+        "rank",
         "reason",
         "seq",
         "thread",
@@ -163,6 +181,7 @@ class FlagRecord:
         label: str,
         frame: int,
         thread: str,
+        rank: Optional[int],
         where: Where,
         lever: str,
         action: str,
@@ -171,6 +190,7 @@ class FlagRecord:
         after: Any,
     ) -> None:
         self.seq = seq
+        self.rank = rank
         self.time = when
         registered = _LEVERS.get(lever)
         if registered is None:  # an event, or a lever named directly (skips, notes)
@@ -209,14 +229,16 @@ class FlagRecord:
             "label": self.label,
             "frame": self.frame,
             "thread": self.thread,
+            "rank": self.rank,
             "where": self.where,
         }
 
     def __repr__(self) -> str:
         reason = f", reason={self.reason!r}" if self.reason else ""
+        rank = f", rank={self.rank!r}" if self.rank is not None else ""
         return (
             f"FlagRecord(lever={self.lever!r}, action={self.action!r}, before={self.before!r}, "
-            f"after={self.after!r}{reason}, label={self.label!r}, where={self.where!r})"
+            f"after={self.after!r}{reason}, label={self.label!r}{rank}, where={self.where!r})"
         )
 
 
@@ -226,7 +248,8 @@ class Frame:
     ``with fast_math(...) as frame:`` binds it. Attributes: ``id``, ``label``, ``device``
     (the device the levers were resolved for), ``levers`` (names, in application order),
     ``values`` (what each lever was set to, after ``"auto"`` resolution), ``thread`` (the
-    thread's name), ``where`` and ``closed``.
+    thread's name), ``rank`` (the process's ``torch.distributed`` rank, ``None`` without a
+    process group), ``where`` and ``closed``.
     """
 
     __slots__ = (
@@ -240,6 +263,7 @@ class Frame:
         "label",
         "owner",
         "program",
+        "rank",
         "thread",
         "thread_id",
     )
@@ -262,6 +286,7 @@ class Frame:
         self.device = device
         self.closed = False
         self.program = program
+        self.rank = _rank_source()  # once per frame; cached per process group
         n = program.n
         self.befores: List[Any] = [None] * n
         self.afters: List[Any] = [None] * n
@@ -379,8 +404,9 @@ class FlagLedger:
     ) -> FlagRecord:
         """Append an event that is not a frame (a heal, a compile fallback) to the history."""
         thread = threading.current_thread().name
+        rank = _rank_source()
         with self._lock:
-            entry = self._one(label, 0, thread, where, lever, action, reason, before, after)
+            entry = self._one(label, 0, thread, rank, where, lever, action, reason, before, after)
         return _expand(entry)[0]
 
     def _one(
@@ -388,6 +414,7 @@ class FlagLedger:
         label: str,
         frame_id: int,
         thread: str,
+        rank: Optional[int],
         where: Where,
         lever: str,
         action: str,
@@ -397,8 +424,8 @@ class FlagLedger:
     ) -> tuple[Any, ...]:
         # a single record; the caller holds the lock
         self._seq += 1
-        entry = (_ONE, self._seq, _now(), label, frame_id, thread, where, lever, action, reason,
-                 before, after)  # fmt: skip
+        entry = (_ONE, self._seq, _now(), label, frame_id, thread, rank, where, lever, action,
+                 reason, before, after)  # fmt: skip
         self._history.append(entry)
         return entry
 
@@ -406,7 +433,18 @@ class FlagLedger:
         self, frame: Frame, where: Where, i: int, action: str, reason: str, before: Any, after: Any
     ) -> None:
         key = frame.program.lever_keys[i]
-        self._one(frame.label, frame.id, frame.thread, where, key, action, reason, before, after)
+        self._one(
+            frame.label,
+            frame.id,
+            frame.thread,
+            frame.rank,
+            where,
+            key,
+            action,
+            reason,
+            before,
+            after,
+        )
 
     # --- frames --------------------------------------------------------------------------
 
@@ -457,13 +495,22 @@ class FlagLedger:
             n = program.n
             self._seq += n
             self._history.append(
-                (_SET, self._seq - n + 1, _now(), label, frame.id, frame.thread, where,
+                (_SET, self._seq - n + 1, _now(), label, frame.id, frame.thread, frame.rank, where,
                  program.lever_keys, program.reasons, tuple(befores), tuple(afters))
             )  # fmt: skip
             if program.skipped:
                 for name, reason in program.skipped:
                     self._one(
-                        label, frame.id, frame.thread, where, name, "skip", reason, None, None
+                        label,
+                        frame.id,
+                        frame.thread,
+                        frame.rank,
+                        where,
+                        name,
+                        "skip",
+                        reason,
+                        None,
+                        None,
                     )
             frames = self._threads.get(tid)
             if frames is None:
@@ -592,9 +639,9 @@ class FlagLedger:
             frame.closed = True
             self._seq += n
             self._history.append(
-                (_RESTORE, self._seq - n + 1, _now(), frame.label, frame.id, frame.thread, where,
-                 program.lever_keys[:n], tuple(notes) if notes else None, tuple(found),
-                 tuple(restored))
+                (_RESTORE, self._seq - n + 1, _now(), frame.label, frame.id, frame.thread,
+                 frame.rank, where, program.lever_keys[:n], tuple(notes) if notes else None,
+                 tuple(found), tuple(restored))
             )  # fmt: skip
             frames = self._threads[tid]
             innermost = frames[-1]
@@ -661,23 +708,25 @@ class FlagLedger:
 
 
 def _expand(entry: tuple[Any, ...]) -> List[FlagRecord]:
-    kind, seq, when, label, frame, thread, where = entry[:7]
+    kind, seq, when, label, frame, thread, rank, where = entry[:8]
     if kind == _ONE:
-        lever, action, reason, before, after = entry[7:]
+        lever, action, reason, before, after = entry[8:]
         return [
-            FlagRecord(seq, when, label, frame, thread, where, lever, action, reason, before, after)
+            FlagRecord(
+                seq, when, label, frame, thread, rank, where, lever, action, reason, before, after
+            )
         ]
     if kind == _SET:
-        keys, reasons, befores, afters = entry[7:]
+        keys, reasons, befores, afters = entry[8:]
         return [
-            FlagRecord(seq + i, when, label, frame, thread, where, keys[i], "set", reasons[i],
+            FlagRecord(seq + i, when, label, frame, thread, rank, where, keys[i], "set", reasons[i],
                        befores[i], afters[i])
             for i in range(len(keys))
         ]  # fmt: skip
-    keys, notes, found, restored = entry[7:]
+    keys, notes, found, restored = entry[8:]
     n = len(keys)
     return [
-        FlagRecord(seq + k, when, label, frame, thread, where, keys[i], "restore",
+        FlagRecord(seq + k, when, label, frame, thread, rank, where, keys[i], "restore",
                    notes[i] if notes else "", found[i], restored[i])
         for k, i in enumerate(range(n - 1, -1, -1))
     ]  # fmt: skip

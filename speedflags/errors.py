@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 __all__ = [
     "CompileFallbackWarning",
@@ -25,6 +25,7 @@ __all__ = [
     "LedgerOrderError",
     "LeverUnavailableError",
     "MixedTF32APIError",
+    "RankMismatchError",
     "RestoreError",
     "SlowPathWarning",
     "SpeedflagsError",
@@ -92,6 +93,30 @@ class RestoreError(SpeedflagsError, RuntimeError):
     def __init__(self, message: str, errors: Sequence[BaseException] = ()) -> None:
         super().__init__(message)
         self.errors: tuple[BaseException, ...] = tuple(errors)
+
+
+class RankMismatchError(SpeedflagsError, RuntimeError):
+    """Ranks of a ``torch.distributed`` job run with different flags (see ``check_ranks``).
+
+    Every rank raises it, with the same message: each lever that differs and the value on
+    each rank. One rank with TF32 on and another with it off compute different numbers, and
+    data-parallel replicas then drift apart without any error of their own.
+
+    Attributes:
+        levers: the names of the levers (snapshot keys) that differ, in snapshot order.
+        differences: for each differing getter (``"tf32.torch.backends.cuda.matmul.allow_tf32"``),
+            its value on each rank, indexed by rank in the group.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        levers: Sequence[str] = (),
+        differences: Optional[Dict[str, Tuple[Any, ...]]] = None,
+    ) -> None:
+        super().__init__(message)
+        self.levers: Tuple[str, ...] = tuple(levers)
+        self.differences: Dict[str, Tuple[Any, ...]] = dict(differences or {})
 
 
 class SpeedflagsWarning(UserWarning):

@@ -25,8 +25,9 @@ import torch
 
 from . import _warn
 from ._decorate import decorate
-from ._ledger import Frame, LeverItem, Program, ledger
+from ._ledger import Frame, LeverItem, Program, Where, ledger
 from ._sentinel import UNSET, _Unset
+from .distributed import FirstEntryCheck
 from .errors import (
     InvalidTypeError,
     InvalidValueError,
@@ -93,7 +94,8 @@ class FastMath:
 
     Scope: ``tf32``, ``matmul_precision``, ``cudnn_benchmark`` and ``sdpa`` are
     process-wide; ``amp`` is thread-local. Restores: every lever it set, to the exact state
-    found on entry.
+    found on entry. With ``check_ranks=True`` its first entry (with a process group) also
+    checks, after applying the levers, that every rank runs with the same flags.
 
     Example:
         >>> import torch, speedflags
@@ -106,7 +108,15 @@ class FastMath:
         False
     """
 
-    __slots__ = ("_device", "_label", "_plan_cache", "_recommend", "_requested", "_strict")
+    __slots__ = (
+        "_device",
+        "_label",
+        "_plan_cache",
+        "_rank_check",
+        "_recommend",
+        "_requested",
+        "_strict",
+    )
 
     def __init__(
         self,
@@ -119,6 +129,7 @@ class FastMath:
         device: DeviceLike = None,
         strict: bool = False,
         label: Optional[str] = None,
+        check_ranks: bool = False,
     ) -> None:
         given = {
             "tf32": tf32,
@@ -153,6 +164,11 @@ class FastMath:
             )
         if label is not None and not isinstance(label, str):
             raise InvalidTypeError(f"fast_math(label={label!r}): expected a str")
+        if not isinstance(check_ranks, bool):
+            raise InvalidTypeError(
+                f"fast_math(check_ranks={check_ranks!r}): expected True or False, got "
+                f"{type(check_ranks).__name__}"
+            )
         self._requested: Tuple[Tuple[str, Any], ...] = tuple(requested)
         self._recommend = all(v is UNSET for v in given.values())
         self._device = normalize_device(device, "fast_math")
@@ -162,9 +178,12 @@ class FastMath:
             shown.append(f"device={str(self._device)!r}")
         if strict:
             shown.append("strict=True")
+        if check_ranks:
+            shown.append("check_ranks=True")
         self._label = label if label is not None else f"fast_math({', '.join(shown)})"
         # Resolved on first entry (the device, and so the plan, never changes in a process).
         self._plan_cache: Optional[_Plan] = None
+        self._rank_check = FirstEntryCheck() if check_ranks else None
 
     # --- what it will do ---------------------------------------------------------------
 
@@ -241,16 +260,19 @@ class FastMath:
 
     # --- context manager -----------------------------------------------------------------
 
-    def __enter__(self) -> Frame:
+    def _open(self, label: str, where: Where) -> Frame:
+        """Open a frame with this spec's levers (and the first-entry rank check)."""
         plan = self._plan()
+        frame = _LEDGER.open(plan.program, label, where, self, plan.device)
+        rank_check = self._rank_check
+        if rank_check is not None and not rank_check.done:
+            # after the levers are applied; a mismatch closes the frame before raising
+            rank_check(label, lambda: _LEDGER.close(frame, where))
+        return frame
+
+    def __enter__(self) -> Frame:
         caller = sys._getframe(1)
-        return _LEDGER.open(
-            plan.program,
-            self._label,
-            (caller.f_code.co_filename, caller.f_lineno),
-            self,
-            plan.device,
-        )
+        return self._open(self._label, (caller.f_code.co_filename, caller.f_lineno))
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         caller = sys._getframe(1)
@@ -261,10 +283,10 @@ class FastMath:
     def __call__(self, func: F) -> F:
         label = f"{getattr(func, '__qualname__', repr(func))}: {self._label}"
         the_ledger = _LEDGER
+        open_spec = self._open
 
         def open_frame(where: Any) -> Frame:
-            plan = self._plan()
-            return the_ledger.open(plan.program, label, where, self, plan.device)
+            return open_spec(label, where)
 
         def close_frame(frame: Frame, where: Any) -> None:
             the_ledger.close(frame, where)
@@ -306,6 +328,7 @@ def fast_math(
     device: DeviceLike = ...,
     strict: bool = ...,
     label: Optional[str] = ...,
+    check_ranks: bool = ...,
 ) -> FastMath: ...
 
 
@@ -321,6 +344,7 @@ def fast_math(
     device: DeviceLike = None,
     strict: bool = False,
     label: Optional[str] = None,
+    check_ranks: bool = False,
 ) -> Any:
     """Switch PyTorch's fast paths on for a block or a function, and restore them exactly after.
 
@@ -343,6 +367,10 @@ def fast_math(
         strict: refuse (``LeverUnavailableError``) a lever with no native effect on the
             device instead of applying it and recording why it has none.
         label: the frame's name in the ledger's history.
+        check_ranks: at the first entry (the first one while a ``torch.distributed``
+            process group exists), after applying the levers, check that every rank runs
+            with the same flags (:func:`speedflags.check_ranks`); a mismatch closes the
+            frame and raises :class:`~speedflags.RankMismatchError` on every rank.
 
     Returns:
         A :class:`FastMath` spec, or, when given a function (``@fast_math``), the function
@@ -351,6 +379,7 @@ def fast_math(
     Raises:
         InvalidValueError, InvalidTypeError: at construction, for a bad argument.
         MixedTF32APIError: on entry, if PyTorch's TF32 APIs are already mixed.
+        RankMismatchError: with ``check_ranks=True``, at the first entry, if ranks differ.
 
     Decorating: a plain function gets the levers for each call. Generators, coroutines and
     async generators get them per step: while their body runs, not while they are suspended
@@ -373,6 +402,7 @@ def fast_math(
         device=device,
         strict=strict,
         label=label,
+        check_ranks=check_ranks,
     )
     if func is None:
         return spec

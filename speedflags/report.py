@@ -3,22 +3,31 @@
 With ``apply=True`` the recommended levers are entered (a normal ``fast_math()`` frame) and
 each one's before/after is shown; with ``restore=True`` the frame is exited and the full
 snapshot is compared with the one taken first, getter by getter.
+
+In a ``torch.distributed`` job (``torchrun ... -m speedflags report``) every rank builds its
+report and the ranks' states are gathered: the report then shows each rank's state and one
+verdict line, consistent or not and where not. The state compared is the one read at the
+start, or, with ``apply=True``, the one inside the applied frame.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from typing import Any, Dict, List, Optional
 
 import torch
 
+from . import distributed
 from ._ledger import json_default, ledger
 from ._version import __version__
 from .fast_math import fast_math
 from .hardware import capabilities, resolve_device
 from .levers import _fp32_family as family
+from .levers import autocast as autocast_module
+from .levers import sdpa as sdpa_module
 from .recommend import recommended
 from .status import snapshot, tf32_status
 
@@ -40,6 +49,83 @@ def _api_in_use() -> str:
     if parents:
         return "new API at a parent node (" + ", ".join(parents) + "); both families agree"
     return "legacy-compatible: both families agree and no fp32_precision parent node is set"
+
+
+def torch_features() -> Dict[str, Dict[str, Any]]:
+    """What this PyTorch has that speedflags uses, found by feature detection.
+
+    Each entry: ``{"present": bool, "note": str}``; the note says what speedflags does
+    without it.
+    """
+    version = torch.__version__
+    backends = [n for n in sdpa_module.BACKENDS if n in sdpa_module.PRESENT]
+    missing = [n for n in sdpa_module.BACKENDS if n not in sdpa_module.PRESENT]
+    return {
+        "fp32_precision API": {
+            "present": family.HAS_NEW_API,
+            "note": ""
+            if family.HAS_NEW_API
+            else f"PyTorch {version} has the legacy TF32 API only; speedflags reads and "
+            "writes it alone",
+        },
+        "SDPA priority order": {
+            "present": sdpa_module.HAS_PRIORITY,
+            "note": ""
+            if sdpa_module.HAS_PRIORITY
+            else f"PyTorch {version} has none: sdpa= enables the preferred kernels but "
+            "cannot put them first",
+        },
+        "SDPA backends": {
+            "present": not missing,
+            "note": ", ".join(backends)
+            + (f" (PyTorch {version} has no {', '.join(missing)})" if missing else ""),
+        },
+        "device-generic autocast getters": {
+            "present": autocast_module.HAS_DEVICE_GENERIC,
+            "note": ""
+            if autocast_module.HAS_DEVICE_GENERIC
+            else autocast_module.NO_DEVICE_GENERIC_NOTE,
+        },
+        "torch.distributed": {
+            "present": distributed.AVAILABLE,
+            "note": ""
+            if distributed.AVAILABLE
+            else f"PyTorch {version} is built without it: check_ranks() compares nothing",
+        },
+    }
+
+
+def gather_ranks(report: Dict[str, Any], state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Every rank's identity and ``state``, gathered, with the verdict; None without a group.
+
+    A collective: every rank of the default process group must call it.
+    """
+    group = distributed.process_group()
+    if group is None:
+        return None
+    rank, world_size, backend = group
+    payload = {
+        "rank": rank,
+        "host": platform.node(),
+        "pid": os.getpid(),
+        "device": report["device"],
+        "device_name": report["device_name"],
+        "torch": report["torch"],
+        "state": state,
+    }
+    gathered = distributed.gather(payload)
+    diffs = distributed.differences(
+        [{"torch": {"__version__": p["torch"]}, **p["state"]} for p in gathered]
+    )
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "backend": backend,
+        "consistent": not diffs,
+        "verdict": distributed.verdict(diffs, world_size),
+        "differences": {key: list(values) for key, values in diffs.items()},
+        "states": gathered,
+    }
 
 
 def _flatten(prefix: str, value: Any, out: Dict[str, Any]) -> None:
@@ -88,10 +174,12 @@ def build_report(
         "device": caps.device,
         "device_name": caps.name,
         "capabilities": caps.to_dict(),
+        "features": torch_features(),
         "tf32_api": {"in_use": _api_in_use(), **tf32_status().to_dict()},
         "levers": snapshot(),
         "recommended": {"levers": rec.levers, "reasons": rec.reasons},
     }
+    compared = distributed.rank_state() if distributed.process_group() is not None else None
     if apply:
         before = snapshot()
         spec = fast_math(device=str(target), label="speedflags report --apply")
@@ -103,6 +191,8 @@ def build_report(
                 "changes": _diff(before, inside),
                 "records": [r.to_dict() for r in ledger().history if r.frame == frame.id],
             }
+            if compared is not None:
+                compared = distributed.rank_state()
         finally:
             if restore:
                 spec.__exit__(None, None, None)
@@ -116,6 +206,8 @@ def build_report(
                 "getters_compared": len(flat),
                 "mismatches": mismatches,
             }
+    if compared is not None:
+        report["ranks"] = gather_ranks(report, compared)
     return report
 
 
@@ -137,6 +229,10 @@ def render_report(report: Dict[str, Any]) -> str:
     for name, cap in report["capabilities"].items():
         if isinstance(cap, dict):
             add(f"  {name:15s} {_yes(cap['supported'])}  {cap['reason']}")
+    add("")
+    add(f"PyTorch {report['torch']} features (found by feature detection)")
+    for name, feature in report["features"].items():
+        add(f"  {name:32s} {_yes(feature['present'])}  {feature['note']}".rstrip())
     add("")
     api = report["tf32_api"]
     add(f"TF32 API: {api['api']} — {api['in_use']}")
@@ -178,7 +274,54 @@ def render_report(report: Dict[str, Any]) -> str:
             add(f"--restore: NOT exact — {len(restored['mismatches'])} getters differ:")
             for change in restored["mismatches"]:
                 add(f"    {change['getter']}: {change['before']!r} -> {change['after']!r}")
+    if report.get("ranks"):
+        add("")
+        lines += _render_ranks(report["ranks"])
     return "\n".join(lines)
+
+
+MAX_RANK_COLUMNS = 8
+_CELL = 24
+
+
+def _cell(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _CELL else text[: _CELL - 1] + "…"
+
+
+def _render_ranks(ranks: Dict[str, Any]) -> List[str]:
+    world_size = ranks["world_size"]
+    states = ranks["states"]
+    lines = [
+        f"ranks: {world_size} (torch.distributed, {ranks['backend']}); this is rank "
+        f"{ranks['rank']}'s report"
+    ]
+    for p in states:
+        lines.append(
+            f"  rank {p['rank']}: {p['host']} pid {p['pid']} · {p['device']} ({p['device_name']})"
+            f" · PyTorch {p['torch']}"
+        )
+    flat = [distributed.flatten(p["state"]) for p in states]
+    keys: List[str] = []
+    for one in flat:
+        keys += [key for key in one if key not in keys]
+    width = max(len(k) for k in keys) if keys else 10
+    differs = ranks["differences"]
+    lines.append("  state per rank (* where the ranks differ)")
+    if world_size <= MAX_RANK_COLUMNS:
+        header = "".join(f"  {'rank ' + str(i):{_CELL}s}" for i in range(world_size))
+        lines.append(f"    {'getter':{width}s}{header}")
+        for key in keys:
+            cells = "".join(f"  {_cell(one.get(key, distributed.ABSENT)):{_CELL}s}" for one in flat)
+            mark = "*" if key in differs else " "
+            lines.append(f"  {mark} {key:{width}s}{cells}".rstrip())
+    else:  # too many columns: each value once, with the ranks that have it
+        for key in keys:
+            values = [one.get(key, distributed.ABSENT) for one in flat]
+            mark = "*" if key in differs else " "
+            lines.append(f"  {mark} {key}: {distributed.describe_values(values)}")
+    lines.append(f"verdict: {ranks['verdict']}")
+    return lines
 
 
 def print_report(report: Dict[str, Any], as_json: bool) -> None:

@@ -130,6 +130,7 @@ class _Speedup:
         strict: bool,
         compile: object,
         inference: object,
+        check_ranks: object = False,
     ) -> None:
         options = compile_options(compile)
         if not isinstance(inference, bool):
@@ -146,9 +147,17 @@ class _Speedup:
             shown.append(f"compile={compile!r}")
         if inference:
             shown.append("inference=True")
+        if check_ranks is True:
+            shown.append("check_ranks=True")
         self._label = f"speedup({', '.join(shown)})"
         try:
-            self._fast = FastMath(**levers, device=device, strict=strict, label=self._label)
+            self._fast = FastMath(
+                **levers,
+                device=device,
+                strict=strict,
+                label=self._label,
+                check_ranks=check_ranks,  # type: ignore[arg-type]  # FastMath validates it
+            )
         except (InvalidValueError, InvalidTypeError) as exc:
             # FastMath names the argument and its valid values; say which call it was.
             message = str(exc)
@@ -200,9 +209,8 @@ class _Speedup:
         target: Callable[..., Any] = func if guarded is None else guarded
         if self._inference:
             target = _in_inference_mode(target)
-        fast = self._fast
-        plan_of = fast._plan
-        open_frame = _LEDGER.open
+        # FastMath._open: the plan, the ledger frame, and check_ranks at the first entry
+        open_frame = self._fast._open
         close_frame = _LEDGER.close
         getframe = sys._getframe
 
@@ -211,8 +219,7 @@ class _Speedup:
             caller = getframe(1)
             where = (caller.f_code.co_filename, caller.f_lineno)
             stats.calls += 1
-            plan = plan_of()
-            frame = open_frame(plan.program, label, where, fast, plan.device)
+            frame = open_frame(label, where)
             try:
                 return target(*args, **kwargs)
             finally:
@@ -227,8 +234,7 @@ class _Speedup:
 
         def open_frame(where: Any) -> Tuple[Frame, Any]:
             stats.calls += 1
-            plan = fast._plan()
-            frame = _LEDGER.open(plan.program, label, where, fast, plan.device)
+            frame = fast._open(label, where)
             guard = None
             if inference:
                 guard = torch.inference_mode()
@@ -274,6 +280,7 @@ def speedup(
     strict: bool = ...,
     compile: Union[bool, Dict[str, Any]] = ...,
     inference: bool = ...,
+    check_ranks: bool = ...,
 ) -> Callable[[F], F]: ...
 
 
@@ -290,6 +297,7 @@ def speedup(
     strict: bool = False,
     compile: Union[bool, Dict[str, Any]] = False,
     inference: bool = False,
+    check_ranks: bool = False,
 ) -> Any:
     """Decorate a train (or eval) step: fast paths on for every call, restored after it.
 
@@ -312,6 +320,10 @@ def speedup(
             ``speedflags`` logger), the ledger's history records it, and later calls run
             eagerly without retrying. No compiler setting outlives the call.
         inference: run each call under ``torch.inference_mode()``.
+        check_ranks: at the first call made while a ``torch.distributed`` process group
+            exists, after the levers are applied, check that every rank runs with the same
+            flags (:func:`speedflags.check_ranks`); a mismatch restores the call's levers and
+            raises :class:`~speedflags.RankMismatchError` on every rank. Checked once.
 
     Returns:
         The decorated function (``functools.wraps`` metadata, ``__wrapped__`` is the
@@ -352,6 +364,7 @@ def speedup(
         strict,
         compile,
         inference,
+        check_ranks,
     )
     if func is None:
         return spec

@@ -121,6 +121,12 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
         }
     env = {name: os.environ.get(name) for name in ENV_OVERRIDES}
     notes = list(extra_notes)
+    if nodes is not None and nodes[family.MATMUL] not in ("none", "ieee", "tf32"):
+        notes.append(
+            f"{family.NODE_NAMES[family.MATMUL]} is {nodes[family.MATMUL]!r}: cuBLAS float32 "
+            "matmuls use that mode, which is not TF32; the legacy getters cannot show it "
+            f"({family.LEGACY_MATMUL} reads False when consistent)"
+        )
     if env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] == "1":
         notes.append(
             "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 switched cuBLAS TF32 on at startup (the getters "
@@ -175,18 +181,21 @@ def heal_tf32() -> TF32Status:
 
     Example:
         >>> import torch, speedflags
-        >>> torch.backends.cuda.matmul.fp32_precision = "tf32"  # new API only: now mixed
-        >>> speedflags.tf32_status().consistent
-        False
+        >>> two_families = speedflags.tf32_status().api != "legacy"  # PyTorch 2.9+
+        >>> if two_families:  # a legacy-only PyTorch cannot be mixed
+        ...     torch.backends.cuda.matmul.fp32_precision = "tf32"  # new API only: now mixed
+        >>> speedflags.tf32_status().consistent == (not two_families)
+        True
         >>> speedflags.heal_tf32().consistent
         True
-        >>> torch.backends.cuda.matmul.allow_tf32
+        >>> torch.backends.cuda.matmul.allow_tf32 == two_families  # kept what kernels used
         True
         >>> with speedflags.tf32(False):  # speedflags is usable again
         ...     torch.backends.cuda.matmul.allow_tf32
         False
         >>> torch.backends.cuda.matmul.allow_tf32 = False  # tidy up: back to a fresh process
-        >>> torch.backends.cuda.matmul.fp32_precision = "none"
+        >>> if two_families:
+        ...     torch.backends.cuda.matmul.fp32_precision = "none"
     """
     the_ledger = ledger()
     where = caller_where(2)

@@ -35,6 +35,11 @@ def autocast_nesting() -> int:
     return int(level) - 1
 
 
+def _math_sdp_reduction() -> Any:
+    getter = getattr(C, "_get_math_sdp_allow_fp16_bf16_reduction", None)  # PyTorch 2.5+
+    return getter() if getter is not None else None
+
+
 def flag_state() -> Dict[str, Any]:
     """Every flag a test could leak: the levers, plus neighbours they must not touch."""
     state = speedflags.snapshot()
@@ -45,7 +50,7 @@ def flag_state() -> Dict[str, Any]:
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "autocast_cache": torch.is_autocast_cache_enabled(),
         "autocast_nesting": autocast_nesting(),
-        "math_sdp_reduction": C._get_math_sdp_allow_fp16_bf16_reduction(),
+        "math_sdp_reduction": _math_sdp_reduction(),
         "open_frames": len(ledger().open_frames()),
     }
     return state
@@ -74,10 +79,8 @@ def reset_tf32_family() -> None:
 def reset_all() -> None:
     reset_tf32_family()
     C._set_cudnn_benchmark(False)
-    for name in ("flash", "mem_efficient", "math", "cudnn", "overrideable"):
-        setter = getattr(C, f"_set_sdp_use_{name}", None)
-        if setter is not None:
-            setter(True)
+    for name, enabled in PRISTINE_SDP_FLAGS.items():
+        getattr(C, f"_set_sdp_use_{name}")(enabled)
     if hasattr(C, "_set_sdp_priority_order"):
         C._set_sdp_priority_order(PRISTINE_SDP_ORDER)
     torch.set_autocast_enabled("cpu", False)
@@ -95,6 +98,12 @@ def reset_all() -> None:
 PRISTINE_SDP_ORDER = (
     list(C._get_sdp_priority_order()) if hasattr(C, "_get_sdp_priority_order") else []
 )
+# Read, not assumed: PyTorch 2.4 starts with cuDNN attention off, later versions with it on.
+PRISTINE_SDP_FLAGS = {
+    name: bool(getattr(C, f"_get_{name}_sdp_enabled")())
+    for name in ("flash", "mem_efficient", "math", "cudnn", "overrideable")
+    if hasattr(C, f"_get_{name}_sdp_enabled") and hasattr(C, f"_set_sdp_use_{name}")
+}
 
 
 def _diff(a: Any, b: Any, path: str = "") -> list[str]:
@@ -147,7 +156,9 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
         monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
         monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
         # a CUDA wheel ships the flash kernel; this CPU wheel does not
-        monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+        monkeypatch.setattr(
+            torch.backends.cuda, "is_flash_attention_available", lambda: True, raising=False
+        )
         hardware._clear_cache()
 
     yield install

@@ -166,3 +166,16 @@ def test_sdpa_record_explains_a_preference_that_cannot_run_here() -> None:
     record = [r for r in speedflags.ledger().history if r.lever == "sdpa"][-2]
     assert record.action == "set"
     assert "cannot run on cpu" in record.reason
+
+
+@pytest.mark.skipif(HAS_ORDER, reason=f"PyTorch {torch.__version__} has an SDPA priority order")
+def test_a_pytorch_without_a_priority_order_says_so_in_the_record() -> None:
+    before = sdpa_flags()
+    with fast_math(sdpa=("efficient", "flash"), device="cpu"):
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert sdpa_flags() == before
+    record = [r for r in speedflags.ledger().history if r.lever == "sdpa"][-2]
+    assert record.action == "set"
+    assert f"PyTorch {torch.__version__} has no SDPA priority order" in record.reason
+    assert record.after["priority"] is None

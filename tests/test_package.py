@@ -36,6 +36,8 @@ READS_FLAGS = {
     "grad_scaler",
     "fast_optimizer",
     "to_device",
+    "check_ranks",
+    "RankSnapshot",
 }
 
 
@@ -59,6 +61,7 @@ def test_all_is_exactly_the_public_face() -> None:
     exported = {n for n in dir(speedflags) if not n.startswith("_")}
     # submodules show up as attributes too (speedflags.fast_math is the function)
     modules = {
+        "distributed",
         "errors",
         "hardware",
         "levers",
@@ -84,6 +87,7 @@ def test_error_hierarchy() -> None:
     assert issubclass(errors.InvalidTypeError, (speedflags.SpeedflagsError, TypeError))
     assert issubclass(errors.LedgerOrderError, speedflags.SpeedflagsError)
     assert issubclass(errors.LeverUnavailableError, speedflags.SpeedflagsError)
+    assert issubclass(errors.RankMismatchError, (speedflags.SpeedflagsError, RuntimeError))
     assert issubclass(errors.DriftWarning, speedflags.SpeedflagsWarning)
     assert issubclass(errors.SlowPathWarning, UserWarning)
     assert issubclass(errors.CompileFallbackWarning, speedflags.SpeedflagsWarning)

@@ -602,3 +602,20 @@ def test_small_transformer_bf16_compiled_matches_fp32_eager() -> None:
     assert fp32[-1] < fp32[0]  # it trains
     for a, b in zip(fast, fp32):
         assert abs(a - b) <= 2e-2 * abs(b), (fast, fp32)  # bf16: 8 mantissa bits
+
+
+def test_check_ranks_is_validated_and_passed_to_the_frame() -> None:
+    with pytest.raises(speedflags.InvalidTypeError, match=r"speedup\(check_ranks='yes'\)"):
+        speedflags.speedup(check_ranks="yes")  # type: ignore[arg-type]
+
+    @speedflags.speedup(cudnn_benchmark=True, check_ranks=True)
+    def step() -> bool:
+        return bool(torch.backends.cudnn.benchmark)
+
+    assert step() is True
+    assert step() is True
+    # without a process group nothing is compared, and the ledger says so once
+    notes = [r for r in speedflags.ledger().history if r.lever == "ranks"]
+    assert len(notes) == 1
+    assert "no torch.distributed process group" in notes[0].reason
+    assert "check_ranks=True" in notes[0].label

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import re
 import sys
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
@@ -27,13 +30,38 @@ def legacy_getters_answer() -> bool:
     return True
 
 
-def compile_paths_work() -> None:
-    """Call the PyTorch internals that read the legacy getters (they raise when mixed)."""
-    from torch._dynamo.graph_region_tracker import get_global_state_key
-    from torch._inductor.select_algorithm import create_precompile_key
+# PyTorch internals on the compile/autotune paths that read TF32 state, each as (module,
+# function, arguments). Which ones exist, and which still read the legacy getters, changes
+# between versions: on 2.13 the first two raise in a mixed state; 2.15 moved them to the new
+# API but its bmm template configs still read the legacy allow_tf32. Found by import, not
+# by version.
+INTERNAL_READERS: List[Tuple[str, str, Tuple[Any, ...]]] = [
+    ("torch._dynamo.graph_region_tracker", "get_global_state_key", ()),
+    ("torch._inductor.select_algorithm", "create_precompile_key", ("mm", "key", [])),
+    ("torch._inductor.kernel.bmm", "_bmm_shared_a_configs", (torch.float32,)),
+]
 
-    get_global_state_key()
-    create_precompile_key("mm", "key", [])
+
+def internal_readers() -> List[Tuple[str, Callable[[], Any]]]:
+    found = []
+    for module, name, args in INTERNAL_READERS:
+        try:
+            fn = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        found.append((f"{module}.{name}", lambda fn=fn, args=args: _drain(fn(*args))))
+    return found
+
+
+def _drain(result: Any) -> Any:
+    # some readers are generators: the read happens when they are iterated
+    return list(result) if inspect.isgenerator(result) else result
+
+
+def compile_paths_work() -> None:
+    """Call the PyTorch internals that read TF32 state (the legacy ones raise when mixed)."""
+    for _, reader in internal_readers():
+        reader()
 
 
 # --- behaviour 2: inside tf32=True both families say TF32 and nothing raises ---------------
@@ -71,11 +99,20 @@ def test_torch_compile_runs_inside_the_tf32_block() -> None:
 
 @needs_new_api
 def test_new_api_only_write_breaks_the_compile_paths(raw_tf32: None) -> None:
-    # The bug speedflags exists for (seed 000/001): if this ever stops raising, the
-    # compile-path checks above no longer prove anything.
+    # The bug speedflags exists for (seed 000/001): if no internal reader of this PyTorch
+    # raises any more, the compile-path checks above no longer prove anything and
+    # INTERNAL_READERS needs a reader that still uses the legacy getters.
     torch.backends.cuda.matmul.fp32_precision = "tf32"
+    raising = []
+    for name, reader in internal_readers():
+        try:
+            reader()
+        except RuntimeError as exc:
+            raising.append((name, "mix of the legacy and new APIs" in str(exc)))
+    assert raising, f"no internal reader of PyTorch {torch.__version__} raises when mixed"
+    assert all(mixed for _, mixed in raising), raising
     with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
-        compile_paths_work()
+        _ = torch.backends.cuda.matmul.allow_tf32
 
 
 @pytest.mark.parametrize("value", [True, False])
@@ -391,8 +428,97 @@ def test_legacy_only_pytorch_is_handled_by_the_legacy_api(monkeypatch: pytest.Mo
         C._set_fp32_precision_setter("mkldnn", "matmul", "none")
 
 
+@pytest.mark.skipif(
+    HAS_NEW_API,
+    reason=f"PyTorch {torch.__version__} has the fp32_precision API; "
+    "test_legacy_only_pytorch_is_handled_by_the_legacy_api simulates a build without it",
+)
+def test_on_a_legacy_only_build_everything_uses_the_legacy_api_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = tf32_status()
+    assert (status.api, status.consistent, status.new, status.conflicts) == (
+        "legacy",
+        True,
+        None,
+        (),
+    )
+    assert set(tf32_getters()) == {
+        "torch.backends.cuda.matmul.allow_tf32",
+        "torch.backends.cudnn.allow_tf32",
+        "torch.get_float32_matmul_precision()",
+    }
+    before = tf32_getters()
+    with fast_math(tf32=True, matmul_precision="medium"):
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+        assert torch.get_float32_matmul_precision() == "medium"
+        assert tf32_status().effective["onednn_matmul_bf16"] is True
+    with fast_math(tf32=False):
+        assert torch.backends.cudnn.allow_tf32 is False
+    assert tf32_getters() == before
+    assert heal_tf32().consistent
+    assert speedflags.ledger().history[-1].reason == "already consistent: nothing written"
+    from speedflags.__main__ import main
+
+    assert main(["report", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "TF32 API: legacy — legacy only" in out
+    assert re.search(r"fp32_precision API +no +PyTorch \S+ has the legacy TF32 API only", out)
+
+
 def test_torch_utils_benchmark_imports_inside_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    # torch.utils.benchmark.utils.compile reads get_float32_matmul_precision() at import.
+    # torch.utils.benchmark.utils.compile reads get_float32_matmul_precision() at import
+    # (2.13; the new API's getter on 2.15).
+    try:
+        importlib.import_module("torch.utils.benchmark")
+    except ModuleNotFoundError as exc:  # PyTorch 2.4's benchmark utilities import NumPy
+        pytest.skip(f"PyTorch {torch.__version__}: torch.utils.benchmark needs {exc.name}")
     monkeypatch.delitem(sys.modules, "torch.utils.benchmark.utils.compile", raising=False)
     with fast_math(tf32=True):
-        import torch.utils.benchmark.utils.compile  # noqa: F401
+        importlib.import_module("torch.utils.benchmark.utils.compile")
+
+
+# --- values newer PyTorch accepts: 'bfx9' on cuBLAS matmul (2.15+) ----------------------------
+
+
+def set_bfx9_or_skip() -> None:
+    """Write cuda.matmul='bfx9' through the new API, or skip where PyTorch refuses it."""
+    if not HAS_NEW_API:
+        pytest.skip(f"PyTorch {torch.__version__} has no fp32_precision API (added in 2.9)")
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "bfx9"
+    except RuntimeError as exc:
+        pytest.skip(f"PyTorch {torch.__version__} does not accept 'bfx9' for cuBLAS: {exc}")
+
+
+def test_bfx9_is_kept_by_tf32_off_replaced_by_highest_and_restored(raw_tf32: None) -> None:
+    set_bfx9_or_skip()
+    assert tf32_status().consistent  # the legacy API reads it as 'not TF32'
+    assert any("'bfx9'" in note for note in tf32_status().notes)
+    before = tf32_getters()
+    with fast_math(tf32=True):
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert legacy_getters_answer()
+    assert tf32_getters() == before
+    with fast_math(tf32=False):  # bfx9 is not TF32: nothing to switch off
+        assert torch.backends.cuda.matmul.fp32_precision == "bfx9"
+    with fast_math(matmul_precision="highest"):  # as set_float32_matmul_precision('highest')
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+        assert (
+            torch.backends.mkldnn.matmul.fp32_precision
+            == before["torch.backends.mkldnn.matmul.fp32_precision"]
+        )
+        assert legacy_getters_answer()
+    assert tf32_getters() == before
+
+
+def test_bfx9_under_a_legacy_high_is_refused_and_healed(raw_tf32: None) -> None:
+    torch.set_float32_matmul_precision("high")
+    set_bfx9_or_skip()
+    assert not tf32_status().consistent
+    with pytest.raises(MixedTF32APIError, match="'bfx9'"), fast_math(tf32=True):
+        pytest.fail("the block must not run")
+    status = heal_tf32()
+    assert status.consistent
+    assert torch.backends.cuda.matmul.fp32_precision == "bfx9"  # what kernels used is kept
+    assert torch.get_float32_matmul_precision() == "highest"

@@ -14,6 +14,22 @@ family without ever raising and writes it so that both families stay readable
 Two things no API can restore (documented for users in the README): cuDNN conv/rnn start
 at a hidden ``DEFAULT`` that cannot be written back, and an inherited value cannot be told
 from an explicit one through the getters.
+
+Versions (the research describes 2.13; this module is tested on 2.4.1, 2.13 and 2.15):
+
+- Before 2.9 there is no tree: :data:`HAS_NEW_API` is False, ``FamilyState[F_NODES]`` is
+  None, and reads and writes use the three legacy getters and setters alone.
+- 2.15 repeats every probe of the research with the same readings, with two changes.
+  ``cuda.matmul`` (and no other node) also accepts ``'bfx9'``, cuBLAS's BF16x9 emulation of
+  fp32. The legacy getters see it as not-TF32 (``allow_tf32`` False, precision 'highest')
+  and raise when it meets a legacy 'high' or 'medium'. Node values are opaque strings here,
+  so 'bfx9' is read, refused when mixed, healed and restored like any other value;
+  ``tf32=False`` keeps it (it is not TF32) and ``matmul_precision='highest'`` replaces it
+  with 'ieee', as ``torch.set_float32_matmul_precision('highest')`` does. And most of
+  PyTorch's compile-path readers moved to the new API's getters (dynamo's global-state key,
+  inductor's precompile and cache keys, ``torch.utils.benchmark``; pytorch#196860), so a
+  mixed state breaks fewer of them; inductor's bmm and conv templates still read the legacy
+  ``allow_tf32``, so the never-mixed policy stays as it is.
 """
 
 from __future__ import annotations
@@ -306,6 +322,8 @@ def _tf32_target(state: FamilyState, enabled: bool) -> FamilyState:
     On: cuBLAS matmul and cuDNN conv/rnn in TF32; the legacy precision becomes 'high' unless
     it already allows TF32 ('high' or 'medium', kept). Off: full fp32 everywhere the legacy
     API can see, i.e. precision 'highest', which also takes oneDNN matmul off bf16/tf32.
+    A cuBLAS mode that is not TF32 and that the legacy API cannot see (2.15's 'bfx9') is
+    kept by ``tf32=False``; ``matmul_precision='highest'`` replaces it with 'ieee'.
     """
     if enabled:
         precision = state[F_PRECISION] if state[F_PRECISION] in ("high", "medium") else "high"
@@ -330,24 +348,31 @@ def _tf32_target(state: FamilyState, enabled: bool) -> FamilyState:
 
 
 _ONEDNN_FOR_PRECISION = {"highest": "ieee", "high": "tf32", "medium": "bf16"}
+_IEEE = ("none", "ieee")  # resolved values that mean full fp32 ('none': nobody set it)
 
 
 def precision_target(state: FamilyState, precision: str) -> FamilyState:
     """The state ``torch.set_float32_matmul_precision(precision)`` would produce from ``state``.
 
     Returns ``state`` itself when the precision already holds (for 'medium': only when
-    oneDNN matmul is really on bf16, since that is what 'medium' changes on a CPU).
+    oneDNN matmul is really on bf16, since that is what 'medium' changes on a CPU; for
+    'highest': only when cuBLAS is really on IEEE, since a value the legacy API cannot see,
+    such as 2.15's 'bfx9', also reads 'highest').
     """
     nodes = state[F_NODES]
     if state[F_PRECISION] == precision and (
-        nodes is None or precision != "medium" or nodes[MKLDNN_MATMUL] == "bf16"
+        nodes is None
+        or precision == "high"
+        or (precision == "medium" and nodes[MKLDNN_MATMUL] == "bf16")
+        or (precision == "highest" and nodes[MATMUL] in _IEEE)
     ):
         return state
     tf32 = precision != "highest"
     if nodes is not None:
         n = list(nodes)
         n[MATMUL] = "tf32" if tf32 else "ieee"
-        n[MKLDNN_MATMUL] = _ONEDNN_FOR_PRECISION[precision]
+        if tf32 or n[MKLDNN_MATMUL] not in _IEEE:  # oneDNN already on fp32 stays as it is
+            n[MKLDNN_MATMUL] = _ONEDNN_FOR_PRECISION[precision]
         nodes = tuple(n)
     return (tf32, state[F_CUDNN], precision, nodes)
 

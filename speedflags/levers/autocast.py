@@ -42,7 +42,14 @@ def validate_amp(value: object) -> AmpValue:
     raise InvalidTypeError(f"expected {CHOICES}, got {type(value).__name__}")
 
 
-if hasattr(torch, "get_autocast_dtype"):  # device-generic accessors (PyTorch 2.4+)
+# Feature detection: device-generic accessors arrived in PyTorch 2.4.
+HAS_DEVICE_GENERIC: bool = hasattr(torch, "get_autocast_dtype")
+NO_DEVICE_GENERIC_NOTE = (
+    f"PyTorch {torch.__version__} has no device-generic autocast getters; the per-device "
+    "ones (cpu, cuda) are used"
+)
+
+if HAS_DEVICE_GENERIC:
     _is_enabled: Callable[[str], bool] = torch.is_autocast_enabled
     _get_dtype: Callable[[str], torch.dtype] = torch.get_autocast_dtype
     _set_enabled: Callable[[str, bool], None] = torch.set_autocast_enabled
@@ -124,6 +131,13 @@ class AutocastLever(SimpleLever):
         return False if value is None else _dtype_name(value)
 
     def available(self, value: Optional[torch.dtype], device: torch.device) -> Effect:
+        effect = self._available(value, device)
+        if HAS_DEVICE_GENERIC:
+            return effect
+        reason = "; ".join(r for r in (effect.reason, NO_DEVICE_GENERIC_NOTE) if r)
+        return Effect(effect.effective, reason, effect.slow)  # pragma: no cover - PyTorch < 2.4
+
+    def _available(self, value: Optional[torch.dtype], device: torch.device) -> Effect:
         caps = capabilities(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             return Effect(False, f"no effect on {caps.device}: {caps.bf16.reason}")

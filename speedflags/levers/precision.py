@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch._ops
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import capabilities
@@ -81,7 +82,8 @@ class MatmulPrecisionLever(SimpleLever):
 
 
 def _onednn_bf16() -> bool:
-    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    # torch._ops.ops is torch.ops; older stubs (2.4) do not re-export the latter
+    probe = getattr(torch._ops.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(probe()) if probe is not None else False
 
 

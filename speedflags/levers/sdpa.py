@@ -49,7 +49,7 @@ _SDPBACKEND_NAMES = {
 }
 
 # Feature detection: cuDNN attention, overrideable and the priority order arrived over 2.2-2.5
-_PRESENT = tuple(n for n in _ALL if hasattr(_C, _GETTERS[n]) and hasattr(_C, _SETTERS[n]))
+PRESENT = tuple(n for n in _ALL if hasattr(_C, _GETTERS[n]) and hasattr(_C, _SETTERS[n]))
 HAS_PRIORITY = hasattr(_C, "_get_sdp_priority_order") and hasattr(_C, "_set_sdp_priority_order")
 
 SdpaState = Tuple[Tuple[Optional[bool], ...], Optional[Tuple[int, ...]]]
@@ -97,7 +97,7 @@ class SdpaLever(SimpleLever):
         return tuple(names)
 
     def read(self) -> SdpaState:
-        flags = tuple(bool(getattr(_C, _GETTERS[n])()) if n in _PRESENT else None for n in _ALL)
+        flags = tuple(bool(getattr(_C, _GETTERS[n])()) if n in PRESENT else None for n in _ALL)
         order = tuple(_C._get_sdp_priority_order()) if HAS_PRIORITY else None
         return flags, order
 
@@ -149,7 +149,7 @@ class SdpaLever(SimpleLever):
             "math": None,
         }
         notes = []
-        missing = [n for n in value if n not in _PRESENT]
+        missing = [n for n in value if n not in PRESENT]
         if missing:
             notes.append(
                 f"PyTorch {torch.__version__} has no {', '.join(missing)} SDPA backend; "
