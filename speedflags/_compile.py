@@ -16,15 +16,22 @@ function without compiling again. How each failure is caught (each fact probed o
   ``loss.backward()``, after the forward's side effects. While the wrapped backend runs (and
   only then) ``torch._functorch.config.force_non_lazy_backward_lowering`` is patched on, so
   the backward compiles together with its forward, where the wrapper catches the failure.
+- **A PyTorch that cannot compile the backward early** (2.4 has no
+  ``force_non_lazy_backward_lowering``): a backward graph that fails to compile raises out
+  of ``loss.backward()``, after the forward ran. That step cannot complete and raises; the
+  failure is recognised (it passes through ``aot_autograd``'s backward-compiler wrapper), so
+  it is reported once and later calls run eagerly instead of failing the same way.
 - **A tracing error that is not a graph break**, in a frame that starts after part of the
   call ran (a resume function after a graph break, a callee). For the duration of the call
   ``torch._dynamo.config.suppress_errors`` is on, so dynamo runs that frame eagerly from its
   start; it is put back after the call (to the value it read, as an explicit setting of
-  that value in this thread). Dynamo's config is thread-local (a ``ContextVar``),
-  so other threads never see it. Dynamo reports the suppressed error in a WARNING record of
-  the ``torch._dynamo.convert_frame`` logger, which a filter watches (calling thread only,
-  for the duration of the call). If that logger is silenced below WARNING, the frame still
-  runs eagerly and safely, but the fallback cannot be seen, so it is not reported.
+  that value in this thread). On current PyTorch dynamo's config is thread-local (a
+  ``ContextVar``), so other threads never see it; on older ones (2.4) it is process-wide,
+  and other threads see it for the duration of the call. Dynamo reports the suppressed
+  error in a WARNING record of the ``torch._dynamo.convert_frame`` logger, which a filter
+  watches (calling thread only, for the duration of the call). If that logger is silenced
+  below WARNING, the frame still runs eagerly and safely, but the fallback cannot be seen,
+  so it is not reported.
 - **fullgraph=True.** Dynamo traces the whole function before running any of it (and
   ignores ``suppress_errors``), so a tracing error leaves the call untouched: it is run
   eagerly. If that eager run raises too, the error was the step's own (a shape mismatch
@@ -152,6 +159,8 @@ def describe(exc: BaseException) -> str:
     text = lines[0] if lines else ""
     if len(lines) > 1 and lines[1].startswith("Explanation:"):  # dynamo's errors say why here
         text = f"{text} ({lines[1]})"
+    elif len(lines) > 1 and text.endswith(":"):  # "Failed running call_function ...:" + cause
+        text = f"{text} {lines[1]}"
     if len(text) > 400:
         text = text[:397] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -208,12 +217,11 @@ def _inner_backend(options: Dict[str, Any]) -> Callable[..., Any]:
     """The backend torch.compile would build from these options (same classes, same args)."""
     backend = options.get("backend")
     if backend is None:
-        try:
-            from torch._dynamo.backends.registry import get_default_backend
+        import torch._dynamo.backends.registry as registry
 
-            backend = get_default_backend()
-        except ImportError:  # pragma: no cover - PyTorch before set_default_backend
-            backend = "inductor"
+        # feature detection: set/get_default_backend are recent; before them it was inductor
+        get_default = getattr(registry, "get_default_backend", None)
+        backend = get_default() if get_default is not None else "inductor"
     mode = options.get("mode")
     backend_options = options.get("options")
     if backend_options is not None:
@@ -225,6 +233,22 @@ def _inner_backend(options: Dict[str, Any]) -> Callable[..., Any]:
     if backend == "inductor":
         return wrappers._TorchCompileInductorWrapper(mode, backend_options, dynamic)  # type: ignore[no-any-return]
     return wrappers._TorchCompileWrapper(backend, mode, backend_options, dynamic)  # type: ignore[no-any-return]
+
+
+def _backward_compile_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while compiling a backward graph lazily (in backward)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_wrapped_bw_compiler":  # aot_autograd's wrapper
+            return True
+        tb = tb.tb_next
+    return False
+
+
+_LAZY_BACKWARD_OUTCOME = (
+    "this PyTorch compiles the backward graph lazily, inside loss.backward(), so the step "
+    "could not complete and raised"
+)
 
 
 class _Watch(logging.Filter):
@@ -303,6 +327,11 @@ class GuardedCompile:
                 "of it may have run",
             )
             raise
+        except Exception as exc:
+            if _backward_compile_failed(exc):
+                why = f"the backward graph failed to compile: {describe(exc)}"
+                self._fall_back(why, _LAZY_BACKWARD_OUTCOME)
+            raise
         finally:
             self._dynamo_log.removeFilter(watch)
             config.suppress_errors = prior
@@ -324,6 +353,11 @@ class GuardedCompile:
             result = self.func(*args, **kwargs)
             self._fall_back(describe(exc), "the call ran eagerly")
             return result
+        except Exception as exc:
+            if _backward_compile_failed(exc):
+                why = f"the backward graph failed to compile: {describe(exc)}"
+                self._fall_back(why, _LAZY_BACKWARD_OUTCOME)
+            raise
         finally:
             if len(self._failures) > failures:
                 self._fall_back(self._failures[failures], _outcome(completed))

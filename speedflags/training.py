@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 import torch
+from torch.optim.optimizer import Optimizer  # the public path; 2.4's stubs lack torch.optim's
 
 from ._decorate import caller_where
 from ._ledger import ledger
@@ -23,7 +24,7 @@ from .levers.autocast import AUTO, validate_amp
 
 __all__ = ["fast_optimizer", "grad_scaler", "to_device"]
 
-Opt = TypeVar("Opt", bound=torch.optim.Optimizer)
+Opt = TypeVar("Opt", bound=Optimizer)
 T = TypeVar("T")
 
 
@@ -133,7 +134,7 @@ def fast_optimizer(cls: type[Opt], params: Iterable[Any], **kwargs: Any) -> Opt:
         True
     """
     given: Any = cls
-    if not (isinstance(given, type) and issubclass(given, torch.optim.Optimizer)):
+    if not (isinstance(given, type) and issubclass(given, Optimizer)):
         raise InvalidTypeError(
             f"fast_optimizer(cls={cls!r}): expected a torch.optim.Optimizer subclass"
         )
