@@ -1,19 +1,20 @@
-"""The command line: ``python -m speedflags report`` (also the ``speedflags`` console script)."""
+"""The command line: ``python -m speedflags report|bench`` (also the ``speedflags`` script)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
+from .bench import cli as bench_cli
 from .errors import SpeedflagsError
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(
         prog="speedflags",
         description="PyTorch fast-path flags: inspect them, apply the recommended ones, "
-        "and prove they come back.",
+        "prove they come back, and measure what they buy.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser(
@@ -31,13 +32,19 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)"
     )
-    return parser
+    bench = bench_cli.add_parser(sub)
+    return parser, bench
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; return the exit status (0 ok, 1 restore not exact, 2 bad usage)."""
-    parser = _parser()
+    """Run the command line; return the exit status.
+
+    0 ok; 1 flags not restored exactly; 2 bad usage; 130 ``bench`` stopped with Ctrl-C.
+    """
+    parser, bench_parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench_cli.command(args, bench_parser)
     if args.command == "report":
         if args.restore and not args.apply:
             parser.error("--restore proves that --apply's changes come back; use it with --apply")
