@@ -27,7 +27,9 @@ both: ``smoke``, ``default``, or comma-separated sizes.
 Timing (see ``speedflags.bench.timing``): ``benchmark.pedantic`` with the setup and the
 target each ending in a device synchronisation (so the host clock brackets the GPU work),
 a warm-up inside the configuration's frames before it, rounds sized to last about a
-second, and input sets rotated past the last-level cache.
+second, and input sets rotated past the last-level cache. On a GPU, kernels under a
+millisecond run several times per round (``extra_info["calls_per_round"]``; the table
+divides by it), so that the synchronisation does not distort them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from speedflags.bench.accuracy import TOLERANCE, coarsest
 from speedflags.bench.results import Result
 from speedflags.bench.runner import warm_up
 from speedflags.bench.table import finish, render
-from speedflags.bench.timing import plan_rounds, synced, timer_for
+from speedflags.bench.timing import plan_calls, plan_rounds, synced, timer_for
 from speedflags.bench.workloads import WORKLOADS, Problem, Workload
 
 # group -> the variant that is the group's baseline (its parameter id, or one parameter value)
@@ -157,22 +159,33 @@ def measure(
         before = speedflags.snapshot()
         with config.frames(device):
             error = problem.error(runner)
-            rounds, warmup = 1, 0
+            rounds, warmup, calls = 1, 0, 1
             if benchmark.enabled:
                 estimate = warm_up(runner, timer_for(device), rounds=2, seconds=0.1)
-                rounds, warmup = plan_rounds(estimate, min_rounds=5, min_time_s=1.0), 1
+                calls = plan_calls(estimate, device)
+                rounds = plan_rounds(estimate * calls, min_rounds=5, min_time_s=1.0)
+                warmup = 1
+
+            def setup() -> Tuple[Tuple[List[Any]], Dict[str, Any]]:
+                return ([runner.setup() for _ in range(calls)],), {}
+
+            def target(batch: List[Any]) -> None:
+                for inputs in batch:
+                    runner.run(*inputs)
+
             benchmark.pedantic(
-                synced(runner.run, device),
-                setup=synced(lambda: (runner.setup(), {}), device),
+                synced(target, device),
+                setup=synced(setup, device),
                 rounds=rounds,
                 warmup_rounds=warmup,
             )
             info["flags"] = _jsonable(speedflags.snapshot())
+        info["calls_per_round"] = calls
         assert speedflags.snapshot() == before, "the configuration's frames did not restore"
         tolerance = TOLERANCE[coarsest(config.precision, problem.input_precision)]
         info.update(rel_error=error, tolerance=tolerance)
         if benchmark.stats is not None:
-            info["flop_per_s"] = problem.flops / benchmark.stats.stats.median
+            info["flop_per_s"] = problem.flops * calls / benchmark.stats.stats.median
         assert error <= tolerance, (
             f"{config.name}: relative error {error:.2e} above {tolerance:.0e}: this is not "
             f"measuring what it claims"

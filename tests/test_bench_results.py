@@ -134,6 +134,22 @@ def test_environment_says_where_a_result_came_from() -> None:
     json.dumps(env)  # a result file can hold it as it is
 
 
+def test_cpu_id_reads_family_model_and_the_features_that_matter(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+        "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu avx2 avx512f avx512_bf16 vaes\n"
+        "\nprocessor\t: 1\ncpu family\t: 99\n"
+    )
+    assert results_module.cpu_id(str(info)) == {
+        "vendor_id": "AuthenticAMD",
+        "cpu family": "25",
+        "model": "17",
+        "stepping": "1",
+        "features": ["avx2", "avx512f", "avx512_bf16"],
+    }
+
+
 @pytest.fixture
 def fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An ``nvidia-smi`` on PATH that prints what a real one prints for the query."""

@@ -12,7 +12,8 @@ import torch
 
 import speedflags
 from speedflags.bench import runner as runner_module
-from speedflags.bench.runner import Progress, Settings, run
+from speedflags.bench.runner import Progress, Settings, measure_rounds, run
+from speedflags.bench.workloads import Runner
 
 CPU = torch.device("cpu")
 
@@ -127,11 +128,11 @@ def test_ctrl_c_inside_a_frame_restores_every_flag(monkeypatch: pytest.MonkeyPat
     inside: List[bool] = []
     real = runner_module.measure_rounds
 
-    def interrupted(runner: Any, clock: Any, rounds: int) -> List[float]:
+    def interrupted(runner: Any, clock: Any, rounds: int, calls: int) -> List[float]:
         if torch.is_autocast_enabled("cpu"):  # the amp-bf16 frame is open
             inside.append(torch.get_float32_matmul_precision() == "highest")
             raise KeyboardInterrupt
-        return real(runner, clock, rounds)
+        return real(runner, clock, rounds, calls)
 
     monkeypatch.setattr(runner_module, "measure_rounds", interrupted)
     result = run(tiny())
@@ -140,6 +141,16 @@ def test_ctrl_c_inside_a_frame_restores_every_flag(monkeypatch: pytest.MonkeyPat
     assert speedflags.snapshot() == before
     assert not speedflags.ledger().open_frames()
     assert measured(result) == ["fp32", "precision-medium"]
+
+
+def test_a_round_of_several_calls_uses_a_new_input_set_per_call() -> None:
+    sets = [(torch.tensor(float(i)),) for i in range(5)]
+    ran: List[float] = []
+    ticks = iter(range(0, 1000, 10))  # a clock that advances 10 per reading
+    runner = Runner(sets, lambda x: ran.append(float(x)))
+    times = measure_rounds(runner, lambda: float(next(ticks)), rounds=2, calls=3)
+    assert ran == [0.0, 1.0, 2.0, 3.0, 4.0, 0.0]  # rotating through the sets
+    assert times == [10 / 3, 10 / 3]  # per call: one clock interval shared by three calls
 
 
 def test_settings_record_the_device_as_text() -> None:

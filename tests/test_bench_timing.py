@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from speedflags.bench import timing
-from speedflags.bench.timing import Timing, plan_rounds, rotation_sets, synced, timer_for
+from speedflags.bench.timing import (
+    Timing,
+    plan_calls,
+    plan_rounds,
+    rotation_sets,
+    synced,
+    timer_for,
+)
 
 MiB = 2**20
 
@@ -116,6 +123,19 @@ def test_this_machines_cpu_cache_is_found() -> None:
 )
 def test_plan_rounds(estimate: float, expected: int) -> None:
     assert plan_rounds(estimate, min_rounds=5, min_time_s=1.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("estimate", "device", "expected"),
+    [
+        (85e-6, "cuda", 12),  # a 85 us kernel: 12 calls fill a millisecond
+        (0.0014, "cuda", 1),
+        (1e-9, "cuda", 100),  # capped
+        (85e-6, "cpu", 1),  # reading a CPU clock costs nothing
+    ],
+)
+def test_plan_calls(estimate: float, device: str, expected: int) -> None:
+    assert plan_calls(estimate, torch.device(device)) == expected
 
 
 def test_timing_pools_passes_and_keeps_their_medians() -> None:

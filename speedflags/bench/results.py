@@ -55,6 +55,7 @@ class Result:
     q1_s: Optional[float] = None
     q3_s: Optional[float] = None
     rounds: int = 0
+    calls_per_round: int = 1
     pass_medians_s: Tuple[float, ...] = ()
     flops: Optional[float] = None
     rel_error: Optional[float] = None
@@ -118,6 +119,38 @@ def gpu_state(device: torch.device) -> Dict[str, str]:
     return _nvidia_smi(given if given is not None else torch.cuda.current_device())
 
 
+_CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
+
+
+def cpu_id(path: str = "/proc/cpuinfo") -> Dict[str, Any]:
+    """The CPU's family, model and the ISA features that decide bf16/fp16 speed.
+
+    Two CPUs with the same marketing name can differ where it matters: an AMD EPYC of
+    family 25 (Zen 4) does bf16 dot products at twice its fp32 rate, one of family 26
+    (Zen 5) at four times MKL's. Empty where ``/proc/cpuinfo`` does not exist.
+
+    Example:
+        >>> from speedflags.bench.results import cpu_id
+        >>> cpu_id("/nonexistent")
+        {}
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().split("\n\n")[0].splitlines()
+    except OSError:
+        return {}
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    out: Dict[str, Any] = {
+        k: fields[k] for k in ("vendor_id", "cpu family", "model", "stepping") if k in fields
+    }
+    out["features"] = [f for f in _CPU_FEATURES if f in flags]
+    return out
+
+
 def environment(device: torch.device) -> Dict[str, Any]:
     """Where a run happens: device, versions, CPU, threads, capabilities, flag snapshot.
 
@@ -144,6 +177,7 @@ def environment(device: torch.device) -> Dict[str, Any]:
         "driver": driver,
         "gpu_state": state,
         "cpu": capabilities("cpu").name,
+        "cpu_id": cpu_id(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -23,9 +23,9 @@ import torch
 
 from ..status import snapshot
 from .configs import Config
-from .results import BenchRun, Result, environment
+from .results import BenchRun, Result, environment, gpu_state
 from .table import finish
-from .timing import Timing, plan_rounds, synchronize, timer_for
+from .timing import Timing, plan_calls, plan_rounds, synchronize, timer_for
 from .workloads import WORKLOADS, Problem, Runner, Workload
 
 __all__ = ["Progress", "Settings", "measure_rounds", "run", "warm_up"]
@@ -109,18 +109,20 @@ def warm_up(runner: Runner, clock: Clock, rounds: int, seconds: float) -> float:
     return min(times[1:]) if len(times) > 1 else times[0]
 
 
-def measure_rounds(runner: Runner, clock: Clock, rounds: int) -> List[float]:
-    """Time ``rounds`` calls, each on the next input set; setup is outside the timed region.
+def measure_rounds(runner: Runner, clock: Clock, rounds: int, calls: int = 1) -> List[float]:
+    """Time ``rounds`` rounds of ``calls`` calls; return the time per call of each round.
 
-    ``clock`` must wait for the device's queued work (:func:`~.timing.timer_for`), so the
-    start reading comes after the setup's work and the end reading after the call's.
+    Every call takes the next input set, picked before the clock starts. ``clock`` must
+    wait for the device's queued work (:func:`~.timing.timer_for`), so the start reading
+    comes after earlier work and the end reading after the round's kernels.
     """
     times = []
     for _ in range(rounds):
-        inputs = runner.setup()
+        batch = [runner.setup() for _ in range(calls)]
         start = clock()
-        runner.run(*inputs)
-        times.append(clock() - start)
+        for inputs in batch:
+            runner.run(*inputs)
+        times.append((clock() - start) / calls)
     return times
 
 
@@ -129,6 +131,7 @@ class _Entry:
     config: Config
     runner: Optional[Runner] = None
     rounds: int = 0
+    calls: int = 1
     error: Optional[float] = None
     passes: List[List[float]] = field(default_factory=list)
 
@@ -203,10 +206,13 @@ class _Run:
                 entry.error = problem.error(runner)
                 synchronize(device)
                 estimate = warm_up(runner, self.clock, settings.warmup_rounds, settings.warmup_s)
-                entry.rounds = plan_rounds(estimate, settings.min_rounds, settings.min_time_s)
+                entry.calls = plan_calls(estimate, device)
+                entry.rounds = plan_rounds(
+                    estimate * entry.calls, settings.min_rounds, settings.min_time_s
+                )
             else:
                 warm_up(runner, self.clock, 1, 0.0)
-            entry.passes.append(measure_rounds(runner, self.clock, entry.rounds))
+            entry.passes.append(measure_rounds(runner, self.clock, entry.rounds, entry.calls))
         median = statistics.median(entry.passes[-1])
         self.tell("done", name, entry.config.name, f"{label}: {_ms(median)}", median)
 
@@ -226,6 +232,7 @@ class _Run:
             q1_s=quartiles[0] if quartiles else None,
             q3_s=quartiles[1] if quartiles else None,
             rounds=timing.rounds,
+            calls_per_round=entry.calls,
             pass_medians_s=tuple(timing.pass_medians),
             flops=problem.flops,
             rel_error=entry.error,
@@ -268,6 +275,7 @@ def run(
     except KeyboardInterrupt:
         interrupted = True
     env["elapsed_s"] = round(time.perf_counter() - started, 3)
+    env["gpu_state_end"] = gpu_state(settings.device)  # clocks and power after the load
     return BenchRun(
         environment=env,
         settings=settings.to_dict(),

@@ -23,6 +23,7 @@ import torch
 __all__ = [
     "Timing",
     "cache_bytes",
+    "plan_calls",
     "plan_rounds",
     "rotation_sets",
     "synced",
@@ -186,6 +187,26 @@ def plan_rounds(
     if estimate_s <= 0:
         return max_rounds
     return max(min_rounds, min(max_rounds, math.ceil(min_time_s / estimate_s)))
+
+
+def plan_calls(estimate_s: float, device: torch.device, round_s: float = 1e-3) -> int:
+    """Calls per timed round: on a GPU, enough to fill ``round_s`` between two synchronisations.
+
+    A synchronisation costs 5 to 20 us, which would distort kernels under a millisecond;
+    several calls (each on its own input set) between two clock reads make it negligible.
+    On a CPU the clock costs nothing to read: one call per round.
+
+    Example:
+        >>> import torch
+        >>> from speedflags.bench.timing import plan_calls
+        >>> plan_calls(85e-6, torch.device("cuda")), plan_calls(85e-6, torch.device("cpu"))
+        (12, 1)
+        >>> plan_calls(0.0014, torch.device("cuda"))
+        1
+    """
+    if device.type != "cuda" or estimate_s >= round_s:
+        return 1
+    return min(100, math.ceil(round_s / max(estimate_s, 1e-9)))
 
 
 @dataclass(frozen=True)
