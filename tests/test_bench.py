@@ -204,12 +204,17 @@ def test_a_real_ctrl_c_stops_cleanly() -> None:
         text=True,
         cwd=ROOT,
     )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.startswith("[  1/"):
-            break
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("[  1/"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # never leave it running, whatever failed above
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, out
     assert "interrupted (Ctrl-C): the results so far" in out
     assert "matmul cpu 64  fp32" in out
