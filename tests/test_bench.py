@@ -264,11 +264,21 @@ def test_other_benchmark_files_can_declare_their_baseline(tmp_path: Path) -> Non
         "    n = 20000 if variant == 'slow' else 2000\n"
         "    benchmark.pedantic(sum, args=(range(n),), rounds=20)\n"
     )
+    (tmp_path / "test_named.py").write_text(  # the BASELINES way, matching one parameter
+        "import pytest\n"
+        "@pytest.mark.parametrize('device', ['cpu'])\n"
+        "@pytest.mark.parametrize('variant', ['speedup-bf16', 'fp32-eager'])\n"
+        "def test_named(benchmark, device, variant):\n"
+        "    benchmark.group = f'train-step-{device}'\n"
+        "    n = 20000 if variant == 'fp32-eager' else 2000\n"
+        "    benchmark.pedantic(sum, args=(range(n),), rounds=20)\n"
+    )
     result = run_pytest("--benchmark-only", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     table = result.stdout[result.stdout.index("speedflags: median per call") :].splitlines()
-    slow = next(line for line in table if " slow " in line)
-    fast = next(line for line in table if " fast " in line)
-    assert "1.00x" in slow.split()
-    speedup = next(cell for cell in fast.split() if cell.endswith("x"))
-    assert float(speedup.rstrip("x")) > 1.0  # summing 10x fewer numbers is faster
+    for baseline, other in (("slow", "fast"), ("fp32-eager-cpu", "speedup-bf16-cpu")):
+        base = next(line for line in table if f" {baseline} " in line)
+        faster = next(line for line in table if f" {other} " in line)
+        assert "1.00x" in base.split()
+        speedup = next(cell for cell in faster.split() if cell.endswith("x"))
+        assert float(speedup.rstrip("x")) > 1.0  # summing 10x fewer numbers is faster
