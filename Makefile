@@ -1,6 +1,9 @@
 # Two commands do everything on a fresh machine:
 #   make run    set up, then: python -m speedflags report --apply --restore
 #   make test   set up, then: ruff, mypy, the test suite, and the benchmarks once (not timed)
+# Measuring (benchmarks/RESULTS.md):
+#   make bench     the pytest-benchmark suites, timed, with the speedup-and-accuracy table
+#   make results   python -m speedflags bench, written to benchmarks/results/$(RESULTS).json
 # The pinned torch is installed first, so pip never resolves a bare `torch` (which would
 # download the newest CUDA build, several GB).
 #
@@ -24,8 +27,10 @@ VENV ?= .venv-torch$(TORCH_VERSION)
 endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
+DEVICE ?= cpu
+RESULTS ?= $(DEVICE)
 
-.PHONY: setup run test lint typecheck unit bench test-legacy test-newest test-all newest clean
+.PHONY: setup run test lint typecheck unit bench results test-legacy test-newest test-all newest clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +56,9 @@ unit: setup
 
 bench: setup
 	$(PY) -m pytest benchmarks --benchmark-only
+
+results: setup
+	$(PY) -m speedflags bench --device $(DEVICE) --passes 9 --json benchmarks/results/$(RESULTS).json
 
 test: lint typecheck unit
 	$(PY) -m pytest benchmarks --benchmark-disable -q -p no:cacheprovider

@@ -1,4 +1,4 @@
-"""The command line: ``python -m speedflags report`` (also the ``speedflags`` console script).
+"""The command line: ``python -m speedflags report|bench`` (also the ``speedflags`` script).
 
 Under ``torchrun`` (``torchrun --nproc_per_node=N -m speedflags report``) each rank joins a
 gloo process group set up from torchrun's environment, the ranks' states are gathered, and
@@ -12,8 +12,9 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence, Tuple
 
+from .bench import cli as bench_cli
 from .errors import SpeedflagsError
 
 # torchrun (torch.distributed.run) sets these for every worker
@@ -59,11 +60,11 @@ def _default_device(requested: Optional[str]) -> Optional[str]:
     return requested
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(
         prog="speedflags",
         description="PyTorch fast-path flags: inspect them, apply the recommended ones, "
-        "and prove they come back.",
+        "prove they come back, and measure what they buy.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     report = sub.add_parser(
@@ -81,17 +82,20 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)"
     )
-    return parser
+    bench = bench_cli.add_parser(sub)
+    return parser, bench
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; return the exit status.
 
     0: ok; 1: ``--restore`` was not exact, or the ranks of a distributed job disagree;
-    2: bad usage.
+    2: bad usage; 130: ``bench`` stopped with Ctrl-C.
     """
-    parser = _parser()
+    parser, bench_parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench_cli.command(args, bench_parser)
     if args.command == "report":
         if args.restore and not args.apply:
             parser.error("--restore proves that --apply's changes come back; use it with --apply")

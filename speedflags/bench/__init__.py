@@ -1,0 +1,14 @@
+"""Measure what each lever buys, with its accuracy cost beside it: ``speedflags bench``.
+
+One measurement engine shared by ``python -m speedflags bench`` and the pytest-benchmark
+suites in ``benchmarks/``:
+
+- :mod:`.workloads`: what is timed (matmul, seed 002's train step, SDPA, conv), its FLOP
+  count, inputs from a fixed generator and the float64 reference;
+- :mod:`.configs`: the lever configurations, each a ``fast_math`` frame on top of a baseline;
+- :mod:`.timing`: a synchronising clock, warm-up, rounds, rotation of inputs past the cache;
+- :mod:`.accuracy`: relative error against float64, and tolerances;
+- :mod:`.runner`: interleaved passes, progress, Ctrl-C;
+- :mod:`.results`, :mod:`.table`, :mod:`.plot`: result files, the table, the comparison and
+  the speedup-against-error plot.
+"""

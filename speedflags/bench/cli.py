@@ -1,0 +1,190 @@
+"""``python -m speedflags bench``: the arguments, the progress display, the exit status.
+
+Exit status: 0 done; 1 a flag did not read as before the run afterwards; 2 bad usage or an
+unreadable file; 130 stopped with Ctrl-C (the results so far are still printed and saved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Optional, Tuple
+
+__all__ = ["add_parser", "command"]
+
+WORKLOAD_NAMES = ("matmul", "mlp-train", "sdpa", "conv")  # checked against WORKLOADS by a test
+
+DESCRIPTION = """\
+Measure what each lever buys on this machine, with its accuracy cost beside it: for each
+workload and configuration, the median time, the speedup over the fp32 baseline, FLOP/s, the
+share of the fastest configuration, and the relative error against float64. Configurations
+the device cannot run are skipped with the reason.
+
+workloads (size means):
+  matmul     float32 (n x n) @ (n x n); fp32, tf32, matmul precision high/medium, bf16 and
+             fp16 autocast, and pure bf16/fp16 inputs (size: n)
+  mlp-train  Linear(d, d) x3 train step with AdamW (the seed 002 workload), fp32 against
+             fast_math(tf32=True, amp="bf16") (size: d)
+  sdpa       scaled_dot_product_attention with each backend (size: sequence length)
+  conv       3x3 conv2d with and without cudnn_benchmark, CUDA only (size: height = width)
+"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``bench`` subcommand to an ``add_subparsers()`` object."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "bench",
+        help="measure each lever's speedup and accuracy cost on this machine",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)"
+    )
+    parser.add_argument(
+        "--workload",
+        default=",".join(WORKLOAD_NAMES),
+        help="comma-separated workloads (default: all): " + ", ".join(WORKLOAD_NAMES),
+    )
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        help="comma-separated sizes for every chosen workload (default: each workload's "
+        "sizes for the device: matmul 1024,2048 on a CPU and 4096,8192 on a GPU)",
+    )
+    parser.add_argument(
+        "--passes", type=int, default=3, help="interleaved passes over the configurations (3)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timed rounds per configuration and pass, at least (5)",
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=0.25,
+        help="timed seconds per configuration and pass, at least (0.25)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="CPU threads for the run (torch.set_num_threads)"
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the results and their provenance")
+    parser.add_argument(
+        "--plot", metavar="PATH", help="write a PNG of speedup against error (needs matplotlib)"
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A.json", "B.json"),
+        help="show two result files side by side instead of measuring",
+    )
+    return parser
+
+
+def _ints(text: str, parser: argparse.ArgumentParser, option: str) -> Tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        parser.error(f"{option} {text!r}: expected comma-separated positive integers")
+    if not values or min(values) <= 0:
+        parser.error(f"{option} {text!r}: expected comma-separated positive integers")
+    return values
+
+
+def _show(event: Any) -> None:
+    """Print one progress event to stderr (finished steps, skips and group starts)."""
+    if event.kind == "start":
+        return
+    counter = f"[{event.step:>3}/{event.steps}] " if event.kind == "done" else "        "
+    print(counter + event.message, file=sys.stderr, flush=True)
+
+
+def _compare(paths: Tuple[str, str]) -> int:
+    from .results import BenchRun
+    from .table import render_compare
+
+    try:
+        a, b = (BenchRun.load(p) for p in paths)
+    except (OSError, ValueError) as exc:
+        print(f"speedflags bench --compare: {exc}", file=sys.stderr)
+        return 2
+    print(render_compare(a, b))
+    return 0
+
+
+def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``speedflags bench`` with parsed arguments; return the exit status."""
+    if args.compare:
+        return _compare(tuple(args.compare))
+    for option, value in (("--passes", args.passes), ("--rounds", args.rounds)):
+        if value < 1:
+            parser.error(f"{option} {value}: must be at least 1")
+    if args.min_time < 0:
+        parser.error(f"--min-time {args.min_time}: must not be negative")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads {args.threads}: must be at least 1")
+    workloads = tuple(w.strip() for w in args.workload.split(",") if w.strip())
+    unknown = [w for w in workloads if w not in WORKLOAD_NAMES]
+    if unknown or not workloads:
+        parser.error(
+            f"--workload {args.workload!r}: unknown {', '.join(map(repr, unknown)) or 'none'}; "
+            f"valid: {', '.join(WORKLOAD_NAMES)}"
+        )
+    sizes: Optional[Tuple[int, ...]] = _ints(args.sizes, parser, "--sizes") if args.sizes else None
+
+    from .plot import MISSING, have_matplotlib
+
+    if args.plot and not have_matplotlib():  # before a long run, not after it
+        print(f"speedflags bench: {MISSING}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    from ..errors import SpeedflagsError
+    from ..hardware import resolve_device
+    from .runner import Settings, run
+    from .table import render
+
+    try:
+        device = resolve_device(args.device, "bench")
+    except SpeedflagsError as exc:
+        print(f"speedflags bench: {exc}", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"speedflags bench: --device {device}: CUDA is not available here", file=sys.stderr)
+        return 2
+    settings = Settings(
+        device,
+        workloads,
+        sizes,
+        passes=args.passes,
+        min_rounds=args.rounds,
+        min_time_s=args.min_time,
+    )
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        result = run(settings, _show)
+    finally:
+        torch.set_num_threads(threads)
+    if result.interrupted:
+        print("\ninterrupted (Ctrl-C): the results so far", flush=True)
+    print(render(result.results))
+    if result.flags_restored:
+        print("\nflags: every lever reads as it did before the run")
+    else:
+        print("\nflags: NOT restored: some lever reads differently than before the run")
+    if args.json:
+        result.save(args.json)
+        print(f"results: {args.json}")
+    if args.plot:
+        from .plot import plot
+
+        points = plot(result, args.plot)
+        print(f"plot: {args.plot} ({points} points)")
+    if result.interrupted:
+        return 130
+    return 0 if result.flags_restored else 1

@@ -1,0 +1,133 @@
+"""The lever configurations a benchmark compares, each applied through speedflags itself.
+
+Every measurement runs inside a baseline frame, ``fast_math(tf32=False,
+matmul_precision="highest", cudnn_benchmark=False, amp=False)``, so whatever the process had
+set before cannot leak in; a configuration opens its own ``fast_math`` frame inside it. Both
+frames restore everything on exit, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Optional, Tuple
+
+import torch
+
+from ..fast_math import _VALIDATORS, fast_math
+from ..hardware import capabilities
+from ..levers import PROCESS_LEVERS, Effect, autocast_lever
+from ..levers.autocast import validate_amp
+from .accuracy import coarsest
+
+__all__ = ["BASELINE_LEVERS", "Config"]
+
+BASELINE_LEVERS: Mapping[str, Any] = {
+    "tf32": False,
+    "matmul_precision": "highest",
+    "cudnn_benchmark": False,
+    "amp": False,
+}
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: ``fast_math`` arguments on top of the baseline, or an input dtype.
+
+    Attributes:
+        name: the label in tables and result files (``"amp-bf16"``).
+        levers: ``fast_math`` arguments applied on top of :data:`BASELINE_LEVERS`.
+        dtype: inputs (and weights) converted to this dtype before timing, with no lever:
+            the "pure bf16" ceiling that autocast should approach.
+        baseline: the configuration every other one in its workload is compared with.
+
+    Example:
+        >>> import torch
+        >>> from speedflags.bench.configs import Config
+        >>> amp = Config("amp-bf16", {"amp": "bf16"})
+        >>> amp.describe(), amp.precision
+        ("fast_math(amp='bf16')", 'bf16')
+        >>> with amp.frames(torch.device("cpu")):
+        ...     torch.is_autocast_enabled("cpu")
+        True
+    """
+
+    name: str
+    levers: Mapping[str, Any] = field(default_factory=dict)
+    dtype: Optional[torch.dtype] = None
+    baseline: bool = False
+
+    def describe(self) -> str:
+        """What this configuration is, in the words a user would write."""
+        parts = []
+        if self.levers:
+            args = ", ".join(f"{k}={v!r}" for k, v in self.levers.items())
+            parts.append(f"fast_math({args})")
+        if self.dtype is not None:
+            parts.append(f"{_DTYPE_NAMES.get(self.dtype, self.dtype)} inputs and weights")
+        if not parts:
+            parts.append("fp32, TF32 off, matmul precision 'highest'")
+        return " + ".join(parts)
+
+    @property
+    def precision(self) -> str:
+        """The coarsest arithmetic this configuration allows (sets the error tolerance)."""
+        found = ["fp32"]
+        amp = self.levers.get("amp")
+        if amp not in (None, False):
+            found.append("fp16" if validate_amp(amp) == torch.float16 else "bf16")
+        if self.dtype is not None:
+            found.append(_DTYPE_NAMES.get(self.dtype, "bf16"))
+        if self.levers.get("matmul_precision") == "medium":
+            found.append("bf16")  # bf16 fpmath on GPUs and AMX CPUs
+        if self.levers.get("tf32") or self.levers.get("matmul_precision") == "high":
+            found.append("tf32")
+        return coarsest(*found)
+
+    @contextlib.contextmanager
+    def frames(self, device: torch.device) -> Iterator[None]:
+        """Enter the baseline frame, then this configuration's frame (restored on exit)."""
+        label = f"speedflags bench {self.name}"
+        with fast_math(**BASELINE_LEVERS, device=str(device), label=f"{label} (baseline)"):
+            if self.levers:
+                with fast_math(**self.levers, device=str(device), label=label):
+                    yield
+            else:
+                yield
+
+    def unavailable(self, device: torch.device) -> Optional[str]:
+        """Why this configuration cannot be measured on ``device``, or None if it can.
+
+        Skipped: a lever that would make things slower (fp16 autocast on a CPU), a
+        configuration none of whose levers has an effect here (TF32 without an Ampere+ GPU),
+        and input dtypes the device has no native arithmetic for.
+        """
+        if self.baseline:
+            return None
+        caps = capabilities(device)
+        if self.dtype is not None:
+            cap = caps.bf16 if self.dtype == torch.bfloat16 else caps.fp16
+            if not cap:
+                return f"no native {_DTYPE_NAMES.get(self.dtype, self.dtype)}: {cap.reason}"
+        effects = [self._effect(name, value, device) for name, value in self.levers.items()]
+        slow = [e.reason for e in effects if e.slow]
+        if slow:
+            return "; ".join(slow)
+        if effects and not any(e.effective for e in effects):
+            return "; ".join(e.reason for e in effects)
+        return None
+
+    def notes(self, device: torch.device) -> Tuple[str, ...]:
+        """The levers of this configuration that have no effect on ``device``, and why."""
+        return tuple(
+            f"{name}: {effect.reason}"
+            for name, value in self.levers.items()
+            if not (effect := self._effect(name, value, device)).effective
+        )
+
+    @staticmethod
+    def _effect(name: str, value: Any, device: torch.device) -> Effect:
+        lever = autocast_lever(device.type) if name == "amp" else PROCESS_LEVERS[name]
+        return lever.available(_VALIDATORS[name](value), device)

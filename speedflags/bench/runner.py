@@ -1,0 +1,285 @@
+"""The measurement loop behind ``speedflags bench``: interleaved passes, progress, Ctrl-C.
+
+For each workload and size, every configuration is measured in several passes, and the
+passes are interleaved (A B C, A B C, ...) so that a noisy neighbour or a clock change hits
+all configurations alike. The first pass of a configuration measures its error against the
+float64 reference, warms up (at least ``warmup_rounds`` calls and ``warmup_s`` seconds) and
+sizes its rounds from the warm-up; later passes warm up with one call. The median is taken
+over all timed rounds of all passes.
+
+Ctrl-C (``KeyboardInterrupt``) stops the run between or inside measurements: the frames
+being measured restore every flag as the exception leaves them, and the run returns what
+was measured so far, marked ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+
+from ..status import snapshot
+from .configs import Config
+from .results import BenchRun, Result, environment, gpu_state
+from .table import finish
+from .timing import Timing, plan_calls, plan_rounds, synchronize, timer_for
+from .workloads import WORKLOADS, Problem, Runner, Workload
+
+__all__ = ["Progress", "Settings", "measure_rounds", "run", "warm_up"]
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one run measures, and how hard.
+
+    Attributes:
+        device: the device to measure on.
+        workloads: names from :data:`~speedflags.bench.workloads.WORKLOADS`.
+        sizes: sizes for every workload, or None for each workload's defaults on the device.
+        passes: interleaved passes over the configurations.
+        min_rounds: timed rounds per configuration and pass, at least.
+        min_time_s: timed seconds per configuration and pass, at least (up to 1000 rounds).
+        warmup_rounds, warmup_s: the first pass's warm-up, in calls and seconds (both met).
+    """
+
+    device: torch.device
+    workloads: Tuple[str, ...] = tuple(WORKLOADS)
+    sizes: Optional[Tuple[int, ...]] = None
+    passes: int = 3
+    min_rounds: int = 5
+    min_time_s: float = 0.25
+    warmup_rounds: int = 2
+    warmup_s: float = 0.1
+
+    def to_dict(self) -> Dict[str, object]:
+        out = asdict(self)
+        out["device"] = str(self.device)
+        return out
+
+    def plan(self) -> List[Tuple[Workload, Optional[int]]]:
+        """(workload, size) pairs in run order; size None for a workload the device lacks."""
+        pairs: List[Tuple[Workload, Optional[int]]] = []
+        for name in self.workloads:
+            workload = WORKLOADS[name]
+            if workload.unavailable(self.device):
+                pairs.append((workload, None))
+                continue
+            sizes = self.sizes or workload.sizes.get(self.device.type, ())
+            pairs.extend((workload, size) for size in sizes)
+        return pairs
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One step of a run, for a progress display: ``message`` says it in words.
+
+    ``kind`` is ``"group"`` (a workload and size begins), ``"skip"`` (a configuration is
+    skipped), ``"start"`` or ``"done"`` (one configuration's pass; ``median_s`` when done).
+    ``step`` counts from 1 towards ``steps`` (one step per configuration and pass; skipped
+    configurations shrink ``steps`` when they are found).
+    """
+
+    kind: str
+    step: int
+    steps: int
+    group: str
+    config: str
+    message: str
+    median_s: Optional[float] = None
+
+
+def warm_up(runner: Runner, clock: Clock, rounds: int, seconds: float) -> float:
+    """Call ``runner`` at least ``rounds`` times and ``seconds`` long; return a per-call estimate.
+
+    The estimate is the fastest call after the first (which pays first-call costs: cuBLAS
+    handles, cuDNN autotuning, allocator growth).
+    """
+    times: List[float] = []
+    began = clock()
+    while len(times) < max(rounds, 1) or (clock() - began < seconds and len(times) < 10_000):
+        inputs = runner.setup()
+        start = clock()
+        runner.run(*inputs)
+        times.append(clock() - start)
+    return min(times[1:]) if len(times) > 1 else times[0]
+
+
+def measure_rounds(runner: Runner, clock: Clock, rounds: int, calls: int = 1) -> List[float]:
+    """Time ``rounds`` rounds of ``calls`` calls; return the time per call of each round.
+
+    Every call takes the next input set, picked before the clock starts. ``clock`` must
+    wait for the device's queued work (:func:`~.timing.timer_for`), so the start reading
+    comes after earlier work and the end reading after the round's kernels.
+    """
+    times = []
+    for _ in range(rounds):
+        batch = [runner.setup() for _ in range(calls)]
+        start = clock()
+        for inputs in batch:
+            runner.run(*inputs)
+        times.append((clock() - start) / calls)
+    return times
+
+
+@dataclass
+class _Entry:
+    config: Config
+    runner: Optional[Runner] = None
+    rounds: int = 0
+    calls: int = 1
+    error: Optional[float] = None
+    passes: List[List[float]] = field(default_factory=list)
+
+
+def _group_name(workload: Workload, device: torch.device, size: Optional[int]) -> str:
+    return f"{workload.name} {device}" + (f" {size}" if size is not None else "")
+
+
+class _Run:
+    def __init__(self, settings: Settings, progress: Callable[[Progress], None]) -> None:
+        self.settings = settings
+        self.progress = progress
+        self.clock = timer_for(settings.device)
+        self.results: List[Result] = []
+        self.plan = settings.plan()
+        self.step = 0
+        self.steps = sum(len(w.configs) for w, _ in self.plan) * settings.passes
+
+    def tell(
+        self, kind: str, group: str, config: str, message: str, median: Optional[float] = None
+    ) -> None:
+        self.progress(Progress(kind, self.step, self.steps, group, config, message, median))
+
+    def skip(self, row: Result, configs: int = 1) -> Result:
+        self.steps -= self.settings.passes * configs
+        self.tell(
+            "skip", row.group, row.config, f"{row.group}: skipped {row.config}: {row.skipped}"
+        )
+        return row
+
+    def group(self, workload: Workload, size: Optional[int]) -> None:
+        device = self.settings.device
+        name = _group_name(workload, device, size)
+        reason = workload.unavailable(device)
+        if reason is not None or size is None:
+            row = Result(name, "(all)", workload=workload.name, skipped=reason or "no sizes")
+            self.results.append(self.skip(row, len(workload.configs)))
+            return
+        self.tell("group", name, "", f"{name}: preparing inputs and the float64 reference")
+        problem = workload.build(size, device)
+        problem.reference()
+        rows: List[Union[Result, _Entry]] = []
+        for config in workload.configs:
+            why = problem.skip_reason(config)
+            if why is None:
+                rows.append(_Entry(config))
+                continue
+            row = Result(name, config.name, workload.name, str(device), size, skipped=why)
+            rows.append(self.skip(row))
+        entries = [e for e in rows if isinstance(e, _Entry)]
+        try:
+            for index in range(self.settings.passes):
+                for entry in entries:
+                    self.measure(name, problem, entry, index)
+        finally:  # Ctrl-C included: keep what was measured
+            self.results.extend(
+                e if isinstance(e, Result) else self.result(name, problem, e)
+                for e in rows
+                if isinstance(e, Result) or e.passes
+            )
+
+    def measure(self, name: str, problem: Problem, entry: _Entry, index: int) -> None:
+        settings, device = self.settings, self.settings.device
+        self.step += 1
+        label = f"{name} {entry.config.name}, pass {index + 1}/{settings.passes}"
+        self.tell("start", name, entry.config.name, label)
+        if entry.runner is None:
+            entry.runner = problem.runner(entry.config)
+        runner = entry.runner
+        with entry.config.frames(device):
+            if index == 0:
+                entry.error = problem.error(runner)
+                synchronize(device)
+                estimate = warm_up(runner, self.clock, settings.warmup_rounds, settings.warmup_s)
+                entry.calls = plan_calls(estimate, device)
+                entry.rounds = plan_rounds(
+                    estimate * entry.calls, settings.min_rounds, settings.min_time_s
+                )
+            else:
+                warm_up(runner, self.clock, 1, 0.0)
+            entry.passes.append(measure_rounds(runner, self.clock, entry.rounds, entry.calls))
+        median = statistics.median(entry.passes[-1])
+        self.tell("done", name, entry.config.name, f"{label}: {_ms(median)}", median)
+
+    def result(self, name: str, problem: Problem, entry: _Entry) -> Result:
+        timing = Timing.of(entry.passes)
+        quartiles = timing.quartiles
+        return Result(
+            group=name,
+            config=entry.config.name,
+            workload=problem.workload,
+            device=str(problem.device),
+            size=problem.size,
+            shape=problem.shape,
+            levers=entry.config.describe(),
+            baseline=entry.config.baseline,
+            median_s=timing.median,
+            q1_s=quartiles[0] if quartiles else None,
+            q3_s=quartiles[1] if quartiles else None,
+            rounds=timing.rounds,
+            calls_per_round=entry.calls,
+            pass_medians_s=tuple(timing.pass_medians),
+            flops=problem.flops,
+            rel_error=entry.error,
+            error_of=problem.error_of,
+            input_sets=problem.sets,
+            notes=entry.config.notes(problem.device),
+        )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
+
+
+def run(
+    settings: Settings,
+    progress: Optional[Callable[[Progress], None]] = None,
+) -> BenchRun:
+    """Measure every configuration of the chosen workloads; stop cleanly on Ctrl-C.
+
+    Scope: each measurement opens ``fast_math`` frames (process-wide levers, the calling
+    thread's autocast) and restores them on exit; the run records whether every flag reads
+    as before once it ends (``flags_restored``). Autocast is the calling thread's.
+
+    Example:
+        >>> import torch
+        >>> from speedflags.bench.runner import Settings, run
+        >>> result = run(Settings(torch.device("cpu"), ("matmul",), sizes=(32,), passes=1,
+        ...                       min_rounds=1, min_time_s=0, warmup_rounds=1, warmup_s=0))
+        >>> [r.config for r in result.results if not r.skipped][:2], result.flags_restored
+        (['fp32', 'precision-medium'], True)
+    """
+    env = environment(settings.device)
+    before = snapshot()
+    state = _Run(settings, progress or (lambda event: None))
+    interrupted = False
+    started = time.perf_counter()
+    try:
+        for workload, size in state.plan:
+            state.group(workload, size)
+    except KeyboardInterrupt:
+        interrupted = True
+    env["elapsed_s"] = round(time.perf_counter() - started, 3)
+    env["gpu_state_end"] = gpu_state(settings.device)  # clocks and power after the load
+    return BenchRun(
+        environment=env,
+        settings=settings.to_dict(),
+        results=finish(state.results),
+        interrupted=interrupted,
+        flags_restored=snapshot() == before,
+    )

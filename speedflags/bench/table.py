@@ -1,0 +1,200 @@
+"""The result table: speedup over the group's baseline, FLOP/s, share of the fastest, error.
+
+Shared by ``speedflags bench`` and by the pytest session table in ``benchmarks/``, so both
+print the same columns computed the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .results import BenchRun, Result, describe_source
+
+__all__ = ["finish", "render", "render_compare"]
+
+
+def finish(results: Iterable[Result]) -> List[Result]:
+    """Fill in ``speedup`` (baseline median / median) and ``pct_of_fastest`` per group.
+
+    A group without a measured baseline gets no speedup. Order is kept.
+
+    Example:
+        >>> from speedflags.bench.results import Result
+        >>> from speedflags.bench.table import finish
+        >>> rows = finish([Result("g", "fp32", baseline=True, median_s=0.2),
+        ...                Result("g", "amp-bf16", median_s=0.05)])
+        >>> [(r.config, r.speedup, r.pct_of_fastest) for r in rows]
+        [('fp32', 1.0, 25.0), ('amp-bf16', 4.0, 100.0)]
+    """
+    rows = list(results)
+    baseline: Dict[str, float] = {}
+    fastest: Dict[str, float] = {}
+    for row in rows:
+        if row.median_s is None or row.skipped:
+            continue
+        if row.baseline:
+            baseline.setdefault(row.group, row.median_s)
+        fastest[row.group] = min(fastest.get(row.group, row.median_s), row.median_s)
+    out = []
+    for row in rows:
+        if row.median_s is None or row.skipped:
+            out.append(row)
+            continue
+        base = baseline.get(row.group)
+        out.append(
+            dataclasses.replace(
+                row,
+                speedup=base / row.median_s if base is not None else None,
+                pct_of_fastest=100.0 * fastest[row.group] / row.median_s,
+            )
+        )
+    return out
+
+
+def _time(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "–"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if seconds >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-9:.4g} ns"
+
+
+def _rate(flop_per_s: Optional[float]) -> str:
+    if flop_per_s is None:
+        return "–"
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if flop_per_s >= scale:
+            return f"{flop_per_s / scale:.4g} {unit}"
+    return f"{flop_per_s:.4g} "
+
+
+def _ratio(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:.0f}%"
+
+
+def _error(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:.1e}"
+
+
+def _grid(header: Sequence[str], lines: Sequence[Sequence[str]], left: int) -> List[str]:
+    widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
+
+    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in lines)]
+
+
+def render(results: Sequence[Result]) -> str:
+    """The table, one line per measured configuration, then the skipped ones with reasons.
+
+    Example:
+        >>> from speedflags.bench.results import Result
+        >>> from speedflags.bench.table import finish, render
+        >>> rows = finish([
+        ...     Result("matmul cpu 2048", "fp32", baseline=True, median_s=0.2,
+        ...            flops=1.7e10, rel_error=2.5e-7),
+        ...     Result("matmul cpu 2048", "amp-bf16", median_s=0.05, flops=1.7e10,
+        ...            rel_error=2.9e-3),
+        ...     Result("matmul cpu 2048", "tf32", skipped="no effect on cpu")])
+        >>> print(render(rows))
+        group            config    median  speedup  FLOP/s  % of fastest  rel. error
+        ---------------  --------  ------  -------  ------  ------------  ----------
+        matmul cpu 2048  fp32      200 ms    1.00x    85 G           25%     2.5e-07
+                         amp-bf16   50 ms    4.00x   340 G          100%     2.9e-03
+        <BLANKLINE>
+        skipped:
+          matmul cpu 2048  tf32: no effect on cpu
+    """
+    header = ["group", "config", "median", "speedup", "FLOP/s", "% of fastest", "rel. error"]
+    lines: List[List[str]] = []
+    last_group = None
+    order: Dict[str, int] = {}
+    for row in results:
+        order.setdefault(row.group, len(order))
+    measured = [r for r in results if not r.skipped and r.median_s is not None]
+    for row in sorted(measured, key=lambda r: order[r.group]):  # stable: keeps config order
+        label = row.config + (" *" if row.notes else "")
+        lines.append(
+            [
+                row.group if row.group != last_group else "",
+                label,
+                _time(row.median_s),
+                _ratio(row.speedup),
+                _rate(row.flop_per_s),
+                _pct(row.pct_of_fastest),
+                _error(row.rel_error),
+            ]
+        )
+        last_group = row.group
+    out = _grid(header, lines, left=2) if lines else ["(nothing measured)"]
+    noted = [(r.group, r.config, note) for r in results if not r.skipped for note in r.notes]
+    if noted:
+        out.append("")
+        out.append("* levers with no effect on this device (applied and recorded anyway):")
+        out.extend(f"  {g}  {c}: {n}" for g, c, n in noted)
+    skipped = [r for r in results if r.skipped]
+    if skipped:
+        out.append("")
+        out.append("skipped:")
+        out.extend(f"  {r.group}  {r.config}: {r.skipped}" for r in skipped)
+    return "\n".join(out)
+
+
+def _key(row: Result) -> Tuple[str, Optional[int], str]:
+    return (row.workload or row.group, row.size, row.config)
+
+
+def render_compare(a: BenchRun, b: BenchRun, names: Tuple[str, str] = ("A", "B")) -> str:
+    """Two runs side by side, matched by workload, size and configuration.
+
+    ``B/A`` is A's median over B's: above 1.00x, B is faster.
+    """
+    na, nb = names
+    rows_a = {_key(r): r for r in a.results if not r.skipped and r.median_s is not None}
+    rows_b = {_key(r): r for r in b.results if not r.skipped and r.median_s is not None}
+    keys = list(rows_a) + [k for k in rows_b if k not in rows_a]
+    header = [
+        "workload",
+        "size",
+        "config",
+        f"{na} median",
+        f"{nb} median",
+        f"{nb}/{na}",
+        f"{na} speedup",
+        f"{nb} speedup",
+        f"{na} error",
+        f"{nb} error",
+    ]
+    lines = []
+    for key in keys:
+        ra, rb = rows_a.get(key), rows_b.get(key)
+        ratio = None
+        if ra is not None and rb is not None and ra.median_s and rb.median_s:
+            ratio = ra.median_s / rb.median_s
+        lines.append(
+            [
+                key[0],
+                "" if key[1] is None else str(key[1]),
+                key[2],
+                _time(ra.median_s if ra else None),
+                _time(rb.median_s if rb else None),
+                _ratio(ratio),
+                _ratio(ra.speedup if ra else None),
+                _ratio(rb.speedup if rb else None),
+                _error(ra.rel_error if ra else None),
+                _error(rb.rel_error if rb else None),
+            ]
+        )
+    out = [f"{na}: {describe_source(a)}", f"{nb}: {describe_source(b)}", ""]
+    out += _grid(header, lines, left=3) if lines else ["(no measured results in either file)"]
+    out += ["", f"{nb}/{na}: {na}'s median time over {nb}'s (above 1.00x, {nb} is faster)"]
+    return "\n".join(out)

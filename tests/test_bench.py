@@ -1,0 +1,284 @@
+"""python -m speedflags bench: in process at tiny sizes, and as real subprocesses.
+
+Also the pytest session table of ``benchmarks/`` (its conftest), run as a subprocess.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+import torch
+
+import speedflags
+from speedflags.__main__ import main
+from speedflags.bench import cli
+from speedflags.bench.results import BenchRun
+from speedflags.bench.workloads import WORKLOADS
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--device", "cpu", "--sizes", "32", "--passes", "1", "--rounds", "1", "--min-time", "0"]
+needs_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None,
+    reason="matplotlib is not installed (pip install 'speedflags[plot]')",
+)
+
+
+def bench(*args: str) -> int:
+    return main(["bench", *TINY, *args])
+
+
+def test_cli_names_every_workload() -> None:
+    assert tuple(WORKLOADS) == cli.WORKLOAD_NAMES
+
+
+def test_bench_prints_the_table_and_proves_the_flags_came_back(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = speedflags.snapshot()
+    assert bench("--workload", "matmul,sdpa") == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    header = next(line for line in out.splitlines() if line.startswith("group"))
+    assert header.split() == [
+        "group", "config", "median", "speedup", "FLOP/s", "%", "of", "fastest", "rel.", "error",
+    ]  # fmt: skip
+    assert "matmul cpu 32  fp32" in out
+    assert "sdpa cpu 32    math" in out
+    assert "skipped:" in out and "tf32: no effect on cpu" in out
+    assert "flags: every lever reads as it did before the run" in out
+    assert "[  1/" in captured.err and "matmul cpu 32 fp32, pass 1/1" in captured.err
+    assert speedflags.snapshot() == before
+
+
+def test_json_says_where_the_results_came_from(tmp_path: Path) -> None:
+    path = tmp_path / "results" / "cpu.json"
+    assert bench("--workload", "matmul", "--json", str(path), "--threads", "1") == 0
+    data = json.loads(path.read_text())
+    env = data["environment"]
+    for key in ("device", "device_name", "driver", "torch", "capabilities", "flags", "date"):
+        assert key in env
+    assert env["device"] == "cpu" and env["torch"] == torch.__version__
+    assert env["threads"] == 1  # --threads applies to the run ...
+    assert data["settings"]["sizes"] == [32]
+    assert data["flags_restored"] is True and data["interrupted"] is False
+    assert {r["config"] for r in data["results"]} >= {"fp32", "tf32"}
+    assert BenchRun.load(str(path)).results[0].config == "fp32"
+
+
+def test_threads_are_put_back_after_the_run() -> None:
+    threads = torch.get_num_threads()
+    assert bench("--workload", "matmul", "--threads", "1") == 0
+    assert torch.get_num_threads() == threads  # ... and only to the run
+
+
+def test_compare_two_result_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert bench("--workload", "matmul", "--json", str(a)) == 0
+    assert bench("--workload", "matmul", "--json", str(b)) == 0
+    capsys.readouterr()
+    assert main(["bench", "--compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("A: ")
+    assert any(line.split()[:3] == ["matmul", "32", "fp32"] for line in out.splitlines())
+
+
+def test_compare_reports_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "x.json").write_text("[]")
+    assert main(["bench", "--compare", str(tmp_path / "x.json"), str(tmp_path / "no")]) == 2
+    assert "not a speedflags bench result file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sizes", "1,x"], "--sizes '1,x'"),
+        (["--sizes", "0"], "positive integers"),
+        (["--workload", "matmul,gemm"], "unknown 'gemm'"),
+        (["--passes", "0"], "--passes 0"),
+        (["--min-time", "-1"], "--min-time -1"),
+        (["--threads", "0"], "--threads 0"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(
+    args: List[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as excinfo:
+        main(["bench", *args])
+    assert excinfo.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_device_and_missing_cuda_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--device", "gpu"]) == 2
+    assert "bench(device='gpu')" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["bench", "--device", "cuda"]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_ctrl_c_prints_the_results_so_far_and_restores(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shown: List[Any] = []
+    real_show = cli._show
+
+    def show(event: Any) -> None:  # Ctrl-C right after the first measurement
+        real_show(event)
+        shown.append(event)
+        if event.kind == "done":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_show", show)
+    before = speedflags.snapshot()
+    path = tmp_path / "partial.json"
+    assert bench("--workload", "matmul,sdpa", "--json", str(path)) == 130
+    out = capsys.readouterr().out
+    assert "interrupted (Ctrl-C): the results so far" in out
+    assert "matmul cpu 32  fp32" in out and "sdpa" not in out
+    assert "flags: every lever reads as it did before the run" in out
+    assert speedflags.snapshot() == before
+    assert not speedflags.ledger().open_frames()
+    data = json.loads(path.read_text())
+    assert data["interrupted"] is True
+    assert [r["config"] for r in data["results"] if not r["skipped"]] == ["fp32"]
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    path = tmp_path / "plot.png"
+    assert bench("--workload", "matmul", "--plot", str(path)) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'speedflags[plot]'" in err
+    assert not path.exists()
+
+
+@needs_matplotlib
+def test_plot_writes_a_png_with_one_point_per_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "plot.png"
+    assert (
+        bench("--workload", "matmul", "--plot", str(path), "--json", str(tmp_path / "r.json")) == 0
+    )
+    measured = [r for r in BenchRun.load(str(tmp_path / "r.json")).results if not r.skipped]
+    assert f"plot: {path} ({len(measured)} points)" in capsys.readouterr().out
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "speedflags", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_python_dash_m_bench_smoke(tmp_path: Path) -> None:
+    path = tmp_path / "smoke.json"
+    result = run_cli("bench", *TINY, "--workload", "matmul", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "flags: every lever reads as it did before the run" in result.stdout
+    assert BenchRun.load(str(path)).flags_restored
+
+
+@pytest.mark.skipif(os.name != "posix", reason="sends SIGINT")
+def test_a_real_ctrl_c_stops_cleanly() -> None:
+    # many passes at a small size: long enough to be interrupted after the first progress line
+    args = ["bench", "--device", "cpu", "--workload", "matmul", "--sizes", "64", "--passes", "500"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speedflags", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("[  1/"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # never leave it running, whatever failed above
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out
+    assert "interrupted (Ctrl-C): the results so far" in out
+    assert "matmul cpu 64  fp32" in out
+    assert "flags: every lever reads as it did before the run" in out
+
+
+def run_pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
+def test_benchmark_session_table_follows_pytest_benchmarks_own() -> None:
+    result = run_pytest(
+        "benchmarks/test_matmul.py",
+        "--benchmark-only",
+        "--bench-sizes",
+        "32",
+        "-k",
+        "cpu and (fp32 or medium)",
+        "--benchmark-min-rounds=1",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "speedflags: median per call" in out
+    assert out.index("Legend:") < out.index("speedflags: median per call")
+    table = out[out.index("speedflags: median per call") :].splitlines()
+    fp32 = next(line for line in table if " fp32 " in line)
+    assert fp32.split()[:4] == ["matmul", "cpu", "32", "fp32"]
+    assert "1.00x" in fp32.split()
+    assert any("precision-medium" in line for line in table)
+
+
+def test_other_benchmark_files_can_declare_their_baseline(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text((ROOT / "benchmarks" / "conftest.py").read_text())
+    (tmp_path / "test_other.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.benchmark(group='sleepers')\n"
+        "@pytest.mark.parametrize('variant', ['slow', 'fast'])\n"
+        "def test_other(benchmark, variant):\n"
+        "    if variant == 'slow':\n"
+        "        benchmark.extra_info['baseline'] = True\n"
+        "    n = 20000 if variant == 'slow' else 2000\n"
+        "    benchmark.pedantic(sum, args=(range(n),), rounds=20)\n"
+    )
+    (tmp_path / "test_named.py").write_text(  # the BASELINES way, matching one parameter
+        "import pytest\n"
+        "@pytest.mark.parametrize('device', ['cpu'])\n"
+        "@pytest.mark.parametrize('variant', ['speedup-bf16', 'fp32-eager'])\n"
+        "def test_named(benchmark, device, variant):\n"
+        "    benchmark.group = f'train-step-{device}'\n"
+        "    n = 20000 if variant == 'fp32-eager' else 2000\n"
+        "    benchmark.pedantic(sum, args=(range(n),), rounds=20)\n"
+    )
+    result = run_pytest("--benchmark-only", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = result.stdout[result.stdout.index("speedflags: median per call") :].splitlines()
+    for baseline, other in (("slow", "fast"), ("fp32-eager-cpu", "speedup-bf16-cpu")):
+        base = next(line for line in table if f" {baseline} " in line)
+        faster = next(line for line in table if f" {other} " in line)
+        assert "1.00x" in base.split()
+        speedup = next(cell for cell in faster.split() if cell.endswith("x"))
+        assert float(speedup.rstrip("x")) > 1.0  # summing 10x fewer numbers is faster

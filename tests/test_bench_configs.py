@@ -1,0 +1,131 @@
+"""speedflags.bench.configs: each configuration is a real fast_math frame over the baseline.
+
+GPU answers (which configurations an A100 or a T4 can run) use the ``fake_gpu`` fixture:
+a CPU build cannot show a compute capability, so only ``capabilities`` is faked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import speedflags
+from speedflags.bench.configs import BASELINE_LEVERS, Config
+from speedflags.bench.workloads import MATMUL_CONFIGS, WORKLOADS
+
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda")
+BY_NAME = {c.name: c for c in MATMUL_CONFIGS}
+
+
+def test_baseline_frame_sets_fp32_even_if_the_process_had_fast_paths_on() -> None:
+    with speedflags.fast_math(matmul_precision="medium", amp="bf16", device="cpu"):
+        with BY_NAME["fp32"].frames(CPU):
+            assert torch.get_float32_matmul_precision() == "highest"
+            assert torch.backends.cuda.matmul.allow_tf32 is False
+            assert torch.is_autocast_enabled("cpu") is False
+            assert torch.backends.cudnn.benchmark is False
+        assert torch.get_float32_matmul_precision() == "medium"
+        assert torch.is_autocast_enabled("cpu") is True
+
+
+def test_configuration_frame_nests_inside_the_baseline_and_restores() -> None:
+    before = speedflags.snapshot()
+    history = len(speedflags.ledger().history)
+    with BY_NAME["precision-medium"].frames(CPU):
+        assert torch.get_float32_matmul_precision() == "medium"
+        labels = [f.label for f in speedflags.ledger().open_frames()]
+        assert labels == [
+            "speedflags bench precision-medium (baseline)",
+            "speedflags bench precision-medium",
+        ]
+    assert speedflags.snapshot() == before
+    assert len(speedflags.ledger().history) > history  # recorded like any user frame
+
+
+def test_frames_restore_on_keyboard_interrupt() -> None:
+    before = speedflags.snapshot()
+    with pytest.raises(KeyboardInterrupt), BY_NAME["amp-bf16"].frames(CPU):
+        assert torch.is_autocast_enabled("cpu")
+        raise KeyboardInterrupt
+    assert speedflags.snapshot() == before
+    assert not speedflags.ledger().open_frames()
+
+
+def test_pure_dtype_configuration_opens_only_the_baseline_frame() -> None:
+    with BY_NAME["pure-bf16"].frames(CPU):
+        assert len(speedflags.ledger().open_frames()) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "described", "precision"),
+    [
+        ("fp32", "fp32, TF32 off, matmul precision 'highest'", "fp32"),
+        ("tf32", "fast_math(tf32=True)", "tf32"),
+        ("precision-high", "fast_math(matmul_precision='high')", "tf32"),
+        ("precision-medium", "fast_math(matmul_precision='medium')", "bf16"),
+        ("amp-fp16", "fast_math(amp='fp16')", "fp16"),
+        ("pure-bf16", "bf16 inputs and weights", "bf16"),
+        ("pure-fp16", "fp16 inputs and weights", "fp16"),
+    ],
+)
+def test_describe_and_precision(name: str, described: str, precision: str) -> None:
+    assert BY_NAME[name].describe() == described
+    assert BY_NAME[name].precision == precision
+
+
+def test_baseline_levers_are_a_valid_fast_math_spec() -> None:
+    assert speedflags.fast_math(**BASELINE_LEVERS).levers == {
+        "tf32": False,
+        "matmul_precision": "highest",
+        "cudnn_benchmark": False,
+        "amp": False,
+    }
+
+
+def test_cpu_skips_with_reasons() -> None:
+    reasons = {c.name: c.unavailable(CPU) for c in MATMUL_CONFIGS}
+    assert reasons["fp32"] is None
+    assert "TF32 is a tensor-core mode" in str(reasons["tf32"])
+    assert "'high' only enables TF32" in str(reasons["precision-high"])
+    assert "fp16 is not native on cpu" in str(reasons["amp-fp16"])
+    assert "no native fp16" in str(reasons["pure-fp16"])
+    assert reasons["precision-medium"] is None  # oneDNN routing works on any AVX-512 CPU here
+    bf16 = speedflags.capabilities("cpu").bf16
+    assert (reasons["amp-bf16"] is None) == bf16.supported
+    assert (reasons["pure-bf16"] is None) == bf16.supported
+
+
+def test_a_configuration_with_one_effective_lever_runs_and_notes_the_other() -> None:
+    combined = WORKLOADS["mlp-train"].config("tf32+amp-bf16")
+    if not speedflags.capabilities("cpu").bf16:
+        pytest.skip("this CPU has no native bf16: amp='bf16' has no effect either")
+    assert combined.unavailable(CPU) is None
+    (note,) = combined.notes(CPU)
+    assert note.startswith("tf32: no effect on cpu")
+
+
+def test_ampere_gpu_runs_every_matmul_configuration(fake_gpu: Callable[..., None]) -> None:
+    fake_gpu((8, 0))
+    assert {c.name: c.unavailable(CUDA) for c in MATMUL_CONFIGS} == dict.fromkeys(BY_NAME)
+    assert BY_NAME["tf32"].notes(CUDA) == ()
+
+
+def test_turing_gpu_skips_tf32_and_bf16(fake_gpu: Callable[..., Any]) -> None:
+    fake_gpu((7, 5), name="Tesla T4")
+    reasons = {c.name: c.unavailable(CUDA) for c in MATMUL_CONFIGS}
+    assert "TF32 needs Ampere" in str(reasons["tf32"])
+    assert "TF32 needs Ampere" in str(reasons["precision-medium"])
+    assert "bf16 is not native" in str(reasons["amp-bf16"])
+    assert "native bf16 needs sm80" in str(reasons["pure-bf16"])
+    assert reasons["amp-fp16"] is None
+    assert reasons["pure-fp16"] is None
+
+
+def test_cudnn_benchmark_skips_on_cpu_and_runs_on_a_gpu(fake_gpu: Callable[..., Any]) -> None:
+    config = Config("cudnn-benchmark", {"cudnn_benchmark": True})
+    assert "cuDNN autotuning is for CUDA" in str(config.unavailable(CPU))
+    fake_gpu((9, 0), name="NVIDIA H100 80GB HBM3")
+    assert config.unavailable(CUDA) is None

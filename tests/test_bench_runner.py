@@ -1,0 +1,158 @@
+"""speedflags.bench.runner: interleaved passes, progress, and a clean stop on Ctrl-C.
+
+Tiny sizes and one or two rounds: these check the loop's logic, never its speed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List
+
+import pytest
+import torch
+
+import speedflags
+from speedflags.bench import runner as runner_module
+from speedflags.bench.runner import Progress, Settings, measure_rounds, run
+from speedflags.bench.workloads import Runner
+
+CPU = torch.device("cpu")
+
+
+def tiny(**overrides: Any) -> Settings:
+    values: dict[str, Any] = dict(
+        device=CPU,
+        workloads=("matmul",),
+        sizes=(32,),
+        passes=2,
+        min_rounds=2,
+        min_time_s=0.0,
+        warmup_rounds=1,
+        warmup_s=0.0,
+    )
+    values.update(overrides)
+    return Settings(**values)
+
+
+def measured(bench_run: Any) -> List[str]:
+    return [r.config for r in bench_run.results if not r.skipped]
+
+
+def test_every_runnable_configuration_is_measured_in_every_pass() -> None:
+    events: List[Progress] = []
+    result = run(tiny(), events.append)
+    assert not result.interrupted and result.flags_restored
+    configs = measured(result)
+    assert configs[0] == "fp32"
+    assert "tf32" not in configs and "amp-fp16" not in configs  # skipped on a CPU
+    for row in result.results:
+        if row.skipped:
+            assert row.median_s is None and row.skipped
+            continue
+        assert len(row.pass_medians_s) == 2
+        assert row.rounds == 4  # 2 rounds x 2 passes
+        assert row.median_s is not None and row.median_s > 0
+        assert row.rel_error is not None and row.flops == 2 * 32**3
+        assert row.group == "matmul cpu 32" and row.levers
+        assert row.speedup is not None and row.pct_of_fastest is not None
+    done = [e for e in events if e.kind == "done"]
+    # interleaved: fp32, medium, ... then again fp32, medium, ...
+    assert [e.config for e in done] == configs + configs
+    assert [e.step for e in done] == list(range(1, len(done) + 1))
+    assert done[-1].step == done[-1].steps
+    assert all(e.median_s for e in done)
+
+
+def test_results_keep_configuration_order_with_skips_in_place() -> None:
+    result = run(tiny(passes=1))
+    names = [r.config for r in result.results]
+    assert names == [
+        "fp32",
+        "tf32",
+        "precision-high",
+        "precision-medium",
+        "amp-bf16",
+        "amp-fp16",
+        "pure-bf16",
+        "pure-fp16",
+    ]
+
+
+def test_a_workload_the_device_lacks_is_one_skipped_row() -> None:
+    result = run(tiny(workloads=("conv",)))
+    (row,) = result.results
+    assert row.config == "(all)" and row.skipped and "cuda only" in row.skipped
+
+
+def test_plan_uses_each_workloads_default_sizes_unless_told() -> None:
+    plan = Settings(CPU, ("matmul", "conv")).plan()
+    assert [(w.name, s) for w, s in plan] == [("matmul", 1024), ("matmul", 2048), ("conv", None)]
+    plan = Settings(CPU, ("sdpa",), sizes=(7, 9)).plan()
+    assert [(w.name, s) for w, s in plan] == [("sdpa", 7), ("sdpa", 9)]
+
+
+def test_plan_for_a_gpu_uses_the_gpu_sizes(fake_gpu: Callable[..., None]) -> None:
+    fake_gpu((9, 0), name="NVIDIA H100 80GB HBM3")
+    plan = Settings(torch.device("cuda"), ("matmul", "conv")).plan()
+    assert [(w.name, s) for w, s in plan] == [
+        ("matmul", 4096),
+        ("matmul", 8192),
+        ("conv", 56),
+        ("conv", 112),
+    ]
+
+
+def test_ctrl_c_between_measurements_keeps_the_results_so_far() -> None:
+    before = speedflags.snapshot()
+    done: List[str] = []
+
+    def progress(event: Progress) -> None:  # Ctrl-C after the third measurement
+        if event.kind == "done":
+            done.append(event.config)
+            if len(done) == 3:
+                raise KeyboardInterrupt
+
+    result = run(tiny(workloads=("matmul", "sdpa")), progress)
+    assert result.interrupted
+    assert result.flags_restored and speedflags.snapshot() == before
+    assert not speedflags.ledger().open_frames()
+    assert measured(result) == done
+    assert all(len(r.pass_medians_s) == 1 for r in result.results if not r.skipped)
+    assert not any(r.workload == "sdpa" for r in result.results)  # never reached
+    fp32 = result.results[0]
+    assert fp32.speedup == 1.0  # the table still works on partial results
+
+
+@pytest.mark.skipif(not speedflags.capabilities("cpu").bf16, reason="amp-bf16 is skipped here")
+def test_ctrl_c_inside_a_frame_restores_every_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = speedflags.snapshot()
+    inside: List[bool] = []
+    real = runner_module.measure_rounds
+
+    def interrupted(runner: Any, clock: Any, rounds: int, calls: int) -> List[float]:
+        if torch.is_autocast_enabled("cpu"):  # the amp-bf16 frame is open
+            inside.append(torch.get_float32_matmul_precision() == "highest")
+            raise KeyboardInterrupt
+        return real(runner, clock, rounds, calls)
+
+    monkeypatch.setattr(runner_module, "measure_rounds", interrupted)
+    result = run(tiny())
+    assert inside == [True]
+    assert result.interrupted and result.flags_restored
+    assert speedflags.snapshot() == before
+    assert not speedflags.ledger().open_frames()
+    assert measured(result) == ["fp32", "precision-medium"]
+
+
+def test_a_round_of_several_calls_uses_a_new_input_set_per_call() -> None:
+    sets = [(torch.tensor(float(i)),) for i in range(5)]
+    ran: List[float] = []
+    ticks = iter(range(0, 1000, 10))  # a clock that advances 10 per reading
+    runner = Runner(sets, lambda x: ran.append(float(x)))
+    times = measure_rounds(runner, lambda: float(next(ticks)), rounds=2, calls=3)
+    assert ran == [0.0, 1.0, 2.0, 3.0, 4.0, 0.0]  # rotating through the sets
+    assert times == [10 / 3, 10 / 3]  # per call: one clock interval shared by three calls
+
+
+def test_settings_record_the_device_as_text() -> None:
+    assert tiny().to_dict()["device"] == "cpu"
+    assert tiny().to_dict()["passes"] == 2

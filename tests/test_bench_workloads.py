@@ -1,0 +1,174 @@
+"""speedflags.bench.workloads and .accuracy: inputs, FLOP counts, float64 references, errors.
+
+Everything runs on the CPU at tiny sizes with the real torch kernels; the error bands are the
+ones ``research/perf.md`` measured (fp32 ~1e-7, bf16 ~3e-3).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import speedflags
+from speedflags.bench.accuracy import TOLERANCE, coarsest, relative_error
+from speedflags.bench.configs import Config
+from speedflags.bench.timing import rotation_sets
+from speedflags.bench.workloads import (
+    WORKLOADS,
+    ConvProblem,
+    MatmulProblem,
+    MlpTrainProblem,
+    SdpaProblem,
+    _kernel_refuses,
+)
+
+CPU = torch.device("cpu")
+FP32 = Config("fp32", baseline=True)
+AMP = Config("amp-bf16", {"amp": "bf16"})
+needs_cpu_bf16 = pytest.mark.skipif(
+    not speedflags.capabilities("cpu").bf16, reason="this CPU has no native bf16"
+)
+
+
+def error_of(problem: object, config: Config) -> float:
+    runner = problem.runner(config)  # type: ignore[attr-defined]
+    with config.frames(CPU):
+        return float(problem.error(runner))  # type: ignore[attr-defined]
+
+
+def test_inputs_are_reproducible_random_normals_and_leave_the_global_rng_alone() -> None:
+    rng = torch.random.get_rng_state()
+    a = MatmulProblem(48, CPU)
+    b = MatmulProblem(48, CPU)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert torch.equal(a._sets[0][0], b._sets[0][0])
+    x = a._sets[0][0]
+    assert not torch.equal(x, a._sets[0][1])  # two different operands
+    assert not torch.equal(x, a._sets[1][0])  # and different sets
+    assert 0.8 < float(x.std()) < 1.2 and abs(float(x.mean())) < 0.1  # randn, never zeros
+
+
+def test_matmul_rotates_input_sets_past_the_cache() -> None:
+    problem = MatmulProblem(48, CPU)
+    assert problem.sets == rotation_sets(2 * 48 * 48 * 4, speedflags.bench.timing.cache_bytes(CPU))
+    assert problem.sets > 1
+    runner = problem.runner(FP32)
+    seen = [runner.setup()[0].data_ptr() for _ in range(problem.sets + 1)]
+    assert len(set(seen)) == problem.sets
+    assert seen[0] == seen[-1]  # back to the first set after a full cycle
+
+
+def test_matmul_flops_reference_and_errors() -> None:
+    problem = MatmulProblem(64, CPU)
+    assert problem.flops == 2 * 64**3
+    a, b = problem._sets[0]
+    assert torch.allclose(problem.reference(), a.double() @ b.double())
+    assert problem.reference().dtype == torch.float64
+    assert error_of(problem, FP32) < 1e-6
+
+
+@needs_cpu_bf16
+def test_bf16_costs_bf16_level_accuracy() -> None:
+    problem = MatmulProblem(64, CPU)
+    amp = error_of(problem, AMP)
+    pure = error_of(problem, Config("pure-bf16", dtype=torch.bfloat16))
+    assert 3e-4 < amp < TOLERANCE["bf16"]
+    assert 3e-4 < pure < TOLERANCE["bf16"]
+    assert problem.runner(Config("pure-bf16", dtype=torch.bfloat16)).setup()[0].dtype == (
+        torch.bfloat16
+    )
+
+
+def test_the_reference_is_computed_without_autocast() -> None:
+    problem = MatmulProblem(32, CPU)
+    with AMP.frames(CPU):
+        ref = problem.reference()  # first computed inside an autocast block
+    a, b = problem._sets[0]
+    assert torch.equal(ref, a.double() @ b.double())
+
+
+def test_mlp_train_step_shape_flops_and_a_real_step() -> None:
+    problem = MlpTrainProblem(32, CPU)
+    assert problem.batch == 32
+    assert problem.flops == 8 * 2 * 32 * 32 * 32
+    assert "Linear(32, 32) x3" in problem.shape
+    runner = problem.runner(FP32)
+    x, y = runner.setup()
+    with FP32.frames(CPU):
+        first = float(runner.run(x, y))
+        for _ in range(20):
+            last = float(runner.run(x, y))
+    assert last < first  # AdamW really trains
+
+
+def test_mlp_train_error_is_the_first_gradient_against_float64() -> None:
+    problem = MlpTrainProblem(32, CPU)
+    assert problem.error_of == "first-layer weight gradient"
+    assert problem.reference().shape == (32, 32)
+    assert problem.reference().dtype == torch.float64
+    assert error_of(problem, FP32) < 1e-5
+    # the runner's training does not change what the error is measured on
+    runner = problem.runner(FP32)
+    with FP32.frames(CPU):
+        runner.run(*runner.setup())
+        assert problem.error(runner) < 1e-5
+
+
+@needs_cpu_bf16
+def test_mlp_train_bf16_autocast_error_band() -> None:
+    problem = MlpTrainProblem(64, CPU)
+    config = WORKLOADS["mlp-train"].config("tf32+amp-bf16")
+    assert 5e-4 < error_of(problem, config) < TOLERANCE["bf16"]
+
+
+def test_mlp_batch_is_capped_at_512() -> None:
+    assert MlpTrainProblem(600, CPU).batch == 512
+
+
+def test_sdpa_problem_reference_and_backends() -> None:
+    problem = SdpaProblem(64, CPU)
+    assert problem.flops == 4 * 2 * 8 * 64 * 64 * 64
+    assert problem.input_precision == "fp32"
+    workload = WORKLOADS["sdpa"]
+    assert error_of(problem, workload.config("math")) < 1e-5
+    assert problem.skip_reason(workload.config("flash")) is None
+    assert error_of(problem, workload.config("flash")) < 1e-5
+    assert "cannot run on cpu" in str(problem.skip_reason(workload.config("efficient")))
+
+
+def test_a_kernel_that_refuses_the_inputs_is_named_not_silently_replaced() -> None:
+    problem = SdpaProblem(32, CPU)
+    reason = _kernel_refuses("efficient", problem._sets[0])
+    assert reason is not None and reason.startswith("the 'efficient' SDPA kernel refuses")
+    assert _kernel_refuses("flash", problem._sets[0]) is None
+    assert _kernel_refuses("math", problem._sets[0]) is None
+
+
+def test_conv_problem_runs_on_cpu_but_the_workload_is_cuda_only() -> None:
+    problem = ConvProblem(8, CPU)
+    assert problem.flops == 2 * 8 * 64 * 8 * 8 * 64 * 9
+    assert error_of(problem, FP32) < 1e-5
+    reason = WORKLOADS["conv"].unavailable(CPU)
+    assert reason is not None and "cuda only" in reason
+
+
+def test_cuda_workloads_say_why_without_cuda() -> None:
+    reason = WORKLOADS["matmul"].unavailable(torch.device("cuda"))
+    assert reason is not None and "CUDA is not available" in reason
+
+
+def test_unknown_configuration_is_a_key_error() -> None:
+    with pytest.raises(KeyError, match="matmul has no configuration 'tf64'"):
+        WORKLOADS["matmul"].config("tf64")
+
+
+def test_relative_error_and_tolerances() -> None:
+    ref = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error(torch.tensor([3.0, 4.5]), ref) == pytest.approx(0.1)
+    assert relative_error(torch.ones(2), torch.zeros(2, dtype=torch.float64)) == pytest.approx(
+        2**0.5
+    )
+    assert coarsest("fp32", "tf32") == "tf32"
+    assert coarsest("bf16", "fp16") == "bf16"
+    assert TOLERANCE["fp32"] < TOLERANCE["tf32"] <= TOLERANCE["fp16"] < TOLERANCE["bf16"]
