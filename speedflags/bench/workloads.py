@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.adamw import AdamW  # the defining module: 2.4's stubs do not re-export it
 
 from ..hardware import capabilities
 from .accuracy import relative_error
@@ -218,7 +219,7 @@ class MlpTrainProblem(Problem):
     def runner(self, config: Config) -> Runner:
         dtype = config.dtype or torch.float32
         model = self._model(dtype)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        optimizer = AdamW(model.parameters(), lr=1e-4)
 
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
@@ -238,7 +239,7 @@ class MlpTrainProblem(Problem):
         return grad
 
     def _compute_reference(self) -> torch.Tensor:
-        with torch.enable_grad():
+        with torch.set_grad_enabled(True):  # typed on every PyTorch, unlike enable_grad
             return self._gradient(torch.float64)
 
 
