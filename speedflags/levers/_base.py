@@ -161,7 +161,7 @@ class SimpleLever:
         return f"<lever {self.name} ({self.scope})>"
 
 
-def verified(lever: Lever, action: str, wanted: Any, got: Any) -> Any:
+def verified(lever: SimpleLever, action: str, wanted: Any, got: Any) -> Any:
     """Return ``got`` if it equals ``wanted``; else raise ``StateMismatchError`` naming both."""
     if got == wanted:
         return got

@@ -17,19 +17,17 @@ import torch._ops
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import capabilities
 from . import _fp32_family as family
-from ._base import Effect, SimpleLever, verified
+from ._base import Effect, verified
+from ._family_lever import FamilyLever
 
 
-class MatmulPrecisionLever(SimpleLever):
+class MatmulPrecisionLever(FamilyLever):
     """``matmul_precision="highest"|"high"|"medium"``.
 
     Scope: process. Shares its state with the ``tf32`` lever (one ledger stack for both).
     """
 
     name = "matmul_precision"
-    scope = "process"
-    domain = "fp32_precision"
-    checks_state = True  # refuses a mixed TF32 state
 
     @staticmethod
     def validate(value: object) -> str:
@@ -41,9 +39,6 @@ class MatmulPrecisionLever(SimpleLever):
             raise InvalidValueError(f"not a matmul precision; valid: {choices}")
         return value
 
-    def read(self) -> family.FamilyState:
-        return family.read_state()
-
     def check(self, state: family.FamilyState) -> None:
         family.require_consistent(state, "change the float32 matmul precision")
 
@@ -52,12 +47,6 @@ class MatmulPrecisionLever(SimpleLever):
             ("precision", before, value), before, family.precision_target, before, value
         )
         return after if after is target else verified(self, "setting", target, after)
-
-    def restore(
-        self, target: family.FamilyState, current: family.FamilyState
-    ) -> family.FamilyState:
-        after, wanted = family.transition(("restore", current, target), current, _same, target)
-        return after if after is wanted else verified(self, "restoring", target, after)
 
     def describe(self, state: family.FamilyState) -> Any:
         return family.describe_precision(state)
@@ -90,7 +79,3 @@ def _onednn_bf16() -> bool:
 def _has_amx() -> bool:
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return bool(probe()) if probe is not None else False
-
-
-def _same(state: family.FamilyState) -> family.FamilyState:
-    return state

@@ -15,28 +15,23 @@ import torch
 from ..errors import InvalidTypeError
 from ..hardware import capabilities
 from . import _fp32_family as family
-from ._base import Effect, SimpleLever, verified
+from ._base import Effect, verified
+from ._family_lever import FamilyLever
 
 
-class TF32Lever(SimpleLever):
+class TF32Lever(FamilyLever):
     """``tf32=True/False``: TF32 tensor-core math for float32 matmuls and convolutions.
 
     Scope: process. The state read and restored is every getter of both TF32 API families.
     """
 
     name = "tf32"
-    scope = "process"
-    domain = "fp32_precision"
-    checks_state = True  # refuses a mixed TF32 state
 
     @staticmethod
     def validate(value: object) -> bool:
         if not isinstance(value, bool):
             raise InvalidTypeError(f"expected True or False, got {type(value).__name__}")
         return value
-
-    def read(self) -> family.FamilyState:
-        return family.read_state()
 
     def check(self, state: family.FamilyState) -> None:
         family.require_consistent(state, "change TF32")
@@ -47,12 +42,6 @@ class TF32Lever(SimpleLever):
         )
         return after if after is target else verified(self, "setting", target, after)
 
-    def restore(
-        self, target: family.FamilyState, current: family.FamilyState
-    ) -> family.FamilyState:
-        after, wanted = family.transition(("restore", current, target), current, _same, target)
-        return after if after is wanted else verified(self, "restoring", target, after)
-
     def describe(self, state: family.FamilyState) -> Any:
         return family.describe_state(state)
 
@@ -61,7 +50,3 @@ class TF32Lever(SimpleLever):
         if caps.tf32:
             return Effect(True, "")
         return Effect(False, f"no effect on {caps.device}: {caps.tf32.reason}")
-
-
-def _same(state: family.FamilyState) -> family.FamilyState:
-    return state
