@@ -328,9 +328,7 @@ class GuardedCompile:
             )
             raise
         except Exception as exc:
-            if _backward_compile_failed(exc):
-                why = f"the backward graph failed to compile: {describe(exc)}"
-                self._fall_back(why, _LAZY_BACKWARD_OUTCOME)
+            self._fall_back_if_backward_failed(exc)
             raise
         finally:
             self._dynamo_log.removeFilter(watch)
@@ -354,9 +352,7 @@ class GuardedCompile:
             self._fall_back(describe(exc), "the call ran eagerly")
             return result
         except Exception as exc:
-            if _backward_compile_failed(exc):
-                why = f"the backward graph failed to compile: {describe(exc)}"
-                self._fall_back(why, _LAZY_BACKWARD_OUTCOME)
+            self._fall_back_if_backward_failed(exc)
             raise
         finally:
             if len(self._failures) > failures:
@@ -364,6 +360,13 @@ class GuardedCompile:
         return result
 
     # --- setting up, and giving up ----------------------------------------------------------
+
+    def _fall_back_if_backward_failed(self, exc: Exception) -> None:
+        # the step's own errors propagate untouched; only a backward compile failure means
+        # later calls must run eager
+        if _backward_compile_failed(exc):
+            why = f"the backward graph failed to compile: {describe(exc)}"
+            self._fall_back(why, _LAZY_BACKWARD_OUTCOME)
 
     def _build(self) -> Optional[Callable[..., Any]]:
         with self._lock:
