@@ -27,16 +27,20 @@ VENV ?= .venv-torch$(TORCH_VERSION)
 endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
+# pip's install report for the pinned torch: says whether it came from disk or the registry
+TORCH_REPORT := $(VENV)/torch-install-report.json
+EXTRAS ?= test,dev
 DEVICE ?= cpu
 RESULTS ?= $(DEVICE)
 
-.PHONY: setup run test lint typecheck unit bench results test-legacy test-newest test-all newest clean
+.PHONY: setup torch-source run test lint typecheck unit bench results test-legacy test-newest test-all newest clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e ".[test,dev]"
+	$(PY) -m pip install --quiet --report $(TORCH_REPORT) "torch==$(TORCH_VERSION)"
+	$(PY) .ci/torch_source.py $(TORCH_REPORT)
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $@
 
 setup: $(STAMP)
@@ -60,7 +64,12 @@ bench: setup
 results: setup
 	$(PY) -m speedflags bench --device $(DEVICE) --passes 9 --json benchmarks/results/$(RESULTS).json
 
-test: lint typecheck unit
+# Which torch this environment runs, and from where (disk or registry): CI logs it per leg.
+torch-source: setup
+	@if [ -f $(TORCH_REPORT) ]; then $(PY) .ci/torch_source.py $(TORCH_REPORT); \
+	else echo "torch $(TORCH_VERSION): $(VENV) predates install reports (make clean to redo)"; fi
+
+test: torch-source lint typecheck unit
 	$(PY) -m pytest benchmarks --benchmark-disable -q -p no:cacheprovider
 
 test-legacy:
@@ -71,8 +80,10 @@ test-legacy:
 newest:
 	@$(PYTHON) .ci/newest_torch.py
 
+# Its pip calls run with the machine's pip cap (a constraints file) lifted: see .ci/newest_torch.py.
 test-newest:
-	version="$$($(PYTHON) .ci/newest_torch.py)" && $(MAKE) test TORCH_VERSION="$$version"
+	version="$$($(PYTHON) .ci/newest_torch.py)" && \
+	$(PYTHON) .ci/newest_torch.py exec $(MAKE) test TORCH_VERSION="$$version"
 
 test-all: test test-legacy test-newest
 
