@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from typing import (
+    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -26,22 +27,15 @@ import torch
 from . import _warn
 from ._decorate import decorate
 from ._ledger import Frame, LeverItem, Program, Where, ledger
-from ._sentinel import UNSET, _Unset
-from .distributed import FirstEntryCheck
-from .errors import (
-    InvalidTypeError,
-    InvalidValueError,
-    LeverUnavailableError,
-    SlowPathWarning,
-)
+from ._sentinel import UNSET
+from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
-from .levers import LEVER_NAMES, PROCESS_LEVERS, autocast_lever
-from .levers.autocast import AUTO, validate_amp
-from .levers.cudnn import CudnnBenchmarkLever
-from .levers.precision import MatmulPrecisionLever
-from .levers.sdpa import SdpaLever
-from .levers.tf32 import TF32Lever
+from .levers.autocast import AUTO
+from .levers.registry import REGISTRY, check_levers, document_levers, lever_spec
 from .recommend import recommended
+
+if TYPE_CHECKING:
+    from .distributed import FirstEntryCheck
 
 __all__ = [
     "FastMath",
@@ -56,26 +50,8 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
 
-_VALIDATORS: Dict[str, Callable[[object], Any]] = {
-    "tf32": TF32Lever.validate,
-    "matmul_precision": MatmulPrecisionLever.validate,
-    "cudnn_benchmark": CudnnBenchmarkLever.validate,
-    "sdpa": SdpaLever.validate,
-    "amp": validate_amp,
-}
-
 SdpaArg = Union[str, Sequence[Any], Any]
 AmpArg = Union[str, torch.dtype, bool]
-
-
-def _checked(call: str, arg: str, value: object, validator: Callable[[object], Any]) -> Any:
-    # Lever validators say what is wrong; this says where: "fast_math(amp='bf17'): ...".
-    try:
-        return validator(value)
-    except InvalidValueError as exc:
-        raise InvalidValueError(f"{call}({arg}={value!r}): {exc}") from None
-    except InvalidTypeError as exc:
-        raise InvalidTypeError(f"{call}({arg}={value!r}): {exc}") from None
 
 
 class _Plan(NamedTuple):
@@ -121,43 +97,15 @@ class FastMath:
     def __init__(
         self,
         *,
-        tf32: Union[bool, _Unset, None] = UNSET,
-        matmul_precision: Union[str, _Unset, None] = UNSET,
-        cudnn_benchmark: Union[bool, _Unset, None] = UNSET,
-        sdpa: Union[SdpaArg, _Unset, None] = UNSET,
-        amp: Union[AmpArg, _Unset, None] = UNSET,
         device: DeviceLike = None,
         strict: bool = False,
         label: Optional[str] = None,
         check_ranks: bool = False,
+        **levers: Any,
     ) -> None:
-        given = {
-            "tf32": tf32,
-            "matmul_precision": matmul_precision,
-            "cudnn_benchmark": cudnn_benchmark,
-            "sdpa": sdpa,
-            "amp": amp,
-        }
-        requested = []
-        for name in LEVER_NAMES:
-            raw = given[name]
-            if raw is UNSET or raw is None:  # None: leave unchanged, for fast_math(**config)
-                continue
-            requested.append((name, _checked("fast_math", name, raw, _VALIDATORS[name])))
-        values = dict(requested)
-        tf32_value = values.get("tf32")
-        precision = values.get("matmul_precision")
-        if (
-            tf32_value is not None
-            and precision is not None
-            and tf32_value != (precision != "highest")
-        ):
-            fix = "tf32=True" if precision != "highest" else "matmul_precision='high' or 'medium'"
-            raise InvalidValueError(
-                f"fast_math(tf32={tf32_value!r}, matmul_precision={precision!r}): contradictory: "
-                f"matmul precision {precision!r} turns cuBLAS TF32 "
-                f"{'on' if precision != 'highest' else 'off'}; use {fix}, or leave one of them out"
-            )
+        # None means "leave unchanged" (so fast_math(**config) can carry blanks); the
+        # registry validates and orders the rest, and refuses unknown names.
+        requested = check_levers("fast_math", levers)
         if not isinstance(strict, bool):
             raise InvalidTypeError(
                 f"fast_math(strict={strict!r}): expected True or False, got {type(strict).__name__}"
@@ -169,11 +117,15 @@ class FastMath:
                 f"fast_math(check_ranks={check_ranks!r}): expected True or False, got "
                 f"{type(check_ranks).__name__}"
             )
-        self._requested: Tuple[Tuple[str, Any], ...] = tuple(requested)
-        self._recommend = all(v is UNSET for v in given.values())
+        self._requested: Tuple[Tuple[str, Any], ...] = requested
+        self._recommend = all(v is UNSET for v in levers.values())
         self._device = normalize_device(device, "fast_math")
         self._strict = strict
-        shown = [f"{n}={given[n]!r}" for n in LEVER_NAMES if given[n] is not UNSET]
+        shown = [
+            f"{spec.name}={levers[spec.name]!r}"
+            for spec in REGISTRY
+            if levers.get(spec.name, UNSET) is not UNSET
+        ]
         if device is not None:
             shown.append(f"device={str(self._device)!r}")
         if strict:
@@ -183,14 +135,19 @@ class FastMath:
         self._label = label if label is not None else f"fast_math({', '.join(shown)})"
         # Resolved on first entry (the device, and so the plan, never changes in a process).
         self._plan_cache: Optional[_Plan] = None
-        self._rank_check = FirstEntryCheck() if check_ranks else None
+        self._rank_check: Optional[FirstEntryCheck] = None
+        if check_ranks:
+            # torch.distributed is imported only by specs that check ranks
+            from .distributed import FirstEntryCheck
+
+            self._rank_check = FirstEntryCheck()
 
     # --- what it will do ---------------------------------------------------------------
 
     @property
     def levers(self) -> Dict[str, Any]:
         """The requested lever values (empty for a bare ``fast_math()``: see ``recommended``)."""
-        return {name: _shown(name, value) for name, value in self._requested}
+        return {name: lever_spec(name).describe_value(value) for name, value in self._requested}
 
     @property
     def label(self) -> str:
@@ -221,11 +178,7 @@ class FastMath:
         if self._recommend:
             rec = recommended(device)
             reasons = {k: f"recommended: {v}" for k, v in rec.reasons.items()}
-            requested = tuple(
-                (name, _VALIDATORS[name](rec.levers[name]))
-                for name in LEVER_NAMES
-                if name in rec.levers
-            )
+            requested = check_levers("recommended", rec.levers)
             if not requested:
                 skipped.append(("*", reasons["*"]))
         items: list[LeverItem] = []
@@ -233,16 +186,13 @@ class FastMath:
         slow = []
         for name, value in requested:
             note = reasons.get(name, "")
-            if name == "amp":
-                lever: Any = autocast_lever(device.type)
-                if value == AUTO:
-                    value, why = _resolve_auto(device)
-                    if value is None:
-                        skipped.append(("amp", f"amp='auto': {why}"))
-                        continue
-                    note = f"amp='auto' chose {lever.describe_value(value)}: {why}"
-            else:
-                lever = PROCESS_LEVERS[name]
+            lever = lever_spec(name).lever(device.type)
+            if value == AUTO:  # amp="auto": the dtype depends on the device
+                value, why = _resolve_auto(device)
+                if value is None:
+                    skipped.append((name, f"{name}='auto': {why}"))
+                    continue
+                note = f"{name}='auto' chose {lever.describe_value(value)}: {why}"
             effect = lever.available(value, device)
             shown = f"{name}={lever.describe_value(value)!r}"
             if not effect.effective and self._strict:
@@ -294,14 +244,6 @@ class FastMath:
         return decorate(func, open_frame, close_frame, "fast_math")
 
 
-def _shown(name: str, value: Any) -> Any:
-    if name in PROCESS_LEVERS:
-        return PROCESS_LEVERS[name].describe_value(value)
-    if value is None or value == AUTO:
-        return False if value is None else AUTO
-    return str(value).replace("torch.", "")
-
-
 def _resolve_auto(device: torch.device) -> Tuple[Optional[torch.dtype], str]:
     caps = capabilities(device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -320,15 +262,11 @@ def fast_math(func: F, /) -> F: ...
 @overload
 def fast_math(
     *,
-    tf32: Union[bool, _Unset, None] = ...,
-    matmul_precision: Union[str, _Unset, None] = ...,
-    cudnn_benchmark: Union[bool, _Unset, None] = ...,
-    sdpa: Union[SdpaArg, _Unset, None] = ...,
-    amp: Union[AmpArg, _Unset, None] = ...,
     device: DeviceLike = ...,
     strict: bool = ...,
     label: Optional[str] = ...,
     check_ranks: bool = ...,
+    **levers: Any,
 ) -> FastMath: ...
 
 
@@ -336,15 +274,11 @@ def fast_math(
     func: Optional[Callable[..., Any]] = None,
     /,
     *,
-    tf32: Union[bool, _Unset, None] = UNSET,
-    matmul_precision: Union[str, _Unset, None] = UNSET,
-    cudnn_benchmark: Union[bool, _Unset, None] = UNSET,
-    sdpa: Union[SdpaArg, _Unset, None] = UNSET,
-    amp: Union[AmpArg, _Unset, None] = UNSET,
     device: DeviceLike = None,
     strict: bool = False,
     label: Optional[str] = None,
     check_ranks: bool = False,
+    **levers: Any,
 ) -> Any:
     """Switch PyTorch's fast paths on for a block or a function, and restore them exactly after.
 
@@ -353,16 +287,8 @@ def fast_math(
     :func:`speedflags.recommended` and the README's table).
 
     Args:
-        tf32: TF32 for cuBLAS matmuls and cuDNN conv/rnn. Process scope.
-        matmul_precision: ``"highest"``, ``"high"`` or ``"medium"``, as
-            ``torch.set_float32_matmul_precision`` (``"medium"`` also routes CPU float32
-            matmuls through oneDNN bf16). Process scope.
-        cudnn_benchmark: ``torch.backends.cudnn.benchmark`` and nothing else. Process scope.
-        sdpa: a backend (``"flash"``, ``"efficient"``, ``"cudnn"``, ``"math"``) or an ordered
-            sequence of them: preferred SDPA kernels, with ``math`` kept as the fallback so
-            no input fails with "No available kernel". Process scope.
-        amp: ``"bf16"``, ``"fp16"``, ``"auto"``, ``torch.bfloat16``, ``torch.float16`` or
-            ``False`` (autocast off): autocast on ``device``. Thread scope.
+        **levers: one keyword per lever of :data:`speedflags.levers.REGISTRY` (below);
+            ``None`` or absent leaves the lever unchanged.
         device: the device the levers target (default: CUDA if available, else CPU).
         strict: refuse (``LeverUnavailableError``) a lever with no native effect on the
             device instead of applying it and recording why it has none.
@@ -392,18 +318,11 @@ def fast_math(
         'medium'
         >>> torch.get_float32_matmul_precision()
         'highest'
+
+    Levers:
+    {levers}
     """
-    spec = FastMath(
-        tf32=tf32,
-        matmul_precision=matmul_precision,
-        cudnn_benchmark=cudnn_benchmark,
-        sdpa=sdpa,
-        amp=amp,
-        device=device,
-        strict=strict,
-        label=label,
-        check_ranks=check_ranks,
-    )
+    spec = FastMath(device=device, strict=strict, label=label, check_ranks=check_ranks, **levers)
     if func is None:
         return spec
     if not callable(func):
@@ -412,6 +331,9 @@ def fast_math(
             "function to decorate"
         )
     return spec(func)
+
+
+document_levers(fast_math)
 
 
 def tf32(enabled: bool = True, *, strict: bool = False) -> FastMath:
@@ -425,7 +347,7 @@ def tf32(enabled: bool = True, *, strict: bool = False) -> FastMath:
         ...     torch.backends.cuda.matmul.allow_tf32
         True
     """
-    value = _checked("tf32", "enabled", enabled, TF32Lever.validate)
+    value = lever_spec("tf32").check("tf32", enabled, "enabled")
     return FastMath(tf32=value, strict=strict, label=f"tf32({value!r})")
 
 
@@ -440,7 +362,7 @@ def matmul_precision(value: str, *, strict: bool = False) -> FastMath:
         ...     torch.get_float32_matmul_precision()
         'high'
     """
-    checked = _checked("matmul_precision", "value", value, MatmulPrecisionLever.validate)
+    checked = lever_spec("matmul_precision").check("matmul_precision", value, "value")
     return FastMath(matmul_precision=checked, strict=strict, label=f"matmul_precision({checked!r})")
 
 
@@ -456,7 +378,7 @@ def cudnn_benchmark(enabled: bool = True, *, strict: bool = False) -> FastMath:
         ...     torch.backends.cudnn.benchmark
         True
     """
-    value = _checked("cudnn_benchmark", "enabled", enabled, CudnnBenchmarkLever.validate)
+    value = lever_spec("cudnn_benchmark").check("cudnn_benchmark", enabled, "enabled")
     return FastMath(cudnn_benchmark=value, strict=strict, label=f"cudnn_benchmark({value!r})")
 
 
@@ -474,7 +396,7 @@ def sdpa_backend(*backends: Any, strict: bool = False) -> FastMath:
     """
     given: Any = backends[0] if len(backends) == 1 else backends
     shown = ", ".join(repr(b) for b in backends)
-    value = _checked("sdpa_backend", "backends", given, SdpaLever.validate)
+    value = lever_spec("sdpa").check("sdpa_backend", given, "backends")
     return FastMath(sdpa=value, strict=strict, label=f"sdpa_backend({shown})")
 
 
@@ -489,7 +411,7 @@ def autocast(dtype: AmpArg, device: DeviceLike = None, *, strict: bool = False) 
         ...     torch.get_autocast_dtype("cpu"), torch.is_autocast_enabled("cpu")
         (torch.bfloat16, True)
     """
-    _checked("autocast", "dtype", dtype, validate_amp)
+    lever_spec("amp").check("autocast", dtype, "dtype")
     label_device = (
         f", device={str(normalize_device(device, 'autocast'))!r}" if device is not None else ""
     )

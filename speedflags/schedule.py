@@ -15,7 +15,7 @@ from ._ledger import Frame, ledger
 from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import FastMath
 from .hardware import DeviceLike
-from .levers import LEVER_NAMES
+from .levers.registry import lever_spec
 
 __all__ = ["Schedule", "TF32Schedule"]
 
@@ -83,11 +83,7 @@ class Schedule:
                     f"got {settings!r}"
                 )
             for name in settings:
-                if name not in LEVER_NAMES:
-                    raise InvalidValueError(
-                        f"{self._name}: epoch {epoch}: unknown lever {name!r}; valid: "
-                        f"{', '.join(sorted(LEVER_NAMES))}"
-                    )
+                lever_spec(name, f"{self._name}: epoch {epoch}")  # refuses unknown names
             settings = dict(settings)
             spec: Optional[FastMath] = None
             if settings:  # fast_math() with no argument would mean "recommended levers"

@@ -18,11 +18,11 @@ import torch
 from ._compile import COMPILED, GuardedCompile, compile_options
 from ._decorate import decorate
 from ._ledger import Frame, ledger
-from ._sentinel import UNSET, _Unset
+from ._sentinel import UNSET
 from .errors import InvalidTypeError, InvalidValueError
-from .fast_math import AmpArg, FastMath, SdpaArg
+from .fast_math import FastMath
 from .hardware import DeviceLike
-from .levers import LEVER_NAMES
+from .levers.registry import REGISTRY, document_levers
 from .recommend import recommended
 
 __all__ = ["SpeedupStats", "speedup"]
@@ -138,7 +138,11 @@ class _Speedup:
                 f"speedup(inference={inference!r}): expected True or False, "
                 f"got {type(inference).__name__}"
             )
-        shown = [f"{name}={levers[name]!r}" for name in LEVER_NAMES if levers[name] is not UNSET]
+        shown = [
+            f"{spec.name}={levers[spec.name]!r}"
+            for spec in REGISTRY
+            if levers.get(spec.name, UNSET) is not UNSET
+        ]
         if device is not None:
             shown.append(f"device={str(device)!r}")
         if strict is True:
@@ -271,16 +275,12 @@ def speedup(func: F, /) -> F: ...
 @overload
 def speedup(
     *,
-    tf32: Union[bool, _Unset, None] = ...,
-    matmul_precision: Union[str, _Unset, None] = ...,
-    cudnn_benchmark: Union[bool, _Unset, None] = ...,
-    sdpa: Union[SdpaArg, _Unset, None] = ...,
-    amp: Union[AmpArg, _Unset, None] = ...,
     device: DeviceLike = ...,
     strict: bool = ...,
     compile: Union[bool, Dict[str, Any]] = ...,
     inference: bool = ...,
     check_ranks: bool = ...,
+    **levers: Any,
 ) -> Callable[[F], F]: ...
 
 
@@ -288,16 +288,12 @@ def speedup(
     func: Optional[Callable[..., Any]] = None,
     /,
     *,
-    tf32: Union[bool, _Unset, None] = UNSET,
-    matmul_precision: Union[str, _Unset, None] = UNSET,
-    cudnn_benchmark: Union[bool, _Unset, None] = UNSET,
-    sdpa: Union[SdpaArg, _Unset, None] = UNSET,
-    amp: Union[AmpArg, _Unset, None] = UNSET,
     device: DeviceLike = None,
     strict: bool = False,
     compile: Union[bool, Dict[str, Any]] = False,
     inference: bool = False,
     check_ranks: bool = False,
+    **levers: Any,
 ) -> Any:
     """Decorate a train (or eval) step: fast paths on for every call, restored after it.
 
@@ -309,8 +305,8 @@ def speedup(
     or raises.
 
     Args:
-        tf32, matmul_precision, cudnn_benchmark, sdpa, amp, device, strict: as in
-            :func:`speedflags.fast_math`.
+        **levers, device, strict: as in :func:`speedflags.fast_math` (one keyword per
+            lever of the registry; the "Levers" section below).
         compile: ``True``, or a dict of ``torch.compile`` options (``mode``, ``dynamic``,
             ``fullgraph``, ``backend``, ``options``, ...). Compiled lazily at the first
             call, once per function (methods share one artefact). If compiling fails,
@@ -351,15 +347,12 @@ def speedup(
         (torch.bfloat16, True)
         >>> torch.is_autocast_enabled("cpu"), step.stats.calls
         (False, 1)
+
+    Levers:
+    {levers}
     """
     spec = _Speedup(
-        {
-            "tf32": tf32,
-            "matmul_precision": matmul_precision,
-            "cudnn_benchmark": cudnn_benchmark,
-            "sdpa": sdpa,
-            "amp": amp,
-        },
+        levers,
         device,
         strict,
         compile,
@@ -374,3 +367,6 @@ def speedup(
             "function to decorate"
         )
     return spec(func)
+
+
+document_levers(speedup)

@@ -15,8 +15,8 @@ import torch
 from ._decorate import caller_where
 from ._ledger import ledger
 from .errors import StateMismatchError
-from .levers import PROCESS_LEVERS, autocast_lever
 from .levers import _fp32_family as family
+from .levers.registry import lever_snapshot, lever_spec
 
 __all__ = ["TF32Status", "heal_tf32", "snapshot", "tf32_status"]
 
@@ -42,19 +42,7 @@ def snapshot() -> Dict[str, Any]:
         >>> speedflags.snapshot() == before
         True
     """
-    fp32 = family.read_state()
-    out: Dict[str, Any] = {
-        "tf32": family.describe_state(fp32),
-        "matmul_precision": family.describe_precision(fp32),
-    }
-    for name in ("cudnn_benchmark", "sdpa"):
-        lever = PROCESS_LEVERS[name]
-        out[name] = lever.describe(lever.read())
-    out["amp"] = {
-        device_type: autocast_lever(device_type).describe(autocast_lever(device_type).read())
-        for device_type in AUTOCAST_DEVICES
-    }
-    return out
+    return lever_snapshot(AUTOCAST_DEVICES)
 
 
 @dataclass(frozen=True)
@@ -199,7 +187,7 @@ def heal_tf32() -> TF32Status:
     """
     the_ledger = ledger()
     where = caller_where(2)
-    tf32_lever = PROCESS_LEVERS["tf32"]
+    tf32_lever = lever_spec("tf32").lever()
     with the_ledger._lock:  # no frame may open or close while the family is rewritten
         before = family.read_state()
         notes: list[str] = []

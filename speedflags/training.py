@@ -18,9 +18,10 @@ from torch.optim.optimizer import Optimizer  # the public path; 2.4's stubs lack
 from ._decorate import caller_where
 from ._ledger import ledger
 from .errors import InvalidTypeError, InvalidValueError
-from .fast_math import AmpArg, _checked, _resolve_auto
+from .fast_math import AmpArg, _resolve_auto
 from .hardware import DeviceLike, capabilities, resolve_device
-from .levers.autocast import AUTO, validate_amp
+from .levers.autocast import AUTO
+from .levers.registry import lever_spec
 
 __all__ = ["fast_optimizer", "grad_scaler", "to_device"]
 
@@ -67,7 +68,7 @@ def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
         >>> speedflags.grad_scaler("fp16", device="cpu").is_enabled()
         True
     """
-    dtype = _checked("grad_scaler", "amp", amp, validate_amp)
+    dtype = lever_spec("amp").check("grad_scaler", amp)
     target = resolve_device(device, "grad_scaler")
     if dtype == AUTO:
         dtype, why = _resolve_auto(target)

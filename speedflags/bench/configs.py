@@ -14,20 +14,16 @@ from typing import Any, Iterator, Mapping, Optional, Tuple
 
 import torch
 
-from ..fast_math import _VALIDATORS, fast_math
+from ..fast_math import fast_math
 from ..hardware import capabilities
-from ..levers import PROCESS_LEVERS, Effect, autocast_lever
-from ..levers.autocast import validate_amp
+from ..levers import Effect
+from ..levers.registry import baseline_levers, lever_spec
 from .accuracy import coarsest
 
 __all__ = ["BASELINE_LEVERS", "Config"]
 
-BASELINE_LEVERS: Mapping[str, Any] = {
-    "tf32": False,
-    "matmul_precision": "highest",
-    "cudnn_benchmark": False,
-    "amp": False,
-}
+# Every lever with an "off" value, at that value: plain fp32 eager.
+BASELINE_LEVERS: Mapping[str, Any] = baseline_levers()
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -77,7 +73,7 @@ class Config:
         found = ["fp32"]
         amp = self.levers.get("amp")
         if amp not in (None, False):
-            found.append("fp16" if validate_amp(amp) == torch.float16 else "bf16")
+            found.append("fp16" if lever_spec("amp").validate(amp) == torch.float16 else "bf16")
         if self.dtype is not None:
             found.append(_DTYPE_NAMES.get(self.dtype, "bf16"))
         if self.levers.get("matmul_precision") == "medium":
@@ -129,5 +125,5 @@ class Config:
 
     @staticmethod
     def _effect(name: str, value: Any, device: torch.device) -> Effect:
-        lever = autocast_lever(device.type) if name == "amp" else PROCESS_LEVERS[name]
-        return lever.available(_VALIDATORS[name](value), device)
+        spec = lever_spec(name, "Config")
+        return spec.lever(device.type).available(spec.validate(value), device)

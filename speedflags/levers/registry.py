@@ -1,0 +1,333 @@
+"""The lever registry: the one list of levers that everything else reads.
+
+Each :class:`LeverSpec` says what a lever is called (its ``fast_math`` keyword and the name
+of its single-lever shorthand), which values it accepts and how a bad one is refused, its
+scope, which :class:`~speedflags.levers._base.Lever` reads, writes and describes its torch
+state, its "off" value and the values worth trying when tuning. ``fast_math``, ``@speedup``,
+``Schedule``, the report, the bench configurations, the rank check, ``watch``, the pytest
+plugin, the integrations and ``tune`` all derive their lever lists from :data:`REGISTRY`.
+
+Adding a lever means one module with its ``Lever`` class and one entry here.
+
+Example:
+    >>> from speedflags.levers.registry import LEVER_NAMES, lever_spec
+    >>> LEVER_NAMES
+    ('tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'amp')
+    >>> spec = lever_spec("amp")
+    >>> spec.shorthand, spec.scope, spec.check("fast_math", "bf16")
+    ('autocast', 'thread', torch.bfloat16)
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .._sentinel import UNSET
+from ..errors import InvalidTypeError, InvalidValueError
+from ._base import Lever, Scope
+from .autocast import AUTO, AutocastLever, validate_amp
+from .cudnn import CudnnBenchmarkLever
+from .precision import MatmulPrecisionLever
+from .sdpa import BACKENDS, SdpaLever
+from .tf32 import TF32Lever
+
+__all__ = [
+    "LEVER_NAMES",
+    "REGISTRY",
+    "LeverSpec",
+    "check_levers",
+    "lever_spec",
+]
+
+# The device types whose thread-local state a snapshot describes.
+AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class LeverSpec:
+    """One lever, as every part of speedflags sees it.
+
+    Attributes:
+        name: the ``fast_math`` keyword (``"tf32"``); also ``Lever.name`` and the name in
+            the ledger's history for speedflags' own writes.
+        shorthand: the single-lever function (``speedflags.sdpa_backend``); also the name
+            ``watch`` and the pytest plugin give the torch state this lever guards.
+        scope: ``"process"`` (C++-global flags) or ``"thread"`` (autocast).
+        values: the accepted values, in words (for errors and help).
+        annotation: the keyword's type, for ``fast_math``'s signature.
+        validate: normalises a value or raises ``InvalidValueError`` / ``InvalidTypeError``
+            saying what is wrong (without saying where: :meth:`check` adds that).
+        make: the :class:`Lever` that reads, writes and describes the state, per device
+            type (process levers ignore the device type).
+        summary: what the lever switches, one line.
+        accuracy: what it costs in accuracy, one line.
+        baseline: the value that means "off" (plain fp32 eager); ``UNSET`` when the lever
+            has no off value (the SDPA dispatcher's default is every backend).
+        candidates: the values ``tune`` tries, in order.
+    """
+
+    name: str
+    shorthand: str
+    scope: Scope
+    values: str
+    annotation: Any
+    validate: Callable[[object], Any]
+    make: Callable[[str], Lever]
+    summary: str
+    accuracy: str
+    baseline: Any = UNSET
+    candidates: Tuple[Any, ...] = ()
+
+    def lever(self, device_type: str = "cpu") -> Lever:
+        """The lever object for ``device_type`` (one shared instance per type)."""
+        return self.make(device_type)
+
+    def check(self, call: str, value: object, argument: Optional[str] = None) -> Any:
+        """``validate`` with the error saying where: ``"fast_math(amp='bf17'): ..."``."""
+        shown = argument or self.name
+        try:
+            return self.validate(value)
+        except InvalidValueError as exc:
+            raise InvalidValueError(f"{call}({shown}={value!r}): {exc}") from None
+        except InvalidTypeError as exc:
+            raise InvalidTypeError(f"{call}({shown}={value!r}): {exc}") from None
+
+    def describe_value(self, value: Any) -> Any:
+        """A JSON-friendly view of a validated value (``torch.bfloat16`` -> ``"bfloat16"``)."""
+        if self.scope == "thread":
+            if value is None:
+                return False
+            if value == AUTO:
+                return AUTO
+            return str(value).replace("torch.", "")
+        return self.lever().describe_value(value)
+
+    def current(self, device_type: str = "cpu") -> Any:
+        """The lever's torch state now, described (never raises)."""
+        lever = self.lever(device_type)
+        return lever.describe(lever.read())
+
+    @property
+    def has_baseline(self) -> bool:
+        """Whether the lever has an "off" value (plain fp32 eager)."""
+        return self.baseline is not UNSET
+
+
+_PROCESS_LEVERS: Dict[str, Lever] = {
+    "tf32": TF32Lever(),
+    "matmul_precision": MatmulPrecisionLever(),
+    "cudnn_benchmark": CudnnBenchmarkLever(),
+    "sdpa": SdpaLever(),
+}
+_autocast: Dict[str, AutocastLever] = {}
+_autocast_lock = threading.Lock()
+
+
+def _process_lever(name: str) -> Callable[[str], Lever]:
+    lever = _PROCESS_LEVERS[name]
+    return lambda device_type: lever
+
+
+def autocast_lever(device_type: str) -> AutocastLever:
+    """The ``amp`` lever for one device type (one shared instance per type)."""
+    lever = _autocast.get(device_type)
+    if lever is None:
+        with _autocast_lock:
+            lever = _autocast.setdefault(device_type, AutocastLever(device_type))
+    return lever
+
+
+_BACKEND_CHOICES = ", ".join(repr(b) for b in BACKENDS)
+
+# Application order: TF32 before matmul precision (they share state and both are checked
+# for a mixed TF32 state first), autocast last.
+REGISTRY: Tuple[LeverSpec, ...] = (
+    LeverSpec(
+        name="tf32",
+        shorthand="tf32",
+        scope="process",
+        values="True or False",
+        annotation=Optional[bool],
+        validate=TF32Lever.validate,
+        make=_process_lever("tf32"),
+        summary="TF32 tensor cores for float32 cuBLAS matmuls and cuDNN conv/rnn",
+        accuracy="10-bit mantissa inputs: relative error ~1e-3 on matmuls",
+        baseline=False,
+        candidates=(True,),
+    ),
+    LeverSpec(
+        name="matmul_precision",
+        shorthand="matmul_precision",
+        scope="process",
+        values="'highest', 'high' or 'medium'",
+        annotation=Optional[str],
+        validate=MatmulPrecisionLever.validate,
+        make=_process_lever("matmul_precision"),
+        summary="float32 matmul precision: TF32 on CUDA ('high'), oneDNN bf16 on CPU ('medium')",
+        accuracy="'high': as tf32; 'medium' on CPU: oneDNN bf16x3, ~1e-6",
+        baseline="highest",
+        candidates=("high", "medium"),
+    ),
+    LeverSpec(
+        name="cudnn_benchmark",
+        shorthand="cudnn_benchmark",
+        scope="process",
+        values="True or False",
+        annotation=Optional[bool],
+        validate=CudnnBenchmarkLever.validate,
+        make=_process_lever("cudnn_benchmark"),
+        summary="cuDNN times its convolution algorithms per input shape",
+        accuracy="none in principle; the chosen algorithm may differ run to run",
+        baseline=False,
+        candidates=(True,),
+    ),
+    LeverSpec(
+        name="sdpa",
+        shorthand="sdpa_backend",
+        scope="process",
+        values=f"a backend ({_BACKEND_CHOICES}) or an ordered sequence of them",
+        annotation=Optional[Union[str, Sequence[Any]]],
+        validate=SdpaLever.validate,
+        make=_process_lever("sdpa"),
+        summary="preferred scaled_dot_product_attention kernels (math kept as the fallback)",
+        accuracy="flash/efficient/cudnn: fp16/bf16 kernels, ~1e-3 against math",
+        candidates=tuple((b,) for b in BACKENDS if b != "math"),
+    ),
+    LeverSpec(
+        name="amp",
+        shorthand="autocast",
+        scope="thread",
+        values="'bf16', 'fp16', 'auto', torch.bfloat16, torch.float16 or False",
+        annotation=Optional[Union[str, torch.dtype, bool]],
+        validate=validate_amp,
+        make=autocast_lever,
+        summary="autocast: matmuls and convolutions in bf16 or fp16, on one device type",
+        accuracy="bf16: relative error ~4e-3; fp16: ~5e-4 (with loss scaling for training)",
+        baseline=False,
+        candidates=(torch.bfloat16, torch.float16),
+    ),
+)
+
+LEVER_NAMES: Tuple[str, ...] = tuple(spec.name for spec in REGISTRY)
+_BY_NAME: Dict[str, LeverSpec] = {spec.name: spec for spec in REGISTRY}
+PROCESS_LEVERS: Mapping[str, Lever] = _PROCESS_LEVERS
+
+
+def lever_spec(name: object, call: str = "speedflags") -> LeverSpec:
+    """The registry entry for the ``fast_math`` keyword ``name``.
+
+    Raises:
+        InvalidValueError: ``name`` is not a lever; the message lists the valid ones.
+
+    Example:
+        >>> from speedflags.levers.registry import lever_spec
+        >>> lever_spec("tf32").scope
+        'process'
+    """
+    spec = _BY_NAME.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise InvalidValueError(f"{call}: unknown lever {name!r}; valid: {valid_names()}")
+    return spec
+
+
+def valid_names() -> str:
+    """The lever keywords, sorted and comma-separated (for error messages)."""
+    return ", ".join(sorted(LEVER_NAMES))
+
+
+def check_levers(call: str, given: Mapping[str, object]) -> Tuple[Tuple[str, Any], ...]:
+    """Validate ``fast_math``-style lever arguments; return ``(name, value)`` in order.
+
+    ``None`` and ``UNSET`` mean "leave unchanged" and are dropped. An unknown name raises
+    ``InvalidTypeError`` (like any unexpected keyword argument) listing the valid ones; a
+    bad value raises what :meth:`LeverSpec.check` raises; ``tf32`` and
+    ``matmul_precision`` asking for opposite cuBLAS TF32 settings raise
+    ``InvalidValueError``.
+
+    Example:
+        >>> from speedflags.levers.registry import check_levers
+        >>> check_levers("fast_math", {"amp": "bf16", "tf32": True, "sdpa": None})
+        (('tf32', True), ('amp', torch.bfloat16))
+    """
+    unknown = [name for name in given if name not in _BY_NAME]
+    if unknown:
+        raise InvalidTypeError(
+            f"{call}() got an unexpected keyword argument {unknown[0]!r}; the levers are "
+            f"{valid_names()}, and the other arguments are keyword-only"
+        )
+    checked = tuple(
+        (spec.name, spec.check(call, given[spec.name]))
+        for spec in REGISTRY
+        if given.get(spec.name, UNSET) is not UNSET and given[spec.name] is not None
+    )
+    _refuse_contradictions(call, dict(checked))
+    return checked
+
+
+def _refuse_contradictions(call: str, values: Mapping[str, Any]) -> None:
+    tf32 = values.get("tf32")
+    precision = values.get("matmul_precision")
+    if tf32 is None or precision is None or tf32 == (precision != "highest"):
+        return
+    fix = "tf32=True" if precision != "highest" else "matmul_precision='high' or 'medium'"
+    raise InvalidValueError(
+        f"{call}(tf32={tf32!r}, matmul_precision={precision!r}): contradictory: matmul "
+        f"precision {precision!r} turns cuBLAS TF32 {'on' if precision != 'highest' else 'off'}; "
+        f"use {fix}, or leave one of them out"
+    )
+
+
+def baseline_levers() -> Dict[str, Any]:
+    """Every lever's "off" value: plain fp32 eager (the bench and ``tune`` reference).
+
+    Example:
+        >>> from speedflags.levers.registry import baseline_levers
+        >>> baseline_levers()
+        {'tf32': False, 'matmul_precision': 'highest', 'cudnn_benchmark': False, 'amp': False}
+    """
+    return {spec.name: spec.baseline for spec in REGISTRY if spec.has_baseline}
+
+
+def lever_snapshot(device_types: Sequence[str] = AUTOCAST_DEVICE_TYPES) -> Dict[str, Any]:
+    """Every lever's state now, described, by ``fast_math`` keyword. Never raises.
+
+    Thread-scope levers (``amp``) are described per device type, for the calling thread.
+    """
+    out: Dict[str, Any] = {}
+    for spec in REGISTRY:
+        if spec.scope == "thread":
+            out[spec.name] = {dt: spec.current(dt) for dt in device_types}
+        else:
+            out[spec.name] = spec.current()
+    return out
+
+
+def document_levers(func: Callable[..., Any]) -> None:
+    """Give ``func`` (which takes ``**levers``) one keyword per lever in its signature and
+    a "Levers:" section in its docstring (the ``{levers}`` placeholder), from the registry.
+
+    So ``help(speedflags.fast_math)``, IDEs and ``inspect.signature`` show every lever,
+    while the lever list itself lives only here.
+    """
+    signature = inspect.signature(func)
+    given = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    levers = [
+        inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=spec.annotation)
+        for spec in REGISTRY
+    ]  # fmt: skip
+    # the levers first among the keyword-only arguments, as users write them
+    first = next((i for i, p in enumerate(given) if p.kind is p.KEYWORD_ONLY), len(given))
+    params = given[:first] + levers + given[first:]
+    func.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    if func.__doc__ and "{levers}" in func.__doc__:
+        lines = []
+        for spec in REGISTRY:
+            lines.append(f"    {spec.name}: {spec.summary}. Accepts {spec.values}.")
+            lines.append(f"        Scope: {spec.scope}. Accuracy: {spec.accuracy}.")
+        func.__doc__ = func.__doc__.replace("    {levers}", "\n".join(lines))

@@ -1,0 +1,157 @@
+"""The lever registry is the one list of levers: everything else derives from it.
+
+The last test adds a toy lever (cuDNN's ``deterministic`` flag, a real torch flag) to the
+registry for its duration and checks that ``fast_math``, ``@speedup``, ``Schedule``, the
+snapshot and the bench baseline take it with no other change.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+import torch
+
+import speedflags
+from speedflags import InvalidTypeError, InvalidValueError
+from speedflags.bench.configs import BASELINE_LEVERS
+from speedflags.levers import registry
+from speedflags.levers._base import Effect, SimpleLever
+from speedflags.levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
+
+
+def test_names_order_and_levers_agree() -> None:
+    assert LEVER_NAMES == ("tf32", "matmul_precision", "cudnn_benchmark", "sdpa", "amp")
+    for spec in REGISTRY:
+        for device_type in ("cpu", "cuda"):
+            lever = spec.lever(device_type)
+            assert lever.name == spec.name
+            assert lever.scope == spec.scope
+    assert [s.shorthand for s in REGISTRY] == [
+        "tf32",
+        "matmul_precision",
+        "cudnn_benchmark",
+        "sdpa_backend",
+        "autocast",
+    ]
+    for spec in REGISTRY:  # the shorthand is a public function of that name
+        assert callable(getattr(speedflags, spec.shorthand))
+
+
+@pytest.mark.parametrize("func", [speedflags.fast_math, speedflags.speedup])
+def test_signature_and_docstring_list_every_lever(func: Any) -> None:
+    params = inspect.signature(func).parameters
+    for spec in REGISTRY:
+        assert params[spec.name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params[spec.name].default is None
+        assert f"    {spec.name}: {spec.summary}" in func.__doc__
+    assert "{levers}" not in func.__doc__
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: speedflags.fast_math(tf33=True),
+        lambda: speedflags.speedup(tf33=True),
+        lambda: speedflags.FastMath(tf33=True),
+    ],
+)
+def test_unknown_lever_names_the_valid_ones(make: Any) -> None:
+    with pytest.raises(InvalidTypeError, match="unexpected keyword argument 'tf33'") as info:
+        make()
+    assert "amp, cudnn_benchmark, matmul_precision, sdpa, tf32" in str(info.value)
+    assert "fast_math" in str(info.value) or "speedup" in str(info.value)
+
+
+def test_lever_spec_refuses_unknown_names() -> None:
+    with pytest.raises(InvalidValueError, match=r"load: unknown lever 'x'; valid: amp, "):
+        lever_spec("x", "load")
+    with pytest.raises(InvalidValueError, match="unknown lever 3"):
+        lever_spec(3)
+
+
+def test_baseline_snapshot_and_candidates_come_from_the_registry() -> None:
+    assert dict(BASELINE_LEVERS) == {s.name: s.baseline for s in REGISTRY if s.has_baseline}
+    assert set(speedflags.snapshot()) == set(LEVER_NAMES)
+    for spec in REGISTRY:  # every candidate and baseline is a value the lever accepts
+        for value in spec.candidates + ((spec.baseline,) if spec.has_baseline else ()):
+            spec.check("tune", value)
+
+
+def test_check_levers_orders_drops_none_and_refuses_contradictions() -> None:
+    assert registry.check_levers("f", {"amp": False, "tf32": True, "sdpa": None}) == (
+        ("tf32", True),
+        ("amp", None),
+    )
+    with pytest.raises(InvalidValueError, match=r"f\(tf32=False, matmul_precision='high'\)"):
+        registry.check_levers("f", {"tf32": False, "matmul_precision": "high"})
+
+
+class _DeterministicLever(SimpleLever):
+    """A toy lever over a real torch flag, to show that one registry entry is enough."""
+
+    name = "cudnn_deterministic"
+    scope = "process"
+    domain = "cudnn_deterministic"
+
+    @staticmethod
+    def validate(value: object) -> bool:
+        if not isinstance(value, bool):
+            raise InvalidTypeError(f"expected True or False, got {type(value).__name__}")
+        return value
+
+    def read(self) -> bool:
+        return bool(torch.backends.cudnn.deterministic)
+
+    def apply(self, value: bool, before: bool) -> bool:
+        torch.backends.cudnn.deterministic = value
+        return self.read()
+
+    def restore(self, target: bool, current: bool) -> bool:
+        torch.backends.cudnn.deterministic = target
+        return self.read()
+
+    def available(self, value: bool, device: torch.device) -> Effect:
+        return Effect(device.type == "cuda", "cuDNN is for CUDA devices")
+
+
+def test_a_new_lever_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    lever = _DeterministicLever()
+    toy = LeverSpec(
+        name="cudnn_deterministic",
+        shorthand="cudnn_deterministic",
+        scope="process",
+        values="True or False",
+        annotation=bool,
+        validate=_DeterministicLever.validate,
+        make=lambda device_type: lever,
+        summary="deterministic cuDNN algorithms",
+        accuracy="none",
+        baseline=False,
+        candidates=(True,),
+    )
+    extended = (*REGISTRY, toy)
+    monkeypatch.setattr(registry, "REGISTRY", extended)
+    monkeypatch.setattr(registry, "LEVER_NAMES", tuple(s.name for s in extended))
+    monkeypatch.setattr(registry, "_BY_NAME", {s.name: s for s in extended})
+
+    assert torch.backends.cudnn.deterministic is False
+    with speedflags.fast_math(cudnn_deterministic=True, device="cpu"):
+        assert torch.backends.cudnn.deterministic is True
+    assert torch.backends.cudnn.deterministic is False
+
+    @speedflags.speedup(cudnn_deterministic=True, device="cpu")
+    def step() -> bool:
+        return bool(torch.backends.cudnn.deterministic)
+
+    assert step() is True
+    assert step.stats.levers == {"cudnn_deterministic": True}
+    with speedflags.Schedule({0: {"cudnn_deterministic": True}}, device="cpu") as schedule:
+        schedule.step(0)
+        assert torch.backends.cudnn.deterministic is True
+    assert torch.backends.cudnn.deterministic is False
+    assert speedflags.snapshot()["cudnn_deterministic"] is False
+    assert registry.baseline_levers()["cudnn_deterministic"] is False
+    with pytest.raises(InvalidTypeError, match=r"fast_math\(cudnn_deterministic='on'\)"):
+        speedflags.fast_math(cudnn_deterministic="on")
