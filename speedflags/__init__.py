@@ -16,6 +16,8 @@ Example:
 from ._ledger import FlagLedger, FlagRecord, Frame, ledger
 from ._sentinel import UNSET
 from ._version import __version__
+from ._watch import start_from_env as _start_from_env
+from ._watch import watch
 from .distributed import RankSnapshot, check_ranks
 from .errors import (
     CompileFallbackWarning,
@@ -95,6 +97,7 @@ __all__ = [
     "tf32",
     "tf32_status",
     "to_device",
+    "watch",
 ]
 
 # Public classes say where users find them: <speedflags.FastMath ...>, not a private module.
@@ -128,3 +131,6 @@ for _cls in (
 ):
     _cls.__module__ = __name__
 del _cls
+
+# SPEEDFLAGS_WATCH=1: watch from the first import on, for the whole process
+_start_from_env()

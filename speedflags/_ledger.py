@@ -29,7 +29,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
-from . import _warn
+from . import _own_writes, _warn
 from ._version import __version__
 from .errors import DriftWarning, LedgerOrderError, RestoreError
 from .levers._base import Lever, Unreadable
@@ -468,7 +468,7 @@ class FlagLedger:
         befores = frame.befores
         afters = frame.afters
         stacks = self._stacks
-        with self._lock:
+        with self._lock, _own_writes.section(self, label, where):
             for i, lever, check in program.reads:
                 state = befores[i] = lever.read()
                 if check:
@@ -582,7 +582,7 @@ class FlagLedger:
         """
         tid = _get_ident()
         errors: Optional[List[BaseException]] = None
-        with self._lock:
+        with self._lock, _own_writes.section(self, frame.label, where):
             if frame.closed:
                 raise LedgerOrderError(f"frame {frame.label!r} ({frame.where}) is already closed")
             if frame.thread_id != tid:
@@ -701,8 +701,11 @@ class FlagLedger:
         message = (
             f"{lever.name} was changed inside {frame.label!r} (entered at {frame.where}): found "
             f"{lever.describe(found)!r} where the block had set {lever.describe(expected)!r}; "
-            f"restoring {lever.describe(restoring)!r}"
+            f"restoring {lever.describe(restoring)!r}."
         )
+        from ._watcher import culprit_note  # local: the ledger imports no torch
+
+        message += culprit_note(lever, found)
         _warn.warn_once((lever.name, found, expected, restoring), message, DriftWarning)
         return f"drift: found {lever.describe(found)!r}, expected {lever.describe(expected)!r}"
 

@@ -14,6 +14,8 @@ import torch
 
 from ._decorate import caller_where
 from ._ledger import ledger
+from ._own_writes import section
+from ._watcher import tf32_writer
 from .errors import StateMismatchError
 from .levers import _fp32_family as family
 from .levers.registry import lever_snapshot, lever_spec
@@ -59,6 +61,10 @@ class TF32Status:
         conflicts: one sentence per disagreement between the families.
         env: the environment overrides and their values (``None`` when unset).
         notes: what the environment overrides and the state mean, in words.
+        last_written_by: who wrote the state as it is now (when mixed: who made it mixed),
+            e.g. ``"torch.backends.fp32_precision set to 'tf32' by enable_tf32 at
+            .../import_utils.py:756"``; ``None`` when unknown (known only for writes made
+            through Python while :func:`speedflags.watch` was on).
     """
 
     api: str
@@ -69,6 +75,7 @@ class TF32Status:
     conflicts: Tuple[str, ...]
     env: Dict[str, Optional[str]]
     notes: Tuple[str, ...] = field(default=())
+    last_written_by: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-friendly dict."""
@@ -81,6 +88,7 @@ class TF32Status:
             "conflicts": list(self.conflicts),
             "env": self.env,
             "notes": list(self.notes),
+            "last_written_by": self.last_written_by,
         }
 
 
@@ -125,6 +133,7 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
             "NVIDIA_TF32_OVERRIDE=0 disables TF32 inside the CUDA libraries whatever the flags "
             "say; PyTorch's getters cannot see it"
         )
+    writer = tf32_writer(state)
     return TF32Status(
         api="legacy+fp32_precision" if family.HAS_NEW_API else "legacy",
         consistent=family.is_consistent(state),
@@ -134,6 +143,7 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
         conflicts=tuple(family.conflicts(state)),
         env=env,
         notes=tuple(notes),
+        last_written_by=writer.sentence() if writer is not None else None,
     )
 
 
@@ -188,7 +198,9 @@ def heal_tf32() -> TF32Status:
     the_ledger = ledger()
     where = caller_where(2)
     tf32_lever = lever_spec("tf32").lever()
-    with the_ledger._lock:  # no frame may open or close while the family is rewritten
+    # the lock: no frame may open or close while the family is rewritten; the section:
+    # speedflags.watch() takes these writes as speedflags' own
+    with the_ledger._lock, section(the_ledger, "heal_tf32()", where):
         before = family.read_state()
         notes: list[str] = []
         after = before

@@ -165,6 +165,11 @@ _get_cudnn: Callable[[], bool] = _C._get_cudnn_allow_tf32
 _get_precision: Callable[[], str] = _C._get_float32_matmul_precision
 _get_node: Callable[[str, str], str] = getattr(_C, "_get_fp32_precision_getter", None)  # type: ignore[assignment]
 _set_node: Callable[[str, str, str], None] = getattr(_C, "_set_fp32_precision_setter", None)  # type: ignore[assignment]
+# The legacy setters, bound once like _set_node: speedflags.watch() wraps the torch._C
+# names while it runs, and the cached write plans must keep calling the originals after.
+_set_cublas: Callable[[bool], None] = _C._set_cublas_allow_tf32
+_set_cudnn: Callable[[bool], None] = _C._set_cudnn_allow_tf32
+_set_precision: Callable[[str], None] = _C._set_float32_matmul_precision
 
 
 def _read_legacy() -> tuple[Any, Any, Any]:
@@ -295,8 +300,14 @@ def require_consistent(state: FamilyState, action: str) -> None:
         + " ".join(f"{d}." for d in details)
         + " Nothing was changed. Fix: call speedflags.heal_tf32() to make both API families "
         "agree while keeping the precision kernels use now, then change TF32 only through "
-        "speedflags (fast_math(tf32=...)) or through one API family."
+        "speedflags (fast_math(tf32=...)) or through one API family." + _mixed_note(state)
     )
+
+
+def _mixed_note(state: FamilyState) -> str:
+    from .._watcher import mixed_note  # local: _watcher imports this module
+
+    return mixed_note(state)
 
 
 # --- targets ---------------------------------------------------------------------------------
@@ -492,19 +503,19 @@ def _plan_write(current: FamilyState, target: FamilyState) -> Optional[WritePlan
                 or predicted[MKLDNN_MATMUL] == tnodes[MKLDNN_MATMUL]
             )
         ):
-            ops.append(("set_cublas", _C._set_cublas_allow_tf32, (precision == "high",)))
+            ops.append(("set_cublas", _set_cublas, (precision == "high",)))
             if predicted is not None:
                 predicted[MATMUL] = "tf32" if precision == "high" else "ieee"
                 written.append(MATMUL)
         else:
-            ops.append(("set_precision", _C._set_float32_matmul_precision, (precision,)))
+            ops.append(("set_precision", _set_precision, (precision,)))
             if predicted is not None:
                 predicted[MATMUL] = "ieee" if precision == "highest" else "tf32"
                 predicted[MKLDNN_MATMUL] = _ONEDNN_FOR_PRECISION[str(precision)]
                 written += (MATMUL, MKLDNN_MATMUL)
     # The legacy cuDNN scalar: conv and rnn become explicit 'tf32', or 'none' (inherit).
     if current[F_CUDNN] != target[F_CUDNN]:
-        ops.append(("set_cudnn", _C._set_cudnn_allow_tf32, (target[F_CUDNN],)))
+        ops.append(("set_cudnn", _set_cudnn, (target[F_CUDNN],)))
         if predicted is not None:
             predicted[CONV] = predicted[RNN] = "tf32" if target[F_CUDNN] else predicted[CUDA]
             written += (CONV, RNN)

@@ -1,0 +1,364 @@
+"""The machinery behind :func:`speedflags.watch`: wrappers, boundaries and the last writers.
+
+One :class:`_Watcher` per process installs the wrappers (:mod:`speedflags._watch_torch`
+lists what they wrap) when the first watch starts and puts every original back when the
+last one stops. A wrapped setter reads the state it writes before and after the call; a
+change is recorded in the ledger's history as ``"external"`` and remembered as that state's
+last writer. Writes made while ``OWN_WRITES.depth`` is above zero are speedflags' own and
+pass straight through.
+
+At each ledger boundary (:func:`speedflags._own_writes.section`) the watcher compares every
+state with what it expected (the state the last boundary or watched write left): a
+difference was made around Python, and is recorded as made by unknown code between the two
+boundaries. A lock held by sections and around each watched write keeps another thread's
+write from being taken for speedflags' own, or the reverse.
+
+The last-writer maps answer :func:`culprit_note` (``DriftWarning``), :func:`mixed_note`
+(``MixedTF32APIError``), :func:`tf32_writer` (``tf32_status``) and :func:`last_writers`
+(``speedflags report``). A last writer is named only while the state is still the one it
+left; a change made since (unseen) makes it unknown again.
+
+Scope: process; autocast states per thread.
+
+Example:
+    >>> import torch, speedflags
+    >>> from speedflags._watcher import last_writers
+    >>> with speedflags.watch():
+    ...     torch.backends.cudnn.benchmark = True
+    ...     print(last_writers()["cudnn_benchmark"])
+    ...     torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.benchmark set to True by <module> at <doctest ...>:2
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
+
+import torch
+
+from . import _ledger as _ledger_module
+from . import _own_writes, _warn
+from ._ledger import format_where, ledger
+from ._own_writes import OWN_WRITES, Where
+from ._watch_torch import SETTERS, Domain, Setter, Write, domains, flatten, writer_frame
+from .errors import SpeedflagsWarning
+from .levers import _fp32_family as family
+from .levers._base import Lever
+from .levers.registry import REGISTRY, lever_spec
+
+__all__ = ["culprit_note", "last_writers", "mixed_note", "tf32_writer"]
+
+_UNKNOWN = "unknown code"
+NOT_WATCHING = "To learn which code wrote it, run under speedflags.watch() (or SPEEDFLAGS_WATCH=1)."
+NOT_SEEN = (
+    "speedflags.watch() saw no Python write that explains it: it was set before watching "
+    "started, or around Python (C++)."
+)
+
+
+class _Watcher:
+    """The process's one set of wrappers, installed while at least one watch is started."""
+
+    def __init__(self) -> None:
+        self.domains = domains()
+        self.family = lever_spec("tf32").lever().domain
+        self.count = 0  # started watches
+        self.ever = False
+        self._start_lock = threading.Lock()
+        # Held while speedflags writes (a ledger section) and around each watched write, so
+        # that one is never mistaken for the other across threads.
+        self._lock = threading.RLock()
+        self._patches: List[Tuple[Any, str, Any]] = []
+        self._expected: Dict[str, Hashable] = {}
+        self._local = threading.local()
+        self._boundary: Tuple[str, Where] = ("", None)
+        self.last: Dict[Tuple[str, Optional[int]], Write] = {}
+        self.mixed_by: Optional[Write] = None
+        self.by_getter: Dict[Tuple[str, Optional[int]], Tuple[Write, Any]] = {}
+        self.seen = 0  # writes remembered so far
+        self.recent: Deque[Tuple[int, str, Write]] = deque(maxlen=256)  # (number, domain, write)
+
+    # --- install and remove ----------------------------------------------------------------
+
+    def start(self, where: Where) -> None:
+        with self._start_lock:
+            if self.count == 0:
+                the_ledger = ledger()
+                with the_ledger._lock:  # no ledger section is half-way through
+                    self._install()
+                    self._local = threading.local()
+                    self._expected = self._read(thread=False)
+                    self._local.expected = self._read(thread=True)
+                    self._boundary = ("speedflags.watch() started", where)
+                    _own_writes.WATCHER = self
+            self.count += 1
+            self.ever = True
+
+    def stop(self) -> None:
+        with self._start_lock:
+            if self.count == 0:
+                return
+            self.count -= 1
+            if self.count == 0:
+                with ledger()._lock:
+                    _own_writes.WATCHER = None
+                    for owner, attr, original in reversed(self._patches):
+                        setattr(owner, attr, original)
+                    self._patches.clear()
+
+    def _install(self) -> None:
+        wrappers: Dict[int, Tuple[Any, Any]] = {}  # id(original) -> (original, wrapper)
+        for setter in SETTERS.values():
+            original = getattr(torch._C, setter.name, None)
+            if original is None:
+                continue
+            wrapper = self._wrap(original, setter)
+            wrappers[id(original)] = (original, wrapper)
+            self._patch(torch._C, setter.name, wrapper)
+            if getattr(torch, setter.name, None) is original:  # re-exported: torch.set_autocast_*
+                self._patch(torch, setter.name, wrapper)
+        # The torch.backends module classes' descriptors (ContextProp) that hold a setter
+        # itself rather than looking it up when called (cudnn.benchmark, cudnn.allow_tf32).
+        for name, module in list(sys.modules.items()):
+            if not name.startswith("torch.backends") or type(module) is types.ModuleType:
+                continue
+            for descriptor in list(vars(type(module)).values()):
+                held = getattr(descriptor, "setter", None)
+                pair = wrappers.get(id(held))
+                if pair is not None and pair[0] is held:
+                    self._patch(descriptor, "setter", pair[1])
+
+    def _patch(self, owner: Any, attr: str, new: Any) -> None:
+        self._patches.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, new)
+
+    def _wrap(self, original: Callable[..., Any], setter: Setter) -> Callable[..., Any]:
+        names = {spec.name for spec in REGISTRY}
+        if setter.lever not in names:  # pragma: no cover - a table/registry mismatch
+            raise ValueError(f"watch: setter {setter.name} names no lever: {setter.lever!r}")
+        domains = tuple(
+            d for d in self.domains if any(name == setter.lever for name, _, _ in d.views)
+        )
+        write = self.write
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            if OWN_WRITES.depth or _own_writes.WATCHER is None:
+                return original(*args, **kwargs)
+            return write(original, setter, domains, args, kwargs)
+
+        watched.__name__ = getattr(original, "__name__", setter.name)
+        watched.__qualname__ = watched.__name__
+        watched.__doc__ = getattr(original, "__doc__", None)
+        watched.__wrapped__ = original  # type: ignore[attr-defined]
+        return watched
+
+    # --- watched writes --------------------------------------------------------------------
+
+    def write(
+        self,
+        original: Callable[..., Any],
+        setter: Setter,
+        domains: Tuple[Domain, ...],
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+    ) -> Any:
+        found: List[Tuple[Write, Domain, Any, Any]] = []
+        try:
+            with self._lock:
+                befores = [d.lever.read() for d in domains]
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    found = self._learn(setter, args, domains, befores)
+        finally:
+            the_ledger = ledger()
+            for item, domain, before, after in found:  # outside our lock: note() takes the ledger's
+                describe = _describer(domain, setter.lever)
+                the_ledger.note(item.lever, "external", item.sentence(),
+                                before=describe(before), after=describe(after),
+                                label=item.function, where=item.where)  # fmt: skip
+
+    def _learn(
+        self, setter: Setter, args: Tuple[Any, ...], domains: Tuple[Domain, ...], befores: List[Any]
+    ) -> List[Tuple[Write, Domain, Any, Any]]:
+        try:
+            changed = [
+                (d, before, after)
+                for d, before in zip(domains, befores)
+                if (after := d.lever.read()) != before
+            ]
+            if not changed:
+                return []
+            frame = writer_frame()
+            function = frame.f_code.co_name if frame is not None else "<unknown>"
+            where = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
+            text = setter.describe(args)
+            shorthand = lever_spec(setter.lever).shorthand
+            thread = threading.current_thread().name
+            out = []
+            for domain, before, after in changed:
+                item = Write(shorthand, text, function, where, thread, after)
+                self._remember(item, domain, before, after)
+                out.append((item, domain, before, after))
+            return out
+        except Exception as exc:  # never let watching break the code it watches
+            _warn.warn_once(("watch", type(exc)), f"speedflags.watch(): {exc!r}", SpeedflagsWarning)
+            return []
+
+    def _remember(self, item: Write, domain: Domain, before: Any, after: Any) -> None:
+        tid = threading.get_ident() if domain.thread else None
+        self._expected_for(domain)[domain.key] = after
+        self.last[(domain.key, tid)] = item
+        self.seen += 1
+        self.recent.append((self.seen, domain.key, item))
+        if domain.key == self.family:
+            if family.is_consistent(after):
+                self.mixed_by = None
+            elif family.is_consistent(before) or self.mixed_by is None:
+                self.mixed_by = item
+        for _, prefix, lever in domain.views:
+            old = flatten(prefix, lever.describe(before), {})
+            new = flatten(prefix, lever.describe(after), {})
+            for key in new.keys() | old.keys():
+                if old.get(key) != new.get(key):
+                    self.by_getter[(key, tid)] = (item, new.get(key))
+
+    def _expected_for(self, domain: Domain) -> Dict[str, Hashable]:
+        if not domain.thread:
+            return self._expected
+        expected: Optional[Dict[str, Hashable]] = getattr(self._local, "expected", None)
+        if expected is None:
+            expected = self._local.expected = {}
+        return expected
+
+    def _read(self, thread: bool) -> Dict[str, Hashable]:
+        return {d.key: d.lever.read() for d in self.domains if d.thread == thread}
+
+    # --- ledger boundaries (speedflags._own_writes.Watcher) ----------------------------------
+
+    def acquire(self) -> None:
+        self._lock.acquire()
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def boundary(self, the_ledger: Any, label: str, where: Where) -> None:
+        """Changes since the last boundary that no watched write explains: recorded as unknown."""
+        previous, previous_where = self._boundary
+        thread = threading.current_thread().name
+        for domain in self.domains:
+            expected = self._expected_for(domain)
+            now = domain.lever.read()
+            was = expected.get(domain.key)
+            if was is None or was == now:
+                expected[domain.key] = now
+                continue
+            text = (
+                f"changed by {_UNKNOWN} (around Python: C++, or a path speedflags does not "
+                f"wrap) between {previous!r} at {format_where(previous_where) or '?'} and "
+                f"{label!r} at {format_where(where) or '?'}"
+            )
+            item = Write(domain.shorthand, text, "", None, thread, now)
+            self._remember(item, domain, was, now)
+            describe = domain.lever.describe
+            rank = getattr(_ledger_module, "_rank_source", _no_rank)()
+            the_ledger._one(_UNKNOWN, 0, thread, rank, None, domain.shorthand, "external",
+                            text, describe(was), describe(now))  # fmt: skip
+
+    def settled(self, label: str, where: Where) -> None:
+        """After speedflags' own writes: their result is the expected state from now on."""
+        for domain in self.domains:
+            self._expected_for(domain)[domain.key] = domain.lever.read()
+        self._boundary = (label, where)
+
+    # --- who wrote it --------------------------------------------------------------------
+
+    def writes_since(self, seen: int, domain: str) -> List[Write]:
+        """The writes to ``domain`` remembered after the ``seen``-th (the most recent 256)."""
+        return [item for n, key, item in list(self.recent) if n > seen and key == domain]
+
+    def culprit(self, domain: str, thread: bool, state: Any) -> Optional[Write]:
+        item = self.last.get((domain, threading.get_ident() if thread else None))
+        return item if item is not None and item.after == state else None
+
+
+def _no_rank() -> Optional[int]:
+    return None
+
+
+def _describer(domain: Domain, lever_name: str) -> Callable[[Any], Any]:
+    for name, _, lever in domain.views:
+        if name == lever_name:
+            return lever.describe
+    return domain.lever.describe
+
+
+_WATCHER: Optional[_Watcher] = None
+_WATCHER_LOCK = threading.Lock()
+
+
+def _watcher() -> _Watcher:
+    global _WATCHER
+    if _WATCHER is None:
+        with _WATCHER_LOCK:
+            if _WATCHER is None:
+                _WATCHER = _Watcher()
+    return _WATCHER
+
+
+def _note(item: Optional[Write]) -> str:
+    watcher = _WATCHER
+    if item is not None:
+        return f" Last written by: {item.sentence()}."
+    if watcher is None or watcher.count == 0:
+        return f" {NOT_WATCHING}"
+    return f" {NOT_SEEN}"
+
+
+def culprit_note(lever: Lever, state: Any) -> str:
+    """A sentence for a message about ``lever`` found in ``state``: who wrote it, if known."""
+    watcher = _WATCHER
+    item = None
+    if watcher is not None:
+        item = watcher.culprit(lever.domain, lever.scope == "thread", state)
+    return _note(item)
+
+
+def mixed_note(state: Any) -> str:
+    """For ``MixedTF32APIError``: the write that made the TF32 state mixed, if known."""
+    return _note(tf32_writer(state))
+
+
+def tf32_writer(state: Any) -> Optional[Write]:
+    """The write that explains the TF32 family's ``state`` (what made it mixed, if it is)."""
+    watcher = _WATCHER
+    if watcher is None:
+        return None
+    last = watcher.culprit(watcher.family, False, state)
+    if last is None or family.is_consistent(state):
+        return last
+    return watcher.mixed_by or last
+
+
+def last_writers() -> Dict[str, str]:
+    """Snapshot key (``"tf32.torch.backends.fp32_precision"``) -> who set its current value.
+
+    Only values still current, written through Python while a watch was on; autocast keys
+    for the calling thread.
+    """
+    watcher = _WATCHER
+    if watcher is None:
+        return {}
+    out: Dict[str, str] = {}
+    tid = threading.get_ident()
+    for domain in watcher.domains:
+        for _, prefix, lever in domain.views:
+            for key, value in flatten(prefix, lever.describe(domain.lever.read()), {}).items():
+                known = watcher.by_getter.get((key, tid if domain.thread else None))
+                if known is not None and known[1] == value:
+                    out[key] = known[0].sentence()
+    return out

@@ -1,0 +1,281 @@
+"""pytest plugin: fail (or warn about) tests that leave torch flags changed, and run tests
+under levers with ``@pytest.mark.speedflags(...)``.
+
+Installed with speedflags as the ``pytest11`` entry point ``speedflags``, so pytest loads it
+by itself; inert by default. Without installing (a source checkout): ``-p
+speedflags.pytest_plugin``. Both may be given; it registers once.
+
+``--speedflags-leaks=off|warn|fail`` (or the ini option ``speedflags_leaks``; default
+``off``). In ``warn`` and ``fail`` every lever's state is read before each test (before its
+setup) and after it (after its teardown). On a difference the test fails (``fail``) or gets
+a ``FlagLeakWarning`` (``warn``), naming the test, each lever with before and after, and
+the code that wrote it (``file:line``: :func:`speedflags.watch` is on in these modes); in
+both modes the state is put back (through the levers' ``restore()``, recorded on the
+ledger), so the next test starts clean. Reading costs about ten getter calls per test
+(``benchmarks/test_watch_overhead.py``); a state is described only when it differs.
+
+``@pytest.mark.speedflags(**levers)`` runs the test function (not its fixtures) under
+``speedflags.fast_math(**levers)``; a lever or value ``fast_math`` refuses makes the test an
+error, with ``fast_math``'s message.
+
+Scope: the pytest session; leaks are looked for in the process-wide levers and in the
+autocast state of the thread that runs the tests.
+
+Example (a ``conftest.py``, or the command line ``--speedflags-leaks=fail``)::
+
+    # pytest.ini:   [pytest]
+    #               speedflags_leaks = fail
+
+    import pytest
+
+    @pytest.mark.speedflags(tf32=True, amp="bf16", device="cpu")
+    def test_fast_forward():
+        ...
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any, Dict, Hashable, List, Optional, Tuple
+
+import pytest
+from _pytest.runner import runtestprotocol
+
+from ._ledger import ledger
+from ._own_writes import section
+from ._watch import watch
+from ._watch_torch import Domain, Write, domains, flatten
+from ._watcher import _watcher
+from .errors import SpeedflagsError, SpeedflagsWarning
+from .fast_math import FastMath, fast_math
+from .levers._base import Unreadable
+from .levers.registry import lever_spec
+
+__all__ = ["CHOICES", "FlagLeakWarning"]
+
+CHOICES = ("off", "warn", "fail")
+ENTRY_POINT = "speedflags"
+MARKER = (
+    "speedflags(**levers): run the test function under speedflags.fast_math(**levers), "
+    "e.g. @pytest.mark.speedflags(tf32=True, amp='bf16')"
+)
+_SPEC = pytest.StashKey[Optional[FastMath]]()
+_GUARD = "speedflags-leak-guard"
+
+
+class FlagLeakWarning(SpeedflagsWarning):
+    """With ``--speedflags-leaks=warn``: a test left a torch flag changed (it was put back)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("speedflags", "speedflags: torch flag leaks")
+    group.addoption(
+        "--speedflags-leaks",
+        dest="speedflags_leaks",
+        default=None,
+        choices=CHOICES,
+        help="fail or warn about tests that leave TF32, matmul precision, cuDNN benchmark, "
+        "SDPA or autocast changed, naming the code that wrote them (default: the ini option "
+        "speedflags_leaks, else off)",
+    )
+    parser.addini(
+        "speedflags_leaks",
+        "off, warn or fail: what to do about a test that leaves torch flags changed",
+        default="off",
+    )
+
+
+def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager) -> None:
+    # Installed, this module is the entry point "speedflags"; "-p speedflags.pytest_plugin"
+    # (or pytest_plugins) registers it under its module name. Registering one module under
+    # two names is an error in pluggy, so the first registration blocks the other name.
+    if plugin is not sys.modules[__name__]:
+        return
+    name = manager.get_name(plugin)
+    other = __name__ if name == ENTRY_POINT else ENTRY_POINT
+    if manager.get_plugin(other) is None and not manager.is_blocked(other):
+        manager.set_blocked(other)
+
+
+def _mode(config: pytest.Config) -> str:
+    option = config.getoption("speedflags_leaks")
+    if option is not None:
+        return str(option)
+    value = str(config.getini("speedflags_leaks") or "off").strip()
+    if value not in CHOICES:
+        raise pytest.UsageError(
+            f"ini option speedflags_leaks = {value!r}: expected one of {', '.join(CHOICES)}"
+        )
+    return value
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER)
+    mode = _mode(config)
+    if mode != "off" and not config.pluginmanager.has_plugin(_GUARD):
+        config.pluginmanager.register(LeakGuard(mode), _GUARD)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    guard = config.pluginmanager.get_plugin(_GUARD)
+    if isinstance(guard, LeakGuard):
+        guard.close()
+        config.pluginmanager.unregister(guard)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marks = list(item.iter_markers("speedflags"))
+    if not marks:
+        return
+    levers: Dict[str, Any] = {}
+    for mark in reversed(marks):  # the closest mark (the function's) wins
+        if mark.args:
+            raise TypeError(
+                f"@pytest.mark.speedflags{mark.args!r}: takes lever keyword arguments only, "
+                "as speedflags.fast_math does (e.g. tf32=True)"
+            )
+        levers.update(mark.kwargs)
+    levers.setdefault("label", f"@pytest.mark.speedflags on {item.nodeid}")
+    try:
+        item.stash[_SPEC] = fast_math(**levers)
+        return
+    except SpeedflagsError as exc:  # a bad lever or value: the test errors, with the reason
+        refused = f"@pytest.mark.speedflags: {type(exc).__name__}: {exc}"
+    pytest.fail(refused, pytrace=False)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    spec = item.stash.get(_SPEC, None)
+    if spec is None:
+        yield
+        return
+    with spec:
+        yield
+
+
+State = Tuple[Hashable, ...]
+
+
+class LeakGuard:
+    """The ``warn``/``fail`` half of the plugin: one per pytest session, watching throughout."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.domains: Tuple[Domain, ...] = domains()
+        self.watch = watch().start()
+
+    def close(self) -> None:
+        self.watch.stop()
+
+    def read(self) -> State:
+        return tuple([domain.lever.read() for domain in self.domains])
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Optional[pytest.Item]) -> bool:
+        # pytest's own protocol, with the reports held back until the flags are compared
+        # after teardown: a leak then fails the test itself rather than adding an error.
+        seen = _watcher().seen
+        before = self.read()
+        ihook = item.ihook
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+        after = self.read()
+        if after != before:
+            message = self.leaked(item, before, after, seen)
+            if self.mode == "fail":
+                _fail(item, reports, message)
+            else:
+                # shown at the test, where the leak is to be fixed
+                line = (item.location[1] or 0) + 1
+                warnings.warn_explicit(message, FlagLeakWarning, str(item.path), line)
+        for report in reports:
+            ihook.pytest_runtest_logreport(report=report)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+
+    def leaked(self, item: pytest.Item, before: State, after: State, seen: int) -> str:
+        """Put every changed state back and say what changed and who wrote it."""
+        lines = [
+            f"{item.nodeid} left torch flags changed (--speedflags-leaks={self.mode}); "
+            "speedflags put them back:"
+        ]
+        the_ledger = ledger()
+        label = f"pytest --speedflags-leaks: put back after {item.nodeid}"
+        where = (str(item.path), (item.location[1] or 0) + 1)
+        restored: List[Tuple[Domain, Any, Any, Any, str]] = []
+        with the_ledger._lock, section(the_ledger, label, where):
+            for domain, was, now in zip(self.domains, before, after):
+                if was == now:
+                    continue
+                try:
+                    restored.append((domain, was, now, domain.lever.restore(was, now), ""))
+                except Exception as exc:  # the others are still put back
+                    restored.append((domain, was, now, now, f"could not put it back: {exc!r}"))
+        for domain, was, now, back, problem in restored:
+            describe = domain.lever.describe
+            names = ", ".join(dict.fromkeys(lever_spec(n).shorthand for n, _, _ in domain.views))
+            changes = _changes(describe(was), describe(now))
+            if len(changes) == 1 and ":" not in changes[0]:
+                lines.append(f"  {names}: {changes[0]}")
+            else:
+                lines.append(f"  {names}:")
+                lines += [f"    {change}" for change in changes]
+            writes: List[Optional[Write]] = [*_watcher().writes_since(seen, domain.key)]
+            for write in writes or [None]:
+                lines.append(f"    write: {_writer(write)}")
+            if problem:
+                lines.append(f"    {problem}")
+            the_ledger.note(domain.shorthand, "restore", problem or label,
+                            before=describe(now), after=describe(back), label=label,
+                            where=where)  # fmt: skip
+        return "\n".join(lines)
+
+
+def _changes(was: Any, now: Any) -> List[str]:
+    old = flatten("", was, {})
+    new = flatten("", now, {})
+    if set(old) == {""}:
+        return [f"{_shown(was)} -> {_shown(now)}"]
+    return [
+        f"{key.lstrip('.')}: {_shown(old.get(key))} -> {_shown(new.get(key))}"
+        for key in new
+        if old.get(key) != new.get(key)
+    ]
+
+
+def _shown(value: Any) -> str:
+    # a getter that raises: its type is enough here (tf32_status() has the whole message)
+    return f"<raises {value.error}>" if isinstance(value, Unreadable) else repr(value)
+
+
+def _writer(write: Optional[Write]) -> str:
+    if write is None:
+        return (
+            "unknown: no write through Python was seen (C++, or a thread that had not "
+            "written before)"
+        )
+    thread = f" (thread {write.thread!r})" if write.thread != "MainThread" else ""
+    return write.sentence() + thread
+
+
+def _fail(item: pytest.Item, reports: List[Any], message: str) -> None:
+    target = next((r for r in reports if r.when == "call"), reports[-1] if reports else None)
+    if target is None:  # pragma: no cover - pytest always reports at least the setup
+        return
+    if target.failed:
+        target.sections.append(("speedflags: torch flags leaked", message))
+        return
+    try:
+        pytest.fail(message, pytrace=False)
+    except pytest.fail.Exception:
+        excinfo = pytest.ExceptionInfo.from_current()
+    try:
+        target.longrepr = item.repr_failure(excinfo)
+    except Exception:  # an item type with its own failure format
+        target.longrepr = message
+    target.outcome = "failed"
+    if hasattr(target, "wasxfail"):
+        del target.wasxfail
