@@ -55,8 +55,9 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
+# the suite under its own pytest plugin: a test that leaves a torch flag changed fails
 unit: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -p speedflags.pytest_plugin --speedflags-leaks=fail
 
 bench: setup
 	$(PY) -m pytest benchmarks --benchmark-only

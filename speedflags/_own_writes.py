@@ -16,12 +16,14 @@ speedflags left.
 This module imports nothing from torch and nothing else of speedflags (the ledger imports it).
 
 Example:
-    >>> from speedflags._own_writes import OWN_WRITES, section
-    >>> OWN_WRITES.depth
+    >>> import speedflags
+    >>> from speedflags._own_writes import OWN_WRITES
+    >>> OWN_WRITES.depth  # outside the ledger: any write now would be someone else's
     0
-    >>> with section(None, "example", None):  # not watching: nothing happens
-    ...     OWN_WRITES.depth
-    0
+    >>> the_ledger = speedflags.ledger()
+    >>> with speedflags.watch(), the_ledger._lock, section(the_ledger, "example", None):
+    ...     OWN_WRITES.depth  # inside: speedflags' own
+    1
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ write from being taken for speedflags' own, or the reverse.
 The last-writer maps answer :func:`culprit_note` (``DriftWarning``), :func:`mixed_note`
 (``MixedTF32APIError``), :func:`tf32_writer` (``tf32_status``) and :func:`last_writers`
 (``speedflags report``). A last writer is named only while the state is still the one it
-left; a change made since (unseen) makes it unknown again.
+left, and only while a watch is on (once stopped, an unseen write could have left the
+same state).
 
 Scope: process; autocast states per thread.
 
@@ -282,6 +283,9 @@ class _Watcher:
         return [item for n, key, item in list(self.recent) if n > seen and key == domain]
 
     def culprit(self, domain: str, thread: bool, state: Any) -> Optional[Write]:
+        # Only while watching: once stopped, an unseen write may have left the same state.
+        if self.count == 0:
+            return None
         item = self.last.get((domain, threading.get_ident() if thread else None))
         return item if item is not None and item.after == state else None
 
@@ -351,7 +355,7 @@ def last_writers() -> Dict[str, str]:
     for the calling thread.
     """
     watcher = _WATCHER
-    if watcher is None:
+    if watcher is None or watcher.count == 0:
         return {}
     out: Dict[str, str] = {}
     tid = threading.get_ident()

@@ -190,7 +190,10 @@ class LeakGuard:
             else:
                 # shown at the test, where the leak is to be fixed
                 line = (item.location[1] or 0) + 1
-                warnings.warn_explicit(message, FlagLeakWarning, str(item.path), line)
+                try:
+                    warnings.warn_explicit(message, FlagLeakWarning, str(item.path), line)
+                except FlagLeakWarning:  # filtered into an error (-W error): fail the test
+                    _fail(item, reports, message)
         for report in reports:
             ihook.pytest_runtest_logreport(report=report)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)

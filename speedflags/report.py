@@ -23,6 +23,7 @@ import torch
 from . import distributed
 from ._ledger import json_default, ledger
 from ._version import __version__
+from ._watcher import last_writers
 from .fast_math import fast_math
 from .hardware import capabilities, resolve_device
 from .levers import _fp32_family as family
@@ -177,6 +178,8 @@ def build_report(
         "features": torch_features(),
         "tf32_api": {"in_use": _api_in_use(), **tf32_status().to_dict()},
         "levers": snapshot(),
+        # snapshot key -> the write that set its current value (speedflags.watch() saw it)
+        "last_written_by": last_writers(),
         "recommended": {"levers": rec.levers, "reasons": rec.reasons},
     }
     compared = distributed.rank_state() if distributed.process_group() is not None else None
@@ -244,11 +247,9 @@ def render_report(report: Dict[str, Any]) -> str:
     for note in api["notes"]:
         add(f"  note: {note}")
     add("")
-    add("levers (current state)")
     flat: Dict[str, Any] = {}
     _flatten("", report["levers"], flat)
-    for key, value in flat.items():
-        add(f"  {key} = {value!r}")
+    lines += _render_levers(flat, report.get("last_written_by") or {})
     add("")
     rec = report["recommended"]
     shown = ", ".join(f"{k}={v!r}" for k, v in rec["levers"].items()) or "(none)"
@@ -278,6 +279,17 @@ def render_report(report: Dict[str, Any]) -> str:
         add("")
         lines += _render_ranks(report["ranks"])
     return "\n".join(lines)
+
+
+def _render_levers(flat: Dict[str, Any], writers: Dict[str, str]) -> List[str]:
+    shown = {key: f"  {key} = {value!r}" for key, value in flat.items()}
+    if not writers:
+        return ["levers (current state)", *shown.values()]
+    width = max(len(line) for line in shown.values())
+    lines = [f"{'levers (current state)':{width}s}  last written by (speedflags.watch())"]
+    for key, line in shown.items():
+        lines.append(f"{line:{width}s}  {writers[key]}" if key in writers else line)
+    return lines
 
 
 MAX_RANK_COLUMNS = 8

@@ -13,6 +13,8 @@ import speedflags
 from speedflags import _warn, hardware
 from speedflags._ledger import ledger
 
+pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest inside pytest
+
 settings.register_profile(
     "speedflags",
     deadline=None,  # torch calls make example times uneven; correctness is what is checked
