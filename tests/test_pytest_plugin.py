@@ -18,7 +18,9 @@ from conftest import reset_all
 import speedflags
 from speedflags import _own_writes
 
-PLUGIN = ("-p", "speedflags.pytest_plugin")
+# inline runs import nothing anew: pytest cannot rewrite the already imported plugin, and
+# says so (once the docs tests have imported it); that note is not what these tests check
+PLUGIN = ("-p", "speedflags.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 ROOT = Path(speedflags.__file__).resolve().parent.parent
 
 LEAKY = textwrap.dedent(
@@ -157,7 +159,6 @@ def test_fail_mode_names_transformers_enable_tf32(pytester: pytest.Pytester) -> 
 def test_warn_mode_warns_puts_back_and_passes(leaky: pytest.Pytester) -> None:
     # (this suite turns speedflags warnings into errors; the inner session must not)
     show = ("-W", "default::speedflags.pytest_plugin.FlagLeakWarning")
-    show += ("-W", "ignore::pytest.PytestAssertRewriteWarning")  # inline: imported already
     result = leaky.runpytest(*PLUGIN, *show, "--speedflags-leaks=warn")
     result.assert_outcomes(passed=5, warnings=3)
     result.stdout.fnmatch_lines(
@@ -170,7 +171,7 @@ def test_warn_mode_warns_puts_back_and_passes(leaky: pytest.Pytester) -> None:
 
 
 def test_warn_mode_turned_into_errors_fails_the_test(leaky: pytest.Pytester) -> None:
-    result = leaky.runpytest(*PLUGIN, "--speedflags-leaks=warn", "-W", "error")
+    result = leaky.runpytest("-W", "error", *PLUGIN, "--speedflags-leaks=warn")
     result.assert_outcomes(passed=2, failed=3)
 
 
