@@ -95,6 +95,10 @@ class _Watcher:
                     self._expected = self._read(thread=False)
                     self._local.expected = self._read(thread=True)
                     self._boundary = ("speedflags.watch() started", where)
+                    # what happened while nothing watched is unknown: forget the writers
+                    self.last.clear()
+                    self.by_getter.clear()
+                    self.mixed_by = None
                     _own_writes.WATCHER = self
             self.count += 1
             self.ever = True

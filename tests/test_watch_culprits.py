@@ -14,6 +14,7 @@ from conftest import HAS_NEW_API
 
 import speedflags
 from speedflags import DriftWarning, MixedTF32APIError, fast_math
+from speedflags._watcher import last_writers
 from speedflags.report import build_report, render_report
 
 HERE = os.path.abspath(__file__)
@@ -95,3 +96,14 @@ def test_report_has_a_last_written_by_column(tmp_path: Path) -> None:
     assert "last written by" in text
     line = next(x for x in text.splitlines() if x.strip().startswith("cudnn_benchmark ="))
     assert f"by benchmark_attribute at {HERE}:" in line
+
+
+@pytest.mark.usefixtures("unwatched")
+def test_writers_seen_before_a_gap_in_watching_are_forgotten() -> None:
+    with speedflags.watch():
+        benchmark_attribute()
+        assert "cudnn_benchmark" in last_writers()
+    torch.backends.cudnn.benchmark = False  # unseen: nothing watches
+    torch.backends.cudnn.benchmark = True  # unseen, and the same state as before
+    with speedflags.watch():
+        assert "cudnn_benchmark" not in last_writers()
