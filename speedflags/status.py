@@ -134,6 +134,8 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
             "say; PyTorch's getters cannot see it"
         )
     writer = tf32_writer(state)
+    if writer is not None and not family.is_consistent(state):
+        notes.append(f"made mixed by: {writer.sentence()}")
     return TF32Status(
         api="legacy+fp32_precision" if family.HAS_NEW_API else "legacy",
         consistent=family.is_consistent(state),

@@ -48,6 +48,7 @@ def test_mixed_tf32_error_names_the_writer() -> None:
     assert status.last_written_by is not None
     assert status.last_written_by.startswith("torch.backends.fp32_precision set to 'tf32' by")
     assert status.to_dict()["last_written_by"] == status.last_written_by
+    assert f"made mixed by: {status.last_written_by}" in status.notes
 
 
 @pytest.mark.skipif(not HAS_NEW_API, reason="a legacy-only PyTorch cannot be mixed")
