@@ -18,6 +18,10 @@ ledger), so the next test starts clean. Reading costs about ten getter calls per
 ``speedflags.fast_math(**levers)``; a lever or value ``fast_math`` refuses makes the test an
 error, with ``fast_math``'s message.
 
+To fail the test itself (not add an error at teardown), ``warn``/``fail`` run each test's
+protocol as pytest does but hold its reports until the flags are compared; a plugin that
+also replaces the protocol (pytest-rerunfailures) does not combine with them.
+
 Scope: the pytest session; leaks are looked for in the process-wide levers and in the
 autocast state of the thread that runs the tests.
 
