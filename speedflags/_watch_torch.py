@@ -62,8 +62,13 @@ class Setter(NamedTuple):
     shown: str
     call: bool = False
 
-    def describe(self, args: Tuple[Any, ...]) -> str:
+    def describe(self, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]] = None) -> str:
         """The write, in the words of the code that made it."""
+        if kwargs:  # as called: the values in order, keywords named
+            if not self.call:
+                return self.describe((*args, *kwargs.values()))
+            parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+            return f"{self.shown}({', '.join(parts)})"
         if self.name == "_set_fp32_precision_setter" and len(args) == 3:
             node = tuple(args[:2])
             shown = (

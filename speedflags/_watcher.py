@@ -178,7 +178,7 @@ class _Watcher:
                 try:
                     return original(*args, **kwargs)
                 finally:
-                    found = self._learn(setter, args, domains, befores)
+                    found = self._learn(setter, args, kwargs, domains, befores)
         finally:
             the_ledger = ledger()
             for item, domain, before, after in found:  # outside our lock: note() takes the ledger's
@@ -188,7 +188,12 @@ class _Watcher:
                                 label=item.function, where=item.where)  # fmt: skip
 
     def _learn(
-        self, setter: Setter, args: Tuple[Any, ...], domains: Tuple[Domain, ...], befores: List[Any]
+        self,
+        setter: Setter,
+        args: Tuple[Any, ...],
+        kwargs: Dict[str, Any],
+        domains: Tuple[Domain, ...],
+        befores: List[Any],
     ) -> List[Tuple[Write, Domain, Any, Any]]:
         try:
             changed = [
@@ -201,7 +206,7 @@ class _Watcher:
             frame = writer_frame()
             function = frame.f_code.co_name if frame is not None else "<unknown>"
             where = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
-            text = setter.describe(args)
+            text = setter.describe(args, kwargs)
             shorthand = lever_spec(setter.lever).shorthand
             thread = threading.current_thread().name
             out = []

@@ -182,6 +182,14 @@ def test_a_block_records_its_entry_and_its_exit_at_the_with_line() -> None:
     assert benchmark == [(False, True, where), (True, False, where)]
 
 
+def test_a_call_with_keywords_is_shown_as_made() -> None:
+    with speedflags.watch() as w:
+        torch.set_autocast_enabled(device_type="cpu", enabled=True)
+    assert w.records[0].reason.startswith(
+        "torch.set_autocast_enabled(device_type='cpu', enabled=True) by "
+    )
+
+
 def test_writes_that_change_nothing_are_not_recorded() -> None:
     with speedflags.watch() as w:
         torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark
