@@ -28,9 +28,10 @@ may graph-break where it writes these flags.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from ._ledger import FlagRecord, ledger
 from ._watch_torch import writer_frame
@@ -39,15 +40,17 @@ from ._watcher import _watcher
 __all__ = ["ENV", "Watch", "start_from_env", "watch"]
 
 ENV = "SPEEDFLAGS_WATCH"
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Watch:
     """Records who writes the levers' torch state; a context manager, or ``start``/``stop``.
 
     Returned by :func:`speedflags.watch`. Like ``unittest.mock.patch``: ``with watch():``,
-    or ``w = watch(); w.start(); ...; w.stop()``. Watches may nest and overlap; the wrappers
-    are installed while at least one is started and removed, originals put back exactly,
-    when the last one stops. ``stop()`` on a watch that is not started does nothing.
+    ``w = watch(); w.start(); ...; w.stop()``, or ``@watch()`` on a function. Watches may
+    nest and overlap; the wrappers are installed while at least one is started and removed,
+    originals put back exactly, when the last one stops. ``stop()`` on a watch that is not
+    started does nothing.
 
     Scope: process (every thread's writes). Restores: nothing (it only records).
 
@@ -86,6 +89,16 @@ class Watch:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def __call__(self, func: F) -> F:
+        """As a decorator (like ``mock.patch``): each call of ``func`` runs under its own watch."""
+
+        @functools.wraps(func)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            with Watch():
+                return func(*args, **kwargs)
+
+        return watched  # type: ignore[return-value]
 
     @property
     def records(self) -> Tuple[FlagRecord, ...]:

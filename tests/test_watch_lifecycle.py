@@ -89,6 +89,19 @@ def test_watches_nest_and_only_the_last_stop_removes_the_wrappers() -> None:
     assert repr(outer) == "<speedflags.watch() stopped>"
 
 
+def test_as_a_decorator_each_call_is_watched() -> None:
+    @speedflags.watch()
+    def configure() -> None:
+        torch.backends.cudnn.benchmark = True
+
+    history = len(speedflags.ledger().history)
+    configure()
+    record = speedflags.ledger().history[-1]
+    assert len(speedflags.ledger().history) == history + 1
+    assert (record.action, record.label) == ("external", "configure")
+    assert configure.__name__ == "configure"
+
+
 def test_starting_a_started_watch_is_refused() -> None:
     with speedflags.watch() as w, pytest.raises(RuntimeError, match="already started"):
         w.start()
