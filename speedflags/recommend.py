@@ -42,8 +42,6 @@ class Recommendation:
 def recommended(device: DeviceLike = None) -> Recommendation:
     """The levers a bare ``fast_math()`` applies on ``device`` (default: CUDA if available).
 
-    Scope: process (it reads the hardware only); it touches no flag and restores nothing.
-
     Example:
         >>> import speedflags
         >>> rec = speedflags.recommended("cpu")
