@@ -46,8 +46,6 @@ class SpeedupStats:
         levers: the lever values applied around each call (for a bare ``@speedup``, the
             device's recommended levers).
 
-    Scope: reads only; it changes and restores nothing.
-
     Example:
         >>> import speedflags
         >>> @speedflags.speedup(cudnn_benchmark=True)

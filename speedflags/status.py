@@ -31,8 +31,6 @@ def snapshot() -> Dict[str, Any]:
     as an :class:`~speedflags.Unreadable` value, which says so and compares equal to the
     same failure. ``amp`` is the calling thread's autocast state per device type.
 
-    Scope: reads process-wide flags and the calling thread's autocast; changes nothing.
-
     Example:
         >>> import speedflags
         >>> before = speedflags.snapshot()
@@ -139,8 +137,6 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
 
 def tf32_status() -> TF32Status:
     """Both TF32 API families, whether they agree, and the environment overrides. Never raises.
-
-    Scope: process; read-only.
 
     Example:
         >>> import speedflags

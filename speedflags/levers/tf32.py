@@ -3,7 +3,8 @@
 Both of PyTorch's TF32 API families stay readable: the write goes through the legacy
 setters and is corrected through the new ``fp32_precision`` API where needed, and a mixed
 starting state is refused with :class:`~speedflags.MixedTF32APIError` before anything is
-changed. The policy and its limits are in :mod:`speedflags.levers._fp32_family`.
+changed. The policy and its limits: ``docs/tf32_policy.md``; the code:
+:mod:`speedflags.levers._fp32_family`.
 """
 
 from __future__ import annotations
