@@ -16,7 +16,9 @@ from ._decorate import caller_where
 from ._ledger import ledger
 from .errors import StateMismatchError
 from .levers import PROCESS_LEVERS, autocast_lever
-from .levers import _fp32_family as family
+from .levers import _fp32_model as family
+from .levers import _fp32_torch as family_io
+from .levers._fp32_mixed import conflicts, heal_target
 
 __all__ = ["TF32Status", "heal_tf32", "snapshot", "tf32_status"]
 
@@ -42,7 +44,7 @@ def snapshot() -> Dict[str, Any]:
         >>> speedflags.snapshot() == before
         True
     """
-    fp32 = family.read_state()
+    fp32 = family_io.read_state()
     out: Dict[str, Any] = {
         "tf32": family.describe_state(fp32),
         "matmul_precision": family.describe_precision(fp32),
@@ -138,12 +140,12 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
             "say; PyTorch's getters cannot see it"
         )
     return TF32Status(
-        api="legacy+fp32_precision" if family.HAS_NEW_API else "legacy",
+        api="legacy+fp32_precision" if family_io.HAS_NEW_API else "legacy",
         consistent=family.is_consistent(state),
         legacy=legacy,
         new=new,
         effective=effective,
-        conflicts=tuple(family.conflicts(state)),
+        conflicts=tuple(conflicts(state)),
         env=env,
         notes=tuple(notes),
     )
@@ -162,7 +164,7 @@ def tf32_status() -> TF32Status:
         >>> sorted(status.env)
         ['NVIDIA_TF32_OVERRIDE', 'TORCH_ALLOW_TF32_CUBLAS_OVERRIDE']
     """
-    return _status(family.read_state())
+    return _status(family_io.read_state())
 
 
 def heal_tf32() -> TF32Status:
@@ -201,12 +203,12 @@ def heal_tf32() -> TF32Status:
     where = caller_where(2)
     tf32_lever = PROCESS_LEVERS["tf32"]
     with the_ledger._lock:  # no frame may open or close while the family is rewritten
-        before = family.read_state()
+        before = family_io.read_state()
         notes: list[str] = []
         after = before
         if not family.is_consistent(before):
-            target, notes = family.heal_target(before, prefer_cuda=torch.cuda.is_available())
-            after = family.write_state(target, before)
+            target, notes = heal_target(before, prefer_cuda=torch.cuda.is_available())
+            after = family_io.write_state(target, before)
             if after != target:
                 raise StateMismatchError(
                     f"heal_tf32: wrote {family.describe_state(target)!r} but PyTorch "
