@@ -15,7 +15,9 @@ import torch
 from ._decorate import caller_where
 from ._ledger import ledger
 from .errors import StateMismatchError
-from .levers import _fp32_family as family
+from .levers import _fp32_model as family
+from .levers import _fp32_torch as family_io
+from .levers._fp32_mixed import conflicts, heal_target
 from .levers.registry import lever_snapshot, lever_spec
 
 __all__ = ["TF32Status", "heal_tf32", "snapshot", "tf32_status"]
@@ -124,12 +126,12 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
             "say; PyTorch's getters cannot see it"
         )
     return TF32Status(
-        api="legacy+fp32_precision" if family.HAS_NEW_API else "legacy",
+        api="legacy+fp32_precision" if family_io.HAS_NEW_API else "legacy",
         consistent=family.is_consistent(state),
         legacy=legacy,
         new=new,
         effective=effective,
-        conflicts=tuple(family.conflicts(state)),
+        conflicts=tuple(conflicts(state)),
         env=env,
         notes=tuple(notes),
     )
@@ -146,7 +148,7 @@ def tf32_status() -> TF32Status:
         >>> sorted(status.env)
         ['NVIDIA_TF32_OVERRIDE', 'TORCH_ALLOW_TF32_CUBLAS_OVERRIDE']
     """
-    return _status(family.read_state())
+    return _status(family_io.read_state())
 
 
 def heal_tf32() -> TF32Status:
@@ -185,12 +187,12 @@ def heal_tf32() -> TF32Status:
     where = caller_where(2)
     tf32_lever = lever_spec("tf32").lever()
     with the_ledger._lock:  # no frame may open or close while the family is rewritten
-        before = family.read_state()
+        before = family_io.read_state()
         notes: list[str] = []
         after = before
         if not family.is_consistent(before):
-            target, notes = family.heal_target(before, prefer_cuda=torch.cuda.is_available())
-            after = family.write_state(target, before)
+            target, notes = heal_target(before, prefer_cuda=torch.cuda.is_available())
+            after = family_io.write_state(target, before)
             if after != target:
                 raise StateMismatchError(
                     f"heal_tf32: wrote {family.describe_state(target)!r} but PyTorch "

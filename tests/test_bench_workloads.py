@@ -12,6 +12,7 @@ import torch
 import speedflags
 from speedflags.bench.accuracy import TOLERANCE, coarsest, relative_error
 from speedflags.bench.configs import Config
+from speedflags.bench.problems import _kernel_refuses
 from speedflags.bench.timing import rotation_sets
 from speedflags.bench.workloads import (
     WORKLOADS,
@@ -19,7 +20,6 @@ from speedflags.bench.workloads import (
     MatmulProblem,
     MlpTrainProblem,
     SdpaProblem,
-    _kernel_refuses,
 )
 
 CPU = torch.device("cpu")

@@ -38,10 +38,7 @@ ROOT = README.parent
 # this file does not cite them itself.
 OUTSIDE = ("research" + "/", "DESIGN" + ".md", ".." + "/shared", "shared" + "/research")
 # Cited files that another branch is writing or fixing right now; drop an entry once merged.
-IN_FLIGHT = {
-    # its module docstring still cites the research notes (being split elsewhere)
-    Path("speedflags/levers/_fp32_family.py"),
-}
+IN_FLIGHT: set[Path] = set()
 PENDING_DOCS = {"threading.md"}  # written on another branch: may be missing until merged
 
 

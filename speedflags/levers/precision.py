@@ -18,9 +18,11 @@ import torch._ops
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import capabilities
-from . import _fp32_family as family
+from . import _fp32_model as family
 from ._base import Effect, verified
 from ._family_lever import FamilyLever
+from ._fp32_mixed import require_consistent
+from ._fp32_torch import transition
 
 
 class MatmulPrecisionLever(FamilyLever):
@@ -42,10 +44,10 @@ class MatmulPrecisionLever(FamilyLever):
         return value
 
     def check(self, state: family.FamilyState) -> None:
-        family.require_consistent(state, "change the float32 matmul precision")
+        require_consistent(state, "change the float32 matmul precision")
 
     def apply(self, value: Any, before: family.FamilyState) -> family.FamilyState:
-        after, target = family.transition(
+        after, target = transition(
             ("precision", before, value), before, family.precision_target, before, value
         )
         return after if after is target else verified(self, "setting", target, after)
