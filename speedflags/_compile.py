@@ -43,25 +43,30 @@ One case cannot be made safe: in non-fullgraph mode dynamo lets a few errors esc
 ``suppress_errors`` (a failing higher-order-op body, a resume-function prologue). Part of
 the call may have run by then, so it is not retried: the error propagates, and later calls
 run eagerly.
+
+The helpers live next door: :mod:`speedflags._compile_options` checks ``compile=``,
+:mod:`speedflags._compile_backend` is the guarded backend, and
+:mod:`speedflags._compile_failures` recognises the failures.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import itertools
 import logging
 import os
 import sys
 import threading
 from types import FrameType
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from . import _warn
+from ._compile_backend import GuardedBackend, inner_backend
+from ._compile_failures import SuppressedErrors, backward_compile_failed, describe
+from ._compile_options import BACKEND_KEYS, compile_options
 from ._ledger import ledger
-from .errors import CompileFallbackWarning, InvalidTypeError, InvalidValueError
+from .errors import CompileFallbackWarning
 
 __all__ = ["COMPILED", "FALLBACK", "PENDING", "GuardedCompile", "compile_options"]
 
@@ -72,98 +77,10 @@ PENDING, COMPILED, FALLBACK = "pending", "compiled", "fallback"
 _DYNAMO_LOGGER = "torch._dynamo.convert_frame"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _serials = itertools.count(1)
-
-# What each torch.compile option must be (checked at decoration; torch checks the rest).
-_OPTION_TYPES: Dict[str, Tuple[Tuple[type, ...], str]] = {
-    "fullgraph": ((bool,), "True or False"),
-    "dynamic": ((bool, type(None)), "True, False or None"),
-    "mode": ((str, type(None)), "a mode name or None"),
-    "options": ((dict, type(None)), "a dict of backend options or None"),
-    "disable": ((bool,), "True or False"),
-}
-# Options that configure the backend (inductor's mode and options); the rest go to torch.compile.
-_BACKEND_KEYS = ("backend", "mode", "options")
-
-
-def _compile_keys() -> Tuple[str, ...]:
-    compile_fn = getattr(torch, "compile", None)
-    if compile_fn is None:
-        return ("backend", "disable", "dynamic", "fullgraph", "mode", "options")
-    return tuple(sorted(p for p in inspect.signature(compile_fn).parameters if p != "model"))
-
-
-def compile_options(value: object, call: str = "speedup") -> Optional[Dict[str, Any]]:
-    """Validate a ``compile=`` argument: ``None`` for off, else the torch.compile options.
-
-    Touches no torch state. Option names are checked against ``torch.compile``'s signature,
-    the common options' types, and a backend name against dynamo's registry.
-    """
-    if value is False:
-        return None
-    if value is True:
-        return {}
-    shown = f"{call}(compile={value!r})"
-    if not isinstance(value, dict):
-        raise InvalidTypeError(
-            f"{shown}: expected True, False or a dict of torch.compile options, "
-            f"got {type(value).__name__}"
-        )
-    known = _compile_keys()
-    options = dict(value)
-    for key, option in options.items():
-        if key not in known:
-            raise InvalidValueError(
-                f"{shown}: unknown torch.compile option {key!r}; valid: {', '.join(known)}"
-            )
-        if key in _OPTION_TYPES:
-            types, expected = _OPTION_TYPES[key]
-            if not isinstance(option, types):
-                raise InvalidTypeError(
-                    f"{shown}: {key!r} must be {expected}, got {type(option).__name__}"
-                )
-    if options.get("mode") is not None and options.get("options") is not None:
-        raise InvalidValueError(
-            f"{shown}: torch.compile takes 'mode' or 'options', not both; "
-            "put the mode's settings in 'options'"
-        )
-    backend = options.get("backend")
-    if backend is not None and not callable(backend):
-        if not isinstance(backend, str):
-            raise InvalidTypeError(
-                f"{shown}: 'backend' must be a backend name or a callable, "
-                f"got {type(backend).__name__}"
-            )
-        registered = _registered_backends()
-        if registered is not None and backend not in registered:
-            raise InvalidValueError(
-                f"{shown}: torch.compile has no backend {backend!r}; registered: "
-                f"{', '.join(registered)}"
-            )
-    return options
-
-
-def _registered_backends() -> Optional[List[str]]:
-    # Importing dynamo is what torch.compile does at decoration too; where it cannot be
-    # imported, the name is not checked here and the first call falls back with the reason.
-    try:
-        import torch._dynamo as dynamo
-
-        return list(dynamo.list_backends(exclude_tags=()))
-    except Exception:
-        return None
-
-
-def describe(exc: BaseException) -> str:
-    """``"TypeName: first line of the message"``, short enough for a warning."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    text = lines[0] if lines else ""
-    if len(lines) > 1 and lines[1].startswith("Explanation:"):  # dynamo's errors say why here
-        text = f"{text} ({lines[1]})"
-    elif len(lines) > 1 and text.endswith(":"):  # "Failed running call_function ...:" + cause
-        text = f"{text} {lines[1]}"
-    if len(text) > 400:
-        text = text[:397] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+_LAZY_BACKWARD_OUTCOME = (
+    "this PyTorch compiles the backward graph lazily, inside loss.backward(), so the step "
+    "could not complete and raised"
+)
 
 
 def _user_where() -> Optional[Tuple[str, int]]:
@@ -173,102 +90,6 @@ def _user_where() -> Optional[Tuple[str, int]]:
     if frame is None:  # pragma: no cover - called from speedflags only
         return None
     return (frame.f_code.co_filename, frame.f_lineno)
-
-
-def _eager_backward() -> ContextManager[Any]:
-    # Compile the backward graph with its forward, where the guarded backend catches it.
-    config = getattr(getattr(torch, "_functorch", None), "config", None)
-    if config is None or not hasattr(config, "force_non_lazy_backward_lowering"):
-        return contextlib.nullcontext()  # pragma: no cover - PyTorch without the option
-    return config.patch(force_non_lazy_backward_lowering=True)  # type: ignore[no-any-return]
-
-
-class _GuardedBackend:
-    """The backend torch.compile calls for every graph: the user's, with a way out."""
-
-    def __init__(
-        self,
-        inner: Callable[..., Any],
-        owner: GuardedCompile,
-        signals: Tuple[type[BaseException], ...],
-    ) -> None:
-        self._inner = inner
-        self._owner = owner
-        self._signals = signals
-        self.compiler_name = f"speedflags-guarded-{getattr(inner, 'compiler_name', 'backend')}"
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        try:
-            with _eager_backward():
-                return self._inner(gm, example_inputs)  # type: ignore[no-any-return]
-        except self._signals:
-            raise  # dynamo's own control flow (restart the analysis, skip the frame)
-        except Exception as exc:
-            self._owner.graph_failed(exc)
-            return gm.forward  # this graph runs eagerly; the rest of the call goes on
-
-    def reset(self) -> None:
-        reset = getattr(self._inner, "reset", None)
-        if reset is not None:
-            reset()
-
-
-def _inner_backend(options: Dict[str, Any]) -> Callable[..., Any]:
-    """The backend torch.compile would build from these options (same classes, same args)."""
-    backend = options.get("backend")
-    if backend is None:
-        import torch._dynamo.backends.registry as registry
-
-        # feature detection: set/get_default_backend are recent; before them it was inductor
-        get_default = getattr(registry, "get_default_backend", None)
-        backend = get_default() if get_default is not None else "inductor"
-    mode = options.get("mode")
-    backend_options = options.get("options")
-    if backend_options is not None:
-        backend_options = {k: v for k, v in backend_options.items() if k != "guard_filter_fn"}
-    if mode is None and backend_options is None:
-        mode = "default"
-    dynamic = options.get("dynamic")
-    wrappers: Any = torch  # torch.compile's own (private, untyped) backend wrappers, 2.0+
-    if backend == "inductor":
-        return wrappers._TorchCompileInductorWrapper(mode, backend_options, dynamic)  # type: ignore[no-any-return]
-    return wrappers._TorchCompileWrapper(backend, mode, backend_options, dynamic)  # type: ignore[no-any-return]
-
-
-def _backward_compile_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised while compiling a backward graph lazily (in backward)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_name == "_wrapped_bw_compiler":  # aot_autograd's wrapper
-            return True
-        tb = tb.tb_next
-    return False
-
-
-_LAZY_BACKWARD_OUTCOME = (
-    "this PyTorch compiles the backward graph lazily, inside loss.backward(), so the step "
-    "could not complete and raised"
-)
-
-
-class _Watch(logging.Filter):
-    """Notes the first error dynamo suppressed in one thread (and lets the record through)."""
-
-    def __init__(self, thread: int) -> None:
-        super().__init__()
-        self.thread = thread
-        self.reason: Optional[str] = None
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if (
-            self.reason is None
-            and record.thread == self.thread
-            and record.levelno >= logging.WARNING
-            and record.exc_info
-            and record.exc_info[1] is not None
-        ):
-            self.reason = f"dynamo could not compile a frame: {describe(record.exc_info[1])}"
-        return True
 
 
 class GuardedCompile:
@@ -310,7 +131,7 @@ class GuardedCompile:
 
     def _run(self, compiled: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         config = self._dynamo_config
-        watch = _Watch(threading.get_ident())
+        watch = SuppressedErrors(threading.get_ident())
         failures = len(self._failures)
         completed = False
         prior = config.suppress_errors
@@ -364,7 +185,7 @@ class GuardedCompile:
     def _fall_back_if_backward_failed(self, exc: Exception) -> None:
         # the step's own errors propagate untouched; only a backward compile failure means
         # later calls must run eager
-        if _backward_compile_failed(exc):
+        if backward_compile_failed(exc):
             why = f"the backward graph failed to compile: {describe(exc)}"
             self._fall_back(why, _LAZY_BACKWARD_OUTCOME)
 
@@ -381,14 +202,15 @@ class GuardedCompile:
                 try:
                     import torch._dynamo as dynamo
 
-                    top = {k: v for k, v in self.options.items() if k not in _BACKEND_KEYS}
+                    top = {k: v for k, v in self.options.items() if k not in BACKEND_KEYS}
                     guard_filter = (self.options.get("options") or {}).get("guard_filter_fn")
                     if guard_filter is not None:
                         top["options"] = {"guard_filter_fn": guard_filter}
                     # Not failures: backends raise these to make dynamo re-trace (e.g.
                     # inductor's TensorifyScalarRestartAnalysis) or skip a frame.
                     signals = (dynamo.exc.RestartAnalysis, dynamo.exc.SkipFrame)
-                    backend = _GuardedBackend(_inner_backend(self.options), self, signals)
+                    inner = inner_backend(self.options)
+                    backend = GuardedBackend(inner, self.graph_failed, signals)
                     compiled = compile_fn(self.func, backend=backend, **top)
                     self._dynamo_error = dynamo.exc.TorchDynamoException
                     self._dynamo_config = dynamo.config
