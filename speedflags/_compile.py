@@ -1,17 +1,23 @@
 """torch.compile with a fallback to eager that never breaks a step (for ``@speedup``).
 
 One :class:`GuardedCompile` per decorated function holds its one compiled artefact, built
-lazily at the first call as ``torch.compile`` does. When compiling fails, the call that hit
-the failure still completes, nothing of it runs twice, and later calls run the plain
-function without compiling again. How each failure is caught (each fact probed on PyTorch
-2.13; the tests inject every one of them):
+lazily at the first call as ``torch.compile`` does. Only failures of the compiler stack
+(dynamo, AOT autograd, inductor, the backend) fall back: the call that hit one still
+completes, nothing of it runs twice, and later calls run the plain function without
+compiling again. The step's own errors are not failures, even where dynamo meets them
+first (a shape mismatch fails its fake tensors): the eager error propagates, unchanged,
+and the function stays compiled. The rule (:mod:`speedflags._compile_failures` applies it):
+what failed is run eagerly, once; if that raises, the error is the step's. How each case is
+handled (each fact probed on PyTorch 2.13; the tests inject every one of them):
 
 - **A backend that fails on a graph.** With a graph break, a failure on the second graph
   raises after the first graph (and its side effects) ran, so retrying the whole call would
   repeat them. The user's backend is wrapped instead: a graph whose compile raises is run by
   its own ``GraphModule.forward`` (eagerly), and the call goes on. Dynamo's control-flow
   exceptions (``RestartAnalysis`` and its subclasses, which inductor raises to make dynamo
-  re-trace, and ``SkipFrame``) are not failures and pass through.
+  re-trace, and ``SkipFrame``) are not failures and pass through. Dynamo traced the graph
+  before the backend saw it, so a backend that raises is the compiler's failure, even when
+  the call then raises an error of its own.
 - **A backward graph that fails to compile.** AOT autograd compiles it lazily, inside
   ``loss.backward()``, after the forward's side effects. While the wrapped backend runs (and
   only then) ``torch._functorch.config.force_non_lazy_backward_lowering`` is patched on, so
@@ -20,33 +26,41 @@ function without compiling again. How each failure is caught (each fact probed o
   ``force_non_lazy_backward_lowering``): a backward graph that fails to compile raises out
   of ``loss.backward()``, after the forward ran. That step cannot complete and raises; the
   failure is recognised (it passes through ``aot_autograd``'s backward-compiler wrapper), so
-  it is reported once and later calls run eagerly instead of failing the same way.
-- **A tracing error that is not a graph break**, in a frame that starts after part of the
-  call ran (a resume function after a graph break, a callee). For the duration of the call
-  ``torch._dynamo.config.suppress_errors`` is on, so dynamo runs that frame eagerly from its
-  start; it is put back after the call (to the value it read, as an explicit setting of
-  that value in this thread). On current PyTorch dynamo's config is thread-local (a
-  ``ContextVar``), so other threads never see it; on older ones (2.4) it is process-wide,
-  and other threads see it for the duration of the call. Dynamo reports the suppressed
-  error in a WARNING record of the ``torch._dynamo.convert_frame`` logger, which a filter
-  watches (calling thread only, for the duration of the call). If that logger is silenced
-  below WARNING, the frame still runs eagerly and safely, but the fallback cannot be seen,
-  so it is not reported.
-- **fullgraph=True.** Dynamo traces the whole function before running any of it (and
-  ignores ``suppress_errors``), so a tracing error leaves the call untouched: it is run
-  eagerly. If that eager run raises too, the error was the step's own (a shape mismatch
-  also fails tracing): it propagates and compiling is not given up.
+  it is reported once and later calls run eagerly instead of failing the same way. Errors
+  the backward raises once compiled are the step's own.
+- **A tracing error that is not a graph break** (a frame that starts after part of the call
+  ran, a resume function after a graph break or a callee, must not raise one). For the
+  duration of the call ``torch._dynamo.config.suppress_errors`` is on, so dynamo runs such
+  a frame eagerly from its start; it is put back after the call (to the value it read, as
+  an explicit setting of that value in this thread). On current PyTorch dynamo's config is
+  thread-local (a ``ContextVar``), so other threads never see it; on older ones (2.4) it is
+  process-wide, and other threads see it for the duration of the call. Dynamo reports the
+  suppressed error in a WARNING record of the ``torch._dynamo.convert_frame`` logger, which
+  a filter holds (calling thread only) until the call ends. If the call raised out of that
+  eagerly run frame, the error is the step's: the record is dropped and dynamo, which
+  skips such a frame for good, is let compile it again. Otherwise the record goes out and
+  the call falls back. A call that fails in such a frame and also raises from it cannot
+  tell the two apart; it blames the step, and the next call that completes falls back. If
+  that logger is silenced below WARNING, the frame still runs eagerly and safely, but the
+  fallback cannot be seen, so it is not reported.
+- **A tracing error before any of the call ran** (``fullgraph=True``, where dynamo traces
+  the whole function first and ignores ``suppress_errors``, or an error dynamo does not
+  suppress): the call is run eagerly. If that raises, the error propagates as the step's
+  own (with no compiler error attached) and compiling is not given up.
+- **Errors a compiled graph raises as it runs** are the step's own and propagate.
 - **Nothing to compile with.** A PyTorch without ``torch.compile``, or one whose
   ``torch.compile`` refuses this platform, falls back at the first call.
 
-One case cannot be made safe: in non-fullgraph mode dynamo lets a few errors escape
-``suppress_errors`` (a failing higher-order-op body, a resume-function prologue). Part of
-the call may have run by then, so it is not retried: the error propagates, and later calls
-run eagerly.
+Two cases cannot be told apart safely. In non-fullgraph mode dynamo lets a few errors escape
+``suppress_errors`` (a failing higher-order-op body, a resume-function prologue); where part
+of the call may have run by then (or the traceback, which dynamo cuts for some of them,
+cannot say), the call is not retried: the error propagates, and later calls run eagerly,
+even if the error was the step's. And a step that catches, inside itself, an error that
+dynamo also met while tracing completes, so that is taken for a compiler failure.
 
 The helpers live next door: :mod:`speedflags._compile_options` checks ``compile=``,
 :mod:`speedflags._compile_backend` is the guarded backend, and
-:mod:`speedflags._compile_failures` recognises the failures.
+:mod:`speedflags._compile_failures` tells the compiler's failures from the step's errors.
 """
 
 from __future__ import annotations
@@ -63,7 +77,7 @@ import torch
 
 from . import _warn
 from ._compile_backend import GuardedBackend, inner_backend
-from ._compile_failures import SuppressedErrors, backward_compile_failed, describe
+from ._compile_failures import SuppressedErrors, backward_compile_failed, compile_failure, describe
 from ._compile_options import BACKEND_KEYS, compile_options
 from ._ledger import ledger
 from .errors import CompileFallbackWarning
@@ -111,7 +125,6 @@ class GuardedCompile:
         self._lock = threading.Lock()
         self._failures: List[str] = []
         self._serial = next(_serials)
-        self._dynamo_error: Any = None
         self._dynamo_config: Any = None
         self._dynamo_log = logging.getLogger(_DYNAMO_LOGGER)
 
@@ -123,9 +136,17 @@ class GuardedCompile:
             compiled = self._build()
             if compiled is None:
                 return self.func(*args, **kwargs)
-        if self._fullgraph:
-            return self._run_fullgraph(compiled, args, kwargs)
-        return self._run(compiled, args, kwargs)
+        try:
+            if self._fullgraph:
+                return self._run_fullgraph(compiled, args, kwargs)
+            return self._run(compiled, args, kwargs)
+        except _NothingRan as failed:
+            reason = failed.reason
+        # Outside the handler, so that an error here, the step's own, comes with no compiler
+        # error attached: it propagates as it would without compile, and nothing falls back.
+        result = self.func(*args, **kwargs)
+        self._fall_back(reason, "the call ran eagerly")
+        return result
 
     # --- the two ways a call runs ----------------------------------------------------------
 
@@ -141,20 +162,14 @@ class GuardedCompile:
             result = compiled(*args, **kwargs)
             completed = True
             return result
-        except self._dynamo_error as exc:
-            self._fall_back(
-                describe(exc),
-                "it raised past dynamo's error suppression and was not retried, because part "
-                "of it may have run",
-            )
-            raise
         except Exception as exc:
-            self._fall_back_if_backward_failed(exc)
+            if backward_compile_failed(exc) or not watch.raised_by_step(exc):
+                self._blame(exc)
             raise
         finally:
             self._dynamo_log.removeFilter(watch)
             config.suppress_errors = prior
-            reason = watch.reason
+            reason = watch.settle(self._dynamo_log)
             if reason is None and len(self._failures) > failures:
                 reason = self._failures[failures]
             if reason is not None:
@@ -166,28 +181,31 @@ class GuardedCompile:
         try:
             result = compiled(*args, **kwargs)
             completed = True
-        except self._dynamo_error as exc:
-            # fullgraph: dynamo traced all of the function before running any of it, so an
-            # eager run repeats nothing. If it raises too, the error is the step's own.
-            result = self.func(*args, **kwargs)
-            self._fall_back(describe(exc), "the call ran eagerly")
             return result
         except Exception as exc:
-            self._fall_back_if_backward_failed(exc)
+            self._blame(exc)
             raise
         finally:
             if len(self._failures) > failures:
                 self._fall_back(self._failures[failures], _outcome(completed))
-        return result
 
     # --- setting up, and giving up ----------------------------------------------------------
 
-    def _fall_back_if_backward_failed(self, exc: Exception) -> None:
-        # the step's own errors propagate untouched; only a backward compile failure means
-        # later calls must run eager
+    def _blame(self, exc: Exception) -> None:
+        """Act on an exception out of the compiled call, unless it is the step's own error."""
         if backward_compile_failed(exc):
             why = f"the backward graph failed to compile: {describe(exc)}"
             self._fall_back(why, _LAZY_BACKWARD_OUTCOME)
+            return
+        ran = compile_failure(exc, self._fullgraph)
+        if ran is False:
+            raise _NothingRan(describe(exc))  # run eagerly: its outcome says whose error
+        if ran:
+            self._fall_back(
+                describe(exc),
+                "part of the call may have run when compiling failed, so it was not retried "
+                "and raised",
+            )
 
     def _build(self) -> Optional[Callable[..., Any]]:
         with self._lock:
@@ -212,7 +230,6 @@ class GuardedCompile:
                     inner = inner_backend(self.options)
                     backend = GuardedBackend(inner, self.graph_failed, signals)
                     compiled = compile_fn(self.func, backend=backend, **top)
-                    self._dynamo_error = dynamo.exc.TorchDynamoException
                     self._dynamo_config = dynamo.config
                     self._compiled = compiled
                     self.state = COMPILED
@@ -247,6 +264,14 @@ class GuardedCompile:
         )
         log.warning(message)
         _warn.warn_once(("compile-fallback", self._serial), message, CompileFallbackWarning)
+
+
+class _NothingRan(Exception):
+    """Compiling failed before any of the call ran: the call runs eagerly, once."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _outcome(completed: bool) -> str:
