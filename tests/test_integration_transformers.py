@@ -189,6 +189,18 @@ def test_a_callback_added_later_warns_until_attached(tmp_path: Path) -> None:
     assert [s["benchmark"] for _, s in log] == [False, False, True, True]
 
 
+def test_a_callback_added_later_finds_its_trainer_when_training_begins(tmp_path: Path) -> None:
+    log: Log = []
+    cb = SpeedFlagsCallback(train={"cudnn_benchmark": True}, evaluate={"amp": "bf16"})
+    trainer = make_trainer(tmp_path, Probe(log), eval_strategy="steps", eval_steps=2)
+    trainer.add_callback(cb)
+    trainer.train()
+    assert [(at, s["benchmark"], s["amp"]) for at, s in log] == [
+        *[("train", True, False), ("optimizer", True, False)] * 2,
+        *[("eval", False, True)] * 2,
+    ]
+
+
 def test_tf32_with_a_float64_model_is_refused_before_any_step(tmp_path: Path) -> None:
     log: Log = []
     model = Probe(log).double()
