@@ -73,7 +73,9 @@ class SpeedFlagsCallback(_Callback):
 
     Args:
         train: ``fast_math`` arguments held around each training batch: the forward, the
-            backward and the optimizer step.
+            backward and the optimizer step. (With ``amp``, an optimizer that re-runs the
+            forward inside ``step()``, such as LBFGS, would reuse autocast's cached weight
+            casts within the batch: autocast with Lightning's ``precision`` there.)
         validate: held for each validation loop: the sanity check and the validation inside
             ``fit``, and ``trainer.validate()``.
         test: held for ``trainer.test()``.
