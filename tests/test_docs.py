@@ -22,7 +22,13 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 @pytest.mark.parametrize("module", MODULES)
 def test_docstring_examples(module: str) -> None:
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as exc:  # an integration whose extra is not installed says which
+        if "pip install 'speedflags[" not in str(exc):
+            raise
+        pytest.skip(str(exc))
+    result = doctest.testmod(imported, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0, f"{result.failed} example(s) failed in {module}"
 
 

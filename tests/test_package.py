@@ -71,6 +71,7 @@ def test_all_is_exactly_the_public_face() -> None:
         "distributed",
         "errors",
         "hardware",
+        "integrations",
         "levers",
         "recommend",
         "report",
