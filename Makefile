@@ -23,6 +23,10 @@ $(error TORCH_VERSION is empty: give an exact version such as 2.4.1)
 endif
 ifeq ($(TORCH_VERSION),$(DEFAULT_TORCH))
 VENV ?= .venv
+# The default leg installs every optional extra, so that their tests run there, not skip.
+EXTRAS ?= test,dev,plot,yaml,lightning,transformers
+# ...and the older package name too: the Lightning callback is tested against both.
+EXTRA_PACKAGES ?= pytorch-lightning>=2.1
 else
 VENV ?= .venv-torch$(TORCH_VERSION)
 endif
@@ -42,6 +46,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --report $(TORCH_REPORT) "torch==$(TORCH_VERSION)"
 	$(PY) .ci/torch_source.py $(TORCH_REPORT)
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(if $(EXTRA_PACKAGES),$(PY) -m pip install --quiet "$(EXTRA_PACKAGES)")
 	touch $@
 
 setup: $(STAMP)
