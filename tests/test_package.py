@@ -24,6 +24,7 @@ CHANGES_FLAGS = {
     "speedup",
     "Schedule",
     "TF32Schedule",
+    "tune",
 }
 READS_FLAGS = {
     "snapshot",
