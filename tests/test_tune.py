@@ -263,7 +263,7 @@ def test_other_keyword_arguments_go_to_the_step() -> None:
         return x * scale
 
     run(step, (torch.ones(2),), {"scale": 3.0}, levers=[], clock=ticking(), plan=QUICK)
-    assert seen == [{"scale": 3.0}]
+    assert seen == [{"scale": 3.0}] * 2  # the priming call and the reference
 
 
 # --- the state reset --------------------------------------------------------------------------
@@ -294,6 +294,8 @@ def _train_step() -> Dict[str, Any]:
 
 def test_a_train_step_starts_every_call_from_the_same_state() -> None:
     train = _train_step()
+    model, opt, _ = train["args"]
+    weights = [p.detach().clone() for p in model.parameters()]
     # sdpa=['flash'] runs the kernel the CPU picks anyway: with the weights, the optimizer's
     # moments and the dropout RNG put back, the candidate computes exactly what fp32 did
     result = run(
@@ -302,8 +304,13 @@ def test_a_train_step_starts_every_call_from_the_same_state() -> None:
     )  # fmt: skip
     assert row(result, sdpa=["flash"]).error == 0.0
     starts = train["starts"]
-    assert len(starts) > 10 and len(set(starts)) == 1
+    # the priming call starts from the model as given; every later call from the state
+    # it left (AdamW's moments exist: a steady-state step)
+    assert len(starts) > 10 and len(set(starts[1:])) == 1 and starts[1] != starts[0]
     assert result.state.startswith("Sequential, AdamW; RNG")
+    # and tune leaves the model and the optimizer as it found them
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    assert not opt.state
 
 
 def test_without_the_reset_a_train_step_drifts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -315,7 +322,7 @@ def test_without_the_reset_a_train_step_drifts(monkeypatch: pytest.MonkeyPatch) 
         clock=ticking(), plan=QUICK,
     )  # fmt: skip
     assert (row(result, sdpa=["flash"]).error or 0.0) > 1e-6
-    assert len(set(train["starts"])) > 1
+    assert len(set(train["starts"][1:])) > 1
 
 
 def test_state_restores_modules_grads_optimizers_schedulers_and_the_rng() -> None:
@@ -325,23 +332,27 @@ def test_state_restores_modules_grads_optimizers_schedulers_and_the_rng() -> Non
     model(torch.ones(1, 4)).sum().backward()  # a gradient before tuning is kept, too
     grad = model.weight.grad.clone()
 
-    def step() -> torch.Tensor:
+    def step() -> float:
         noise = torch.randn(1, 4)
         loss = model(noise).sum()
         loss.backward()
         opt.step()
         sched.step()
-        return loss
+        return loss.item()
 
     state = StepState(step, (), {})
     weight, lr = model.weight.detach().clone(), opt.param_groups[0]["lr"]
-    first = step().item()
     step()
     state.settle()
+    momentum = opt.state[model.weight]["momentum_buffer"]
+    second, lr_second = step(), opt.param_groups[0]["lr"]
+    step()
     state.restore()
+    assert opt.state[model.weight]["momentum_buffer"] is momentum  # copied into, in place
+    assert step() == second and opt.param_groups[0]["lr"] == lr_second
+    state.finish()
     assert torch.equal(model.weight, weight) and torch.equal(model.weight.grad, grad)
     assert opt.param_groups[0]["lr"] == lr and not opt.state
-    assert step().item() == first  # the same noise, weights and momentum
 
 
 def test_state_is_found_in_closures_partials_bound_methods_and_globals() -> None:
@@ -366,11 +377,13 @@ def test_state_is_found_in_closures_partials_bound_methods_and_globals() -> None
 
 
 def test_a_forward_restores_only_the_rng() -> None:
-    model = torch.nn.Linear(4, 4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
     state = StepState(model, (torch.ones(2, 4),), {})
-    model(torch.ones(2, 4))
+    first = model(torch.ones(2, 4))
     state.settle()
     assert not state.changes_state and "changes no state" in state.describe()
+    state.restore()
+    assert torch.equal(model(torch.ones(2, 4)), first)  # the same dropout mask
 
 
 # --- files --------------------------------------------------------------------------------

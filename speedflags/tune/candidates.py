@@ -155,3 +155,12 @@ def with_baseline(levers: Levers) -> Dict[str, Any]:
             continue
         merged[name] = value
     return {spec.name: merged[spec.name] for spec in REGISTRY if spec.name in merged}
+
+
+def can_compile() -> bool:
+    """Whether this PyTorch and platform can run ``torch.compile`` (dynamo) at all."""
+    is_supported = getattr(getattr(torch, "_dynamo", None), "is_dynamo_supported", None)
+    try:
+        return bool(is_supported()) if is_supported is not None else hasattr(torch, "compile")
+    except Exception:
+        return False

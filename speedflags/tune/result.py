@@ -32,8 +32,9 @@ class Row:
         note: why it was skipped, rejected, dropped or not chosen.
         stage: ``"lever"`` (one lever), ``"combination"`` or ``"compile"``.
         compile: run through ``speedup(compile=True, ...)``.
-        median_s: its median time per call; noise: the relative half-spread of its
-            timings (half the interquartile range over the median); rounds: timed calls.
+        median_s: its median time per call; rounds: timed calls; noise: the relative
+            standard error of ``speedup`` (from the spread of its paired passes, see
+            :mod:`speedflags.tune.compare`).
 
     Example:
         >>> from speedflags.tune.result import Row
@@ -81,7 +82,8 @@ class TuneResult:
         budget: the error budget; device: the device tuned on; reference_s: the fp32
             median time per call; elapsed_s: how long tuning took.
         compile: whether ``speedup(compile=True, **best)`` beat ``best`` beyond the noise
-            (``None``: not tried).
+            (``None``: not tried). Compiled code is run with inductor's ``fallback_random``
+            so that dropout draws what eager drew and the error compares arithmetic only.
         state: what was reset before each call.
         torch_version: the PyTorch that measured it.
 
@@ -207,7 +209,8 @@ def _choice(best: Dict[str, Any]) -> str:
     return "fast_math(" + ", ".join(f"{k}={v!r}" for k, v in best.items()) + ")"
 
 
-def _ms(seconds: Optional[float]) -> str:
+def ms(seconds: Optional[float]) -> str:
+    """A duration in ms (or us), three significant digits."""
     if seconds is None:
         return "-"
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
@@ -226,7 +229,7 @@ def render(result: TuneResult) -> str:
     """The readable table ``str(result)`` shows."""
     head = (
         f"speedflags tune on {result.device}, error budget {result.budget:g}: "
-        f"fp32 takes {_ms(result.reference_s)} per call"
+        f"fp32 takes {ms(result.reference_s)} per call"
     )
     if result.elapsed_s is not None:
         head += f" (tuned in {result.elapsed_s:.1f} s)"

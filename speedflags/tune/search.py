@@ -18,7 +18,9 @@
    candidate, replaced by a smaller accepted one while it is not faster than that one
    beyond the noise: every lever in the choice earns its place.
 6. **Compile** (where ``torch.compile`` works, last, and only with time left):
-   ``speedup(compile=True, **choice)`` timed beside the choice.
+   ``speedup(compile=..., **choice)`` timed beside the choice, with inductor's
+   ``fallback_random`` (compiled dropout otherwise draws other numbers than eager's, and
+   the error would measure the masks, not the arithmetic).
 
 Timing is the bench's (:mod:`speedflags.bench.timing`, the runner's warm-up and rounds):
 every clock read waits for the device, and the step's state is put back before each call,
@@ -38,14 +40,13 @@ import torch
 from ..bench.runner import measure_rounds, warm_up
 from ..bench.timing import Timing, plan_rounds, synchronize, timer_for
 from ..bench.workloads import Runner
-from ..errors import InvalidValueError
 from ..fast_math import fast_math
 from ..status import snapshot
-from .candidates import Levers, calls_of, candidates, combinations, with_baseline
+from .candidates import Levers, calls_of, can_compile, candidates, combinations, with_baseline
 from .compare import Plan, compare, faster
 from .files import plain_levers
-from .result import Row, TuneResult
-from .state import Outputs, StepState, error_against, reference_outputs
+from .result import Row, TuneResult, ms
+from .state import Outputs, StepState, check_reference, error_against, reference_outputs
 
 __all__ = ["COMPILE", "COMPILE_MIN_S", "KEEP_AT_LEAST", "Search"]
 
@@ -142,7 +143,10 @@ class Search:
         if entry.compile:
             from ..speedup import speedup  # local: speedup imports the compile machinery
 
-            entry.call = speedup(compile=True, device=self.device, **levers)(self.fn)
+            # eager's RNG in compiled code: dropout draws the numbers fp32 drew, so the
+            # error measures the arithmetic, not other random masks
+            options = {"options": {"fallback_random": True}}
+            entry.call = speedup(compile=options, device=self.device, **levers)(self.fn)
         else:
             label = f"speedflags tune {entry.row.label if entry.levers else 'fp32'}"
             entry.call = fast_math(**levers, device=self.device, label=label)(self.fn)
@@ -212,7 +216,24 @@ class Search:
             row.speedup = speedup if math.isfinite(speedup) else None
             row.noise = spread if math.isfinite(spread) else None
         shown = ", ".join(f"{e.row.label} {e.row.speedup or 0:.2f}x" for e in entries[1:])
-        self.say(f"timed {len(entries) - 1} beside fp32 ({_ms(fp32.median)}): {shown}")
+        self.say(f"timed {len(entries) - 1} beside fp32 ({ms(fp32.median)}): {shown}")
+
+    def _fit(
+        self, entries: Sequence[_Entry], rounds: int, passes: int
+    ) -> Optional[Tuple[int, int]]:
+        """``(rounds, passes)`` for a long timing that fits in most of the time left.
+
+        Fewer rounds first, then three passes of two rounds; ``None`` if even that does not
+        fit (every pass also costs one untimed call per entry).
+        """
+        per_round = sum((e.estimate or self.first_s) for e in entries)
+        budget = 0.8 * self.left()
+        if per_round * (rounds + passes) <= budget:
+            return rounds, passes
+        rounds = int(budget / per_round) - passes if per_round > 0 else rounds
+        if rounds >= 2 * passes:
+            return rounds, passes
+        return (6, 3) if per_round * 9 <= budget else None
 
     def _affordable(self, entries: Sequence[_Entry], calls: int) -> bool:
         cost = sum((e.estimate or self.first_s) for e in entries) * calls
@@ -252,11 +273,12 @@ class Search:
         timed = [fp32, *also, *entries]
         if not entries:
             return
-        if not self._affordable(timed, plan.long_rounds + 1):
+        fits = self._fit(timed, plan.long_rounds, plan.passes)
+        if fits is None:
             self.notes.append("note: out of time before the long timing; short timings used")
         else:
             seconds = self._share(plan.long_s, 0.5, len(timed))
-            self._time(timed, seconds, plan.long_rounds, plan.passes)
+            self._time(timed, seconds, *fits)
         for entry in [*also, *entries]:
             entry.row.accepted = faster(entry.timing, entry.against)
             if not entry.row.accepted:
@@ -320,17 +342,26 @@ class Search:
     # --- the run --------------------------------------------------------------------------
 
     def run(self) -> TuneResult:
+        """Tune; put every flag and the step's state back as they were, whatever happens."""
+        try:
+            return self._run()
+        finally:
+            self.state.finish()
+
+    def _run(self) -> TuneResult:
         before = snapshot()
         fp32 = _Entry((), "reference")
+        # A priming call in fp32: it records the torch functions the step calls, and
+        # creates what a train step creates lazily (optimizer moments) before the copy
+        # that every later call starts from.
         began = time.perf_counter()
-        self.state.restore()
-        out, calls = calls_of(lambda: self._step(fp32)(*self.args, **self.kwargs))
+        _, calls = calls_of(lambda: self._step(fp32)(*self.args, **self.kwargs))
         synchronize(self.device)
         self.first_s = time.perf_counter() - began
-        self.reference = reference_outputs(out)
         self.state.settle()
+        self.reference = reference_outputs(self._call(fp32))
         self.say(f"reference: plain fp32; state reset before each call: {self.state.describe()}")
-        _check_reference(self.reference)
+        check_reference(self.reference)
         singles, rows = candidates(self.device, self.wanted, calls)
         entries = [_Entry(levers, "lever") for levers in singles]
         for entry in entries:
@@ -347,7 +378,7 @@ class Search:
         entries += combos
         best = self._choose(entries)
         compiled = None
-        if self.try_compile and _can_compile():
+        if self.try_compile and can_compile():
             compiled = self._compile(fp32, best)
         if compiled is not None:
             entries.append(compiled)
@@ -365,26 +396,3 @@ class Search:
             torch_version=torch.__version__,
             notes=self.notes,
         )
-
-
-def _check_reference(reference: Outputs) -> None:
-    if not reference:
-        raise InvalidValueError("tune: the step returned no tensor to compare; return its output")
-    for name, tensor in reference:
-        if not bool(torch.isfinite(tensor).all()):
-            raise InvalidValueError(
-                f"tune: the fp32 reference's {name} is not finite; nothing can be compared "
-                "with it (check the step and its inputs)"
-            )
-
-
-def _can_compile() -> bool:
-    is_supported = getattr(getattr(torch, "_dynamo", None), "is_dynamo_supported", None)
-    try:
-        return bool(is_supported()) if is_supported is not None else hasattr(torch, "compile")
-    except Exception:
-        return False
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"

@@ -25,12 +25,12 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from ..bench.accuracy import relative_error
-from ..errors import InvalidTypeError
+from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Outputs", "StepState", "error_against", "outputs"]
 
@@ -113,6 +113,18 @@ def error_against(value: Any, reference: Outputs) -> Tuple[float, str]:
     return worst, ""
 
 
+def check_reference(reference: Outputs) -> None:
+    """Refuse a reference with nothing to compare, or with a non-finite output."""
+    if not reference:
+        raise InvalidValueError("tune: the step returned no tensor to compare; return its output")
+    for name, tensor in reference:
+        if not bool(torch.isfinite(tensor).all()):
+            raise InvalidValueError(
+                f"tune: the fp32 reference's {name} is not finite; nothing can be compared "
+                "with it (check the step and its inputs)"
+            )
+
+
 def _stateful_types() -> Tuple[type, ...]:
     found: List[type] = [
         torch.nn.Module,
@@ -183,27 +195,121 @@ def find_state(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str,
     return list(found.values())
 
 
+class _Snapshot:
+    """One copy of every module, gradient, optimizer (scheduler, scaler) and RNG state."""
+
+    def __init__(self, modules: Sequence[torch.nn.Module], others: Sequence[Any]) -> None:
+        with torch.no_grad():
+            self.modules = [copy.deepcopy(m.state_dict()) for m in modules]
+            params = {id(p): p for m in modules for p in m.parameters()}
+            self.grads: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = [
+                (p, None if p.grad is None else p.grad.detach().clone()) for p in params.values()
+            ]
+        self.others = [copy.deepcopy(o.state_dict()) for o in others]
+        self.rng = torch.get_rng_state()
+        self.cuda_rng: Optional[List[torch.Tensor]] = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            self.cuda_rng = torch.cuda.get_rng_state_all()
+
+    def restore_rng(self) -> None:
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+    def restore(self, modules: Sequence[torch.nn.Module], others: Sequence[Any]) -> None:
+        self.restore_rng()
+        with torch.no_grad():
+            for module, saved in zip(modules, self.modules):
+                module.load_state_dict(saved)  # copies into the live tensors
+            for param, grad in self.grads:
+                if grad is None:
+                    param.grad = None
+                elif param.grad is not None and param.grad.shape == grad.shape:
+                    param.grad.copy_(grad)
+                else:
+                    param.grad = grad.clone()
+            for obj, saved in zip(others, self.others):
+                if not (isinstance(obj, torch.optim.Optimizer) and _copy_into(obj, saved)):
+                    # a fresh copy: load_state_dict may keep the given tensors as its state
+                    obj.load_state_dict(copy.deepcopy(saved))
+
+    def differs(self, modules: Sequence[torch.nn.Module]) -> bool:
+        """Whether any module's state or gradient differs from this copy."""
+        for module, saved in zip(modules, self.modules):
+            now = module.state_dict()
+            if now.keys() != saved.keys() or any(
+                not torch.equal(now[k], v) for k, v in saved.items()
+            ):
+                return True
+        for param, grad in self.grads:
+            if (param.grad is None) != (grad is None):
+                return True
+            if grad is not None and param.grad is not None and not torch.equal(param.grad, grad):
+                return True
+        return False
+
+
+def _copy_into(optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -> bool:
+    """Copy ``saved`` into the optimizer's own state tensors, if they have its layout.
+
+    Keeping the tensors (not replacing them, as ``load_state_dict`` does) keeps a compiled
+    optimizer step's guards valid, and costs no allocation.
+    """
+    live = optimizer.state_dict()  # its "state" holds the live per-parameter dicts
+    if live["state"].keys() != saved["state"].keys():
+        return False
+    for index, entry in saved["state"].items():
+        target = live["state"][index]
+        if target.keys() != entry.keys():
+            return False
+        for key, value in entry.items():
+            now = target[key]
+            if isinstance(value, torch.Tensor) and not (
+                isinstance(now, torch.Tensor)
+                and now.shape == value.shape
+                and now.dtype == value.dtype
+            ):
+                return False
+    for index, entry in saved["state"].items():
+        target = live["state"][index]
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                target[key].copy_(value)
+            else:
+                target[key] = copy.deepcopy(value)
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+        for key, value in saved_group.items():
+            if key != "params":
+                group[key] = copy.deepcopy(value)  # the learning rate a scheduler changed
+    return True
+
+
 class StepState:
-    """The state a step changes, copied once and put back before each call.
+    """The state a step changes, copied and put back before each call, and after tuning.
 
     Modules: their ``state_dict()`` and their parameters' ``.grad``; optimizers, schedulers
-    and grad scalers: their ``state_dict()``; and the torch RNG. :meth:`settle`, called after
-    the first call, finds out whether the step changed any module (a forward usually does
-    not); if none changed and there is no optimizer, scheduler or scaler, later restores put
-    back the RNG only.
+    and grad scalers: their ``state_dict()``; and the torch RNG. The original is copied at
+    construction and put back by :meth:`finish`. :meth:`settle`, called after a first
+    (priming) call, copies the state that call left: a train step's optimizer creates its
+    moments lazily at the first step, so every later call, restored to this copy, times a
+    steady-state step, with the optimizer's tensors kept in place. A step that changed no
+    module and has no optimizer, scheduler or scaler (a forward) gets its RNG back only.
 
     Example:
         >>> import torch
         >>> from speedflags.tune.state import StepState
         >>> model = torch.nn.Linear(2, 1)
-        >>> opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        >>> opt = torch.optim.Adam(model.parameters(), lr=0.5)
         >>> def step(x):
         ...     opt.zero_grad(); loss = model(x).pow(2).sum(); loss.backward(); opt.step()
-        ...     return loss
+        ...     return loss.item()
+        >>> weight = model.weight.detach().clone()
         >>> state = StepState(step, (torch.ones(1, 2),), {})
-        >>> first = step(torch.ones(1, 2)).item(); _ = step(torch.ones(1, 2))
-        >>> state.restore()
-        >>> step(torch.ones(1, 2)).item() == first
+        >>> _ = step(torch.ones(1, 2)); state.settle()   # the priming call: Adam's moments
+        >>> second = step(torch.ones(1, 2)); _ = step(torch.ones(1, 2))
+        >>> state.restore(); step(torch.ones(1, 2)) == second
+        True
+        >>> state.finish(); torch.equal(model.weight, weight) and not opt.state
         True
     """
 
@@ -213,17 +319,8 @@ class StepState:
         found = find_state(fn, args, kwargs)
         self.modules = [o for o in found if isinstance(o, torch.nn.Module)]
         self.others = [o for o in found if not isinstance(o, torch.nn.Module)]
-        with torch.no_grad():
-            self._module_states = [copy.deepcopy(m.state_dict()) for m in self.modules]
-            params = {id(p): p for m in self.modules for p in m.parameters()}
-            self._grads: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = [
-                (p, None if p.grad is None else p.grad.detach().clone()) for p in params.values()
-            ]
-        self._other_states = [copy.deepcopy(o.state_dict()) for o in self.others]
-        self._rng = torch.get_rng_state()
-        self._cuda_rng: Optional[List[torch.Tensor]] = None
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            self._cuda_rng = torch.cuda.get_rng_state_all()
+        self._original = _Snapshot(self.modules, self.others)
+        self._working = self._original
         self.changes_state = True
 
     def describe(self) -> str:
@@ -233,40 +330,18 @@ class StepState:
         return f"{what}; RNG" + ("" if self.changes_state else " (the step changes no state)")
 
     def settle(self) -> None:
-        """Call after the first call: restores skip what that call left unchanged."""
-        if self.others:
-            return
-        self.changes_state = any(self._modules_differ())
-
-    def _modules_differ(self) -> Iterable[bool]:
-        for module, saved in zip(self.modules, self._module_states):
-            now = module.state_dict()
-            yield now.keys() != saved.keys() or any(
-                not torch.equal(now[k], v) for k, v in saved.items()
-            )
-        for param, grad in self._grads:
-            if (param.grad is None) != (grad is None):
-                yield True
-            elif grad is not None and param.grad is not None:
-                yield not torch.equal(param.grad, grad)
+        """After the priming call: copy what it left; restores go back to that from now on."""
+        self.changes_state = bool(self.others) or self._original.differs(self.modules)
+        if self.changes_state:
+            self._working = _Snapshot(self.modules, self.others)
 
     def restore(self) -> None:
-        """Put back every copied state (the RNG always; the rest when the step changes it)."""
-        torch.set_rng_state(self._rng)
-        if self._cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self._cuda_rng)
-        if not self.changes_state:
-            return
-        with torch.no_grad():
-            for module, saved in zip(self.modules, self._module_states):
-                module.load_state_dict(saved)  # copies into the live tensors
-            for param, grad in self._grads:
-                if grad is None:
-                    param.grad = None
-                elif param.grad is not None and param.grad.shape == grad.shape:
-                    param.grad.copy_(grad)
-                else:
-                    param.grad = grad.clone()
-        for obj, saved in zip(self.others, self._other_states):
-            # a fresh copy each time: load_state_dict may keep the given tensors as its state
-            obj.load_state_dict(copy.deepcopy(saved))
+        """Put back the state to start each call from (the RNG only if nothing else moves)."""
+        if self.changes_state:
+            self._working.restore(self.modules, self.others)
+        else:
+            self._working.restore_rng()
+
+    def finish(self) -> None:
+        """Put everything back as it was before the first call."""
+        self._original.restore(self.modules, self.others)
