@@ -60,8 +60,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser(
         "tune",
         help="find the fastest levers that keep your own step accurate",
-        description="Measure every lever on your own step (a forward, a loss or a train "
-        "step) against plain fp32, and choose the fastest set whose relative error stays "
+        description="Measure every lever on your own step (a forward, a loss or a train\n"
+        "step) against plain fp32, and choose the fastest set whose relative error stays\n"
         "within the budget. FACTORY() returns (fn, args) or (fn, args, kwargs).",
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
