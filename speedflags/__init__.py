@@ -48,6 +48,7 @@ from .schedule import Schedule, TF32Schedule
 from .speedup import SpeedupStats, speedup
 from .status import TF32Status, heal_tf32, snapshot, tf32_status
 from .training import fast_optimizer, grad_scaler, to_device
+from .tune import TuneResult, load_levers, tune
 
 __all__ = [
     "UNSET",
@@ -76,6 +77,7 @@ __all__ = [
     "StateMismatchError",
     "TF32Schedule",
     "TF32Status",
+    "TuneResult",
     "Unreadable",
     "__version__",
     "autocast",
@@ -87,6 +89,7 @@ __all__ = [
     "grad_scaler",
     "heal_tf32",
     "ledger",
+    "load_levers",
     "matmul_precision",
     "recommended",
     "sdpa_backend",
@@ -95,6 +98,7 @@ __all__ = [
     "tf32",
     "tf32_status",
     "to_device",
+    "tune",
 ]
 
 # Public classes say where users find them: <speedflags.FastMath ...>, not a private module.
@@ -111,6 +115,7 @@ for _cls in (
     SpeedupStats,
     TF32Schedule,
     TF32Status,
+    TuneResult,
     Unreadable,
     CompileFallbackWarning,
     DriftWarning,

@@ -26,6 +26,7 @@ CHANGES_FLAGS = {
     "speedup",
     "Schedule",
     "TF32Schedule",
+    "tune",
 }
 NEEDS_EXAMPLE = {
     "snapshot",

@@ -69,6 +69,9 @@ class LeverSpec:
         baseline: the value that means "off" (plain fp32 eager); ``UNSET`` when the lever
             has no off value (the SDPA dispatcher's default is every backend).
         candidates: the values ``tune`` tries, in order.
+        ops: words in the names of the torch functions whose kernels the lever changes
+            (``"conv"``); ``tune`` skips the lever for a step that calls none of them.
+            Empty: any step.
     """
 
     name: str
@@ -82,6 +85,7 @@ class LeverSpec:
     accuracy: str
     baseline: Any = UNSET
     candidates: Tuple[Any, ...] = ()
+    ops: Tuple[str, ...] = ()
 
     def lever(self, device_type: str = "cpu") -> Lever:
         """The lever object for ``device_type`` (one shared instance per type)."""
@@ -143,6 +147,9 @@ def autocast_lever(device_type: str) -> AutocastLever:
 
 
 _BACKEND_CHOICES = ", ".join(repr(b) for b in BACKENDS)
+# matmuls (mm, addmm, bmm, ...), convolutions, recurrent layers and attention: the kernels
+# TF32, matmul precision and autocast change
+_MATMUL_OPS = ("mm", "matmul", "linear", "einsum", "conv", "lstm", "gru", "rnn", "scaled_dot")
 
 # Application order: TF32 before matmul precision (they share state and both are checked
 # for a mixed TF32 state first), autocast last.
@@ -159,6 +166,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         accuracy="TF32 keeps 10 mantissa bits: ~1e-3 relative error on float32 matmuls",
         baseline=False,
         candidates=(True,),
+        ops=_MATMUL_OPS,
     ),
     LeverSpec(
         name="matmul_precision",
@@ -172,6 +180,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         accuracy="'high': as tf32; 'medium': bf16-level on GPUs and AMX CPUs, else fp32-level",
         baseline="highest",
         candidates=("high", "medium"),
+        ops=_MATMUL_OPS,
     ),
     LeverSpec(
         name="cudnn_benchmark",
@@ -185,6 +194,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         accuracy="none in principle; the chosen algorithm may differ run to run",
         baseline=False,
         candidates=(True,),
+        ops=("conv",),
     ),
     LeverSpec(
         name="sdpa",
@@ -197,6 +207,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         summary="preferred scaled_dot_product_attention kernels (math kept as the fallback)",
         accuracy="kernel-dependent, usually within fp16/bf16 rounding of the math kernel",
         candidates=tuple((b,) for b in BACKENDS if b != "math"),
+        ops=("scaled_dot_product",),
     ),
     LeverSpec(
         name="amp",
@@ -210,6 +221,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         accuracy="bf16: ~3e-3 relative error (8 mantissa bits); fp16: ~4e-4 (use loss scaling)",
         baseline=False,
         candidates=(torch.bfloat16, torch.float16),
+        ops=_MATMUL_OPS,
     ),
 )
 
