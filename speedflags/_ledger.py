@@ -1,6 +1,8 @@
 """The FlagLedger: every lever change goes through here, is recorded, and is undone exactly.
 
-The ledger knows levers only through the :class:`~speedflags.levers._base.Lever` protocol.
+The ledger knows levers only through the :class:`~speedflags.levers._base.Lever` protocol;
+what it runs is a :class:`~speedflags._program.Program` per frame, and what it records goes
+into a ring of compact entries (:mod:`speedflags._history`).
 
 Stacks. For each piece of torch state (a lever *domain*) the ledger keeps a stack of the
 open frames that set it, each with the state it found. Process-wide domains have one stack;
@@ -9,61 +11,58 @@ found. Closing an entry below others (a frame of another thread that exits first
 out-of-order exit) restores the state it found and then re-applies the entries above it, so
 every frame still open keeps what it asked for and the base state comes back once the last
 one exits.
-
-Hot path. ``@speedup`` enters and exits a frame every training step, so a frame's levers are
-compiled once into a :class:`Program` (domains, stack keys, hooks), and the history stores
-one tuple per frame operation; per-lever :class:`FlagRecord` objects are built only when
-``history`` is read. History entries hold only strings, numbers and exact tuples of them
-(lever keys, not levers; the frame's label and id, not the frame): the garbage collector can
-stop tracking such tuples, so the ring does not cost a traversal on every collection
-(measured: the collector was ~23% of a frame's cost while entries referenced frames).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import threading
-import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
 from . import _warn
-from ._version import __version__
+from ._history import (
+    RESTORE,
+    SET,
+    FlagRecord,
+    Where,
+    expand,
+    format_where,
+    json_default,
+    now,
+    one_entry,
+    records,
+    to_json,
+)
+from ._program import Frame, LeverItem, Program
 from .errors import DriftWarning, LedgerOrderError, RestoreError
-from .levers._base import Lever, Unreadable
+from .levers._base import Lever
 
-Where = Optional[Tuple[str, int]]
-LeverItem = Tuple[Lever, Any, str]  # (lever, requested value, reason to record)
+__all__ = [
+    "FlagLedger",
+    "FlagRecord",
+    "Frame",
+    "LeverItem",
+    "Program",
+    "Where",
+    "format_where",
+    "json_default",
+    "ledger",
+    "set_rank_source",
+]
 
 DEFAULT_HISTORY_SIZE = 4096
-_now = time.time
 _get_ident = threading.get_ident
-
-# History entries: (kind, seq, time, label, frame id, thread name, rank, where, ...), then
-#   _SET:     lever keys, reasons, befores, afters    one record per lever, in order
-#   _RESTORE: lever keys, notes, found, restored      one record per lever, reverse order
-#   _ONE:     lever key or name, action, reason, before, after     a single record
-_SET, _RESTORE, _ONE = 0, 1, 2
-
-# lever key ("name@domain") -> lever, so records describe states without the history holding
-# lever objects; filled as programs are compiled
-_LEVERS: Dict[str, Lever] = {}
-
-
-def _lever_key(lever: Lever) -> str:
-    key = f"{lever.name}@{lever.domain}"
-    _LEVERS.setdefault(key, lever)
-    return key
+_current_thread = threading.current_thread
 
 
 def _no_rank() -> Optional[int]:
     return None
 
 
-# Tells the calling process's rank in a torch.distributed job (None without one). The ledger
-# imports no torch; speedflags.distributed installs the real source. Read once per frame.
+# Tells the calling process's rank in a torch.distributed job (None without one);
+# speedflags.distributed installs the real source, so the ledger needs no torch.distributed.
+# Read once per frame.
 _rank_source: Callable[[], Optional[int]] = _no_rank
 
 
@@ -71,251 +70,6 @@ def set_rank_source(source: Callable[[], Optional[int]]) -> None:
     """Install the function that says the process's rank (``speedflags.distributed`` does)."""
     global _rank_source
     _rank_source = source
-
-
-def format_where(where: Where) -> str:
-    """``"train.py:42"`` for a ``(filename, lineno)`` pair; ``""`` when unknown."""
-    if where is None:
-        return ""
-    return f"{where[0]}:{where[1]}"
-
-
-class Program:
-    """A frame's levers, compiled once: what the ledger needs on every enter and exit."""
-
-    __slots__ = (
-        "checks",
-        "domains",
-        "hooks",
-        "keys",
-        "lever_keys",
-        "levers",
-        "n",
-        "prev",
-        "reads",
-        "reasons",
-        "rows",
-        "skipped",
-        "values",
-    )
-
-    def __init__(self, items: Sequence[LeverItem], skipped: Sequence[Tuple[str, str]] = ()):
-        self.levers: Tuple[Lever, ...] = tuple(lever for lever, _, _ in items)
-        self.lever_keys: Tuple[str, ...] = tuple(_lever_key(lever) for lever in self.levers)
-        self.values: Tuple[Any, ...] = tuple(value for _, value, _ in items)
-        self.reasons: Tuple[str, ...] = tuple(reason for _, _, reason in items)
-        self.domains: Tuple[str, ...] = tuple(lever.domain for lever in self.levers)
-        # process-wide stacks are keyed by domain; thread-local ones by (domain, thread)
-        self.keys: Tuple[Optional[str], ...] = tuple(
-            None if lever.scope == "thread" else lever.domain for lever in self.levers
-        )
-        # index of the previous lever of the same domain (it hands over its state), or -1
-        self.prev: Tuple[int, ...] = tuple(
-            max((j for j in range(i) if self.domains[j] == self.domains[i]), default=-1)
-            for i in range(len(self.levers))
-        )
-        self.checks: Tuple[bool, ...] = tuple(
-            bool(getattr(lever, "checks_state", True)) for lever in self.levers
-        )
-        self.hooks: Tuple[bool, ...] = tuple(
-            bool(getattr(lever, "has_hooks", True)) for lever in self.levers
-        )
-        self.skipped: Tuple[Tuple[str, str], ...] = tuple(skipped)
-        self.n = len(self.levers)
-        # What open() iterates over, precomputed: (index, lever, value, prev, key, domain, hook)
-        self.rows = tuple(
-            zip(
-                range(self.n),
-                self.levers,
-                self.values,
-                self.prev,
-                self.keys,
-                self.domains,
-                self.hooks,
-            )
-        )
-        # The levers whose state must be read (first of their domain), and whether to check it
-        self.reads = tuple(
-            (i, self.levers[i], self.checks[i]) for i in range(self.n) if self.prev[i] < 0
-        )
-
-
-class FlagRecord:
-    """One entry of the ledger's history: what happened to one lever, where and why.
-
-    Attributes:
-        seq: position in the process's history (increasing).
-        time: ``time.time()`` of the frame's entry or exit (or of the event).
-        lever: the lever's name (``"tf32"``), or ``"speedup"`` and the like for events.
-        action: ``"set"``, ``"restore"``, ``"skip"`` or ``"heal"`` (and event names).
-        before, after: the lever's observable state before and after (JSON-friendly).
-        reason: why, in words: no effect on this device, drift found, rolled back, ...
-        label: the frame's label (``"fast_math(tf32=True)"``).
-        frame: the frame's id (a set and its restore share it; 0 for events).
-        thread: the name of the thread that made the change.
-        rank: the process's rank in its ``torch.distributed`` process group when the frame
-            was entered (``None`` without a process group).
-        where: ``"file.py:line"`` of the user code that entered or exited the block.
-    """
-
-    __slots__ = (
-        "_after",
-        "_before",
-        "_describe",
-        "action",
-        "frame",
-        "label",
-        "lever",
-        "rank",
-        "reason",
-        "seq",
-        "thread",
-        "time",
-        "where",
-    )
-
-    def __init__(
-        self,
-        seq: int,
-        when: float,
-        label: str,
-        frame: int,
-        thread: str,
-        rank: Optional[int],
-        where: Where,
-        lever: str,
-        action: str,
-        reason: str,
-        before: Any,
-        after: Any,
-    ) -> None:
-        self.seq = seq
-        self.rank = rank
-        self.time = when
-        registered = _LEVERS.get(lever)
-        if registered is None:  # an event, or a lever named directly (skips, notes)
-            self.lever = lever
-            self._describe: Optional[Callable[[Any], Any]] = None
-        else:
-            self.lever = registered.name
-            self._describe = registered.describe
-        self.action = action
-        self.reason = reason
-        self.label = label
-        self.frame = frame
-        self.thread = thread
-        self.where = format_where(where)
-        self._before = before
-        self._after = after
-
-    @property
-    def before(self) -> Any:
-        return self._describe(self._before) if self._describe else self._before
-
-    @property
-    def after(self) -> Any:
-        return self._describe(self._after) if self._describe else self._after
-
-    def to_dict(self) -> dict[str, Any]:
-        """The record as plain, JSON-friendly values."""
-        return {
-            "seq": self.seq,
-            "time": self.time,
-            "lever": self.lever,
-            "action": self.action,
-            "before": self.before,
-            "after": self.after,
-            "reason": self.reason,
-            "label": self.label,
-            "frame": self.frame,
-            "thread": self.thread,
-            "rank": self.rank,
-            "where": self.where,
-        }
-
-    def __repr__(self) -> str:
-        reason = f", reason={self.reason!r}" if self.reason else ""
-        rank = f", rank={self.rank!r}" if self.rank is not None else ""
-        return (
-            f"FlagRecord(lever={self.lever!r}, action={self.action!r}, before={self.before!r}, "
-            f"after={self.after!r}{reason}, label={self.label!r}{rank}, where={self.where!r})"
-        )
-
-
-class Frame:
-    """One ``fast_math`` block or decorated call, as the ledger sees it.
-
-    ``with fast_math(...) as frame:`` binds it. Attributes: ``id``, ``label``, ``device``
-    (the device the levers were resolved for), ``levers`` (names, in application order),
-    ``values`` (what each lever was set to, after ``"auto"`` resolution), ``thread`` (the
-    thread's name), ``rank`` (the process's ``torch.distributed`` rank, ``None`` without a
-    process group), ``where`` and ``closed``.
-    """
-
-    __slots__ = (
-        "_where",
-        "afters",
-        "applied",
-        "befores",
-        "closed",
-        "device",
-        "id",
-        "label",
-        "owner",
-        "program",
-        "rank",
-        "thread",
-        "thread_id",
-    )
-
-    def __init__(
-        self,
-        frame_id: int,
-        label: str,
-        owner: object,
-        where: Where,
-        device: Optional[str],
-        program: Program,
-    ) -> None:
-        self.id = frame_id
-        self.label = label
-        self.owner = owner
-        self.thread_id = _get_ident()
-        self.thread = threading.current_thread().name
-        self._where = where
-        self.device = device
-        self.closed = False
-        self.program = program
-        self.rank = _rank_source()  # once per frame; cached per process group
-        n = program.n
-        self.befores: List[Any] = [None] * n
-        self.afters: List[Any] = [None] * n
-        self.applied = 0
-
-    def key(self, i: int) -> Hashable:
-        """The stack key of lever ``i``: its domain, or (domain, thread) if thread-local."""
-        key = self.program.keys[i]
-        return (self.program.domains[i], self.thread_id) if key is None else key
-
-    @property
-    def where(self) -> str:
-        return format_where(self._where)
-
-    @property
-    def levers(self) -> tuple[str, ...]:
-        return tuple(lever.name for lever in self.program.levers[: self.applied])
-
-    @property
-    def values(self) -> dict[str, Any]:
-        program = self.program
-        return {
-            program.levers[i].name: program.levers[i].describe_value(program.values[i])
-            for i in range(self.applied)
-        }
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else "open"
-        return f"<Frame {self.id} {self.label!r} {state} at {self.where} in {self.thread}>"
 
 
 class FlagLedger:
@@ -360,10 +114,7 @@ class FlagLedger:
         """The most recent records (at most ``history_size``), oldest first (a copy)."""
         with self._lock:
             raw = tuple(self._history)
-        records: List[FlagRecord] = []
-        for entry in raw:
-            records.extend(_expand(entry))
-        return tuple(records[-self._history_size :])
+        return records(raw, self._history_size)
 
     def clear_history(self) -> None:
         """Forget the recorded history (open frames and their restore data are kept)."""
@@ -378,15 +129,7 @@ class FlagLedger:
 
     def to_json(self, indent: Optional[int] = None) -> str:
         """The history as JSON, with the PyTorch and speedflags versions and the process id."""
-        import torch  # local: the ledger itself never needs torch
-
-        payload = {
-            "speedflags": __version__,
-            "torch": torch.__version__,
-            "pid": os.getpid(),
-            "records": [r.to_dict() for r in self.history],
-        }
-        return json.dumps(payload, indent=indent, default=json_default)
+        return to_json(self.history, indent)
 
     def __repr__(self) -> str:
         return f"<FlagLedger: {len(self._history)} entries, {len(self.open_frames())} open frames>"
@@ -403,11 +146,11 @@ class FlagLedger:
         where: Where = None,
     ) -> FlagRecord:
         """Append an event that is not a frame (a heal, a compile fallback) to the history."""
-        thread = threading.current_thread().name
+        thread = _current_thread().name
         rank = _rank_source()
         with self._lock:
             entry = self._one(label, 0, thread, rank, where, lever, action, reason, before, after)
-        return _expand(entry)[0]
+        return expand(entry)[0]
 
     def _one(
         self,
@@ -424,8 +167,9 @@ class FlagLedger:
     ) -> tuple[Any, ...]:
         # a single record; the caller holds the lock
         self._seq += 1
-        entry = (_ONE, self._seq, _now(), label, frame_id, thread, rank, where, lever, action,
-                 reason, before, after)  # fmt: skip
+        entry = one_entry(
+            self._seq, label, frame_id, thread, rank, where, lever, action, reason, before, after
+        )
         self._history.append(entry)
         return entry
 
@@ -463,8 +207,11 @@ class FlagLedger:
         If any lever fails, the levers already applied are restored before the error
         propagates.
         """
-        frame = Frame(next(self._frame_ids), label, owner, where, device, program)
-        tid = frame.thread_id
+        tid = _get_ident()
+        frame = Frame(
+            label, owner, where, device, program, tid, _current_thread().name, None, _rank_source()
+        )
+        frame.id = next(self._frame_ids)
         befores = frame.befores
         afters = frame.afters
         stacks = self._stacks
@@ -495,7 +242,7 @@ class FlagLedger:
             n = program.n
             self._seq += n
             self._history.append(
-                (_SET, self._seq - n + 1, _now(), label, frame.id, frame.thread, frame.rank, where,
+                (SET, self._seq - n + 1, now(), label, frame.id, frame.thread, frame.rank, where,
                  program.lever_keys, program.reasons, tuple(befores), tuple(afters))
             )  # fmt: skip
             if program.skipped:
@@ -639,7 +386,7 @@ class FlagLedger:
             frame.closed = True
             self._seq += n
             self._history.append(
-                (_RESTORE, self._seq - n + 1, _now(), frame.label, frame.id, frame.thread,
+                (RESTORE, self._seq - n + 1, now(), frame.label, frame.id, frame.thread,
                  frame.rank, where, program.lever_keys[:n], tuple(notes) if notes else None,
                  tuple(found), tuple(restored))
             )  # fmt: skip
@@ -707,42 +454,8 @@ class FlagLedger:
         return f"drift: found {lever.describe(found)!r}, expected {lever.describe(expected)!r}"
 
 
-def _expand(entry: tuple[Any, ...]) -> List[FlagRecord]:
-    kind, seq, when, label, frame, thread, rank, where = entry[:8]
-    if kind == _ONE:
-        lever, action, reason, before, after = entry[8:]
-        return [
-            FlagRecord(
-                seq, when, label, frame, thread, rank, where, lever, action, reason, before, after
-            )
-        ]
-    if kind == _SET:
-        keys, reasons, befores, afters = entry[8:]
-        return [
-            FlagRecord(seq + i, when, label, frame, thread, rank, where, keys[i], "set", reasons[i],
-                       befores[i], afters[i])
-            for i in range(len(keys))
-        ]  # fmt: skip
-    keys, notes, found, restored = entry[8:]
-    n = len(keys)
-    return [
-        FlagRecord(seq + k, when, label, frame, thread, rank, where, keys[i], "restore",
-                   notes[i] if notes else "", found[i], restored[i])
-        for k, i in enumerate(range(n - 1, -1, -1))
-    ]  # fmt: skip
-
-
 def _is_positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def json_default(value: Any) -> Any:
-    """``json.dumps`` fallback for the values speedflags records."""
-    if isinstance(value, Unreadable):
-        return value.to_json()
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    return str(value)
 
 
 _PROCESS_LEDGER = FlagLedger()
