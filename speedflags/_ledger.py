@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
-from . import _warn
+from . import _notices
 from ._history import (
     RESTORE,
     SET,
@@ -34,9 +34,9 @@ from ._history import (
     records,
     to_json,
 )
+from ._notices import Failure, Notice
 from ._program import Frame, LeverItem, Program
-from .errors import DriftWarning, LedgerOrderError, RestoreError
-from .levers._base import Lever
+from .errors import LedgerOrderError
 
 __all__ = [
     "FlagLedger",
@@ -237,7 +237,9 @@ class FlagLedger:
                     if hook:
                         lever.opened()
             except BaseException as exc:
-                self._roll_back(frame, i, exc, where)
+                error = self._roll_back(frame, i, exc, where)
+                if error is not None:
+                    raise error  # noqa: B904 - its cause is set; raised as the lock is released
                 raise
             n = program.n
             self._seq += n
@@ -266,10 +268,16 @@ class FlagLedger:
                 frames.append(frame)
         return frame
 
-    def _roll_back(self, frame: Frame, failed: int, exc: BaseException, where: Where) -> None:
-        errors: List[BaseException] = []
+    def _roll_back(
+        self, frame: Frame, failed: int, exc: BaseException, where: Where
+    ) -> Optional[BaseException]:
+        # Every applied lever is tried; what failed is reported, not raised, so that the
+        # caller raises it only once the lock is released.
+        failures: List[Failure] = []
         program = frame.program
-        for i in range(frame.applied - 1, -1, -1):
+        applied = frame.applied
+        states: List[Any] = [None] * applied
+        for i in range(applied - 1, -1, -1):
             lever = program.levers[i]
             try:
                 current = lever.read()
@@ -278,19 +286,20 @@ class FlagLedger:
                 reason = f"rolled back: entering failed with {type(exc).__name__}"
                 self._frame_one(frame, where, i, "restore", reason, current, restored)
             except BaseException as err:  # keep rolling back the others
-                errors.append(err)
+                failures.append((i, err))
+                states[i] = lever.read()
             finally:
                 self._unlink(frame, i)
                 if program.hooks[i] and i != failed:
                     lever.closed()
         frame.applied = 0
         frame.closed = True
-        if errors:
-            raise RestoreError(
-                f"entering {frame.label!r} failed ({type(exc).__name__}: {exc}) and rolling back "
-                f"failed too: {'; '.join(f'{type(e).__name__}: {e}' for e in errors)}",
-                errors,
-            ) from errors[0]
+        if not failures:
+            return None
+        interrupts = [e for _, e in failures if not isinstance(e, Exception)]
+        if interrupts:
+            return interrupts[0]
+        return _notices.roll_back_error(frame, exc, applied, failures, states)
 
     def _unlink(self, frame: Frame, i: int) -> None:
         key = frame.key(i)
@@ -320,22 +329,27 @@ class FlagLedger:
     def close(self, frame: Frame, where: Where = None) -> None:
         """Restore every lever of ``frame`` (in reverse order, trying each one) and close it.
 
+        Every lever is restored first; warnings (drift) and errors come after, once the
+        frame is off every stack and the ledger's lock is released.
+
         Raises:
             LedgerOrderError: the frame is closed already, belongs to another thread, or is
                 not the thread's innermost frame. In the last case the frame is still
                 closed correctly (frames opened after it keep their levers) before raising.
-            RestoreError: several levers could not be restored; the others were. A single
-                failure is raised as itself.
+            RestoreError: several levers could not be restored; its message names those
+                restored and those not (with what they read now). A single failure is
+                raised as itself.
         """
         tid = _get_ident()
-        errors: Optional[List[BaseException]] = None
+        failures: Optional[List[Failure]] = None
+        notices: Optional[List[Notice]] = None
         with self._lock:
             if frame.closed:
                 raise LedgerOrderError(f"frame {frame.label!r} ({frame.where}) is already closed")
             if frame.thread_id != tid:
                 raise LedgerOrderError(
                     f"frame {frame.label!r} was entered in thread {frame.thread!r} and cannot be "
-                    f"exited from thread {threading.current_thread().name!r}; nothing was restored"
+                    f"exited from thread {_current_thread().name!r}; nothing was restored"
                 )
             program = frame.program
             befores = frame.befores
@@ -355,10 +369,6 @@ class FlagLedger:
                     top_frame, top_i = stack[-1]
                     current = found[i] = lever.read()
                     if top_frame is frame and top_i == i:
-                        if current != afters[i]:
-                            if notes is None:
-                                notes = [""] * n
-                            notes[i] = self._drift(lever, current, afters[i], befores[i], frame)
                         stack.pop()
                         if not stack and key.__class__ is tuple:
                             del stacks[key]
@@ -370,15 +380,27 @@ class FlagLedger:
                         finally:
                             if hook:
                                 lever.closed()
+                        if current != afters[i]:
+                            if notes is None:
+                                notes = [""] * n
+                            if notices is None:
+                                notices = []
+                            notes[i], notice = _notices.drift(
+                                lever, current, afters[i], before, frame
+                            )
+                            notices.append(notice)
                     else:
-                        restored[i] = self._close_buried(frame, i, current, where)
+                        if notices is None:
+                            notices = []
+                        restored[i] = self._close_buried(frame, i, current, where, notices)
                         if notes is None:
                             notes = [""] * n
                         notes[i] = "closed under frames entered later; see the records around it"
                 except BaseException as exc:  # every lever is restored even if one fails
-                    if errors is None:
-                        errors = []
-                    errors.append(exc)
+                    self._unlink(frame, i)  # no stale entry is left on its stack
+                    if failures is None:
+                        failures = []
+                    failures.append((i, exc))
                     if notes is None:
                         notes = [""] * n
                     notes[i] = f"failed: {type(exc).__name__}: {exc}"
@@ -391,17 +413,22 @@ class FlagLedger:
                  tuple(found), tuple(restored))
             )  # fmt: skip
             frames = self._threads[tid]
-            innermost = frames[-1]
+            innermost: Optional[Frame] = frames[-1]
             if innermost is frame:
                 frames.pop()
+                innermost = None
             else:
                 frames.remove(frame)
             if not frames:
                 del self._threads[tid]
-        if innermost is not frame or errors:
-            self._raise_close_errors(frame, innermost, errors or [])
+        if notices or failures or innermost is not None:
+            _notices.speak(
+                notices, _notices.close_error(frame, innermost, failures or (), restored)
+            )
 
-    def _close_buried(self, frame: Frame, i: int, current: Any, where: Where) -> Any:
+    def _close_buried(
+        self, frame: Frame, i: int, current: Any, where: Where, notices: List[Notice]
+    ) -> Any:
         # Entries above this one belong to frames still open: put back the state this entry
         # found, then re-apply theirs on top of it, in their order.
         stack = self._stacks[frame.key(i)]
@@ -409,12 +436,15 @@ class FlagLedger:
         later = stack[position + 1 :]
         lever = frame.program.levers[i]
         top_frame, top_i = later[-1]
-        if current != top_frame.afters[top_i]:
-            self._drift(lever, current, top_frame.afters[top_i], frame.befores[i], frame)
         del stack[position]
-        state = lever.restore(frame.befores[i], current)
-        if frame.program.hooks[i]:
-            lever.closed()
+        try:
+            state = lever.restore(frame.befores[i], current)
+        finally:
+            if frame.program.hooks[i]:
+                lever.closed()
+        if current != top_frame.afters[top_i]:
+            expected = top_frame.afters[top_i]
+            notices.append(_notices.drift(lever, current, expected, frame.befores[i], frame)[1])
         for other, j in later:
             other_lever = other.program.levers[j]
             other.befores[j] = state
@@ -422,36 +452,6 @@ class FlagLedger:
             reason = f"re-applied: {frame.label!r}, entered earlier, exited first"
             self._frame_one(other, where, j, "set", reason, other.befores[j], other.afters[j])
         return state
-
-    @staticmethod
-    def _raise_close_errors(frame: Frame, innermost: Frame, errors: List[BaseException]) -> None:
-        interrupts = [e for e in errors if not isinstance(e, Exception)]
-        if interrupts:
-            raise interrupts[0]
-        cause = errors[0] if errors else None
-        if innermost is not frame:
-            raise LedgerOrderError(
-                f"frame {frame.label!r} (entered at {frame.where}) exited while "
-                f"{innermost.label!r} (entered later, at {innermost.where}) is still open in this "
-                "thread; blocks must exit in reverse order of entry. The exited frame's levers "
-                "were restored and the later frame keeps its own."
-            ) from cause
-        if len(errors) == 1:
-            raise errors[0]
-        raise RestoreError(
-            f"restoring {len(errors)} levers of {frame.label!r} failed (the others were "
-            f"restored): {'; '.join(f'{type(e).__name__}: {e}' for e in errors)}",
-            errors,
-        ) from cause
-
-    def _drift(self, lever: Lever, found: Any, expected: Any, restoring: Any, frame: Frame) -> str:
-        message = (
-            f"{lever.name} was changed inside {frame.label!r} (entered at {frame.where}): found "
-            f"{lever.describe(found)!r} where the block had set {lever.describe(expected)!r}; "
-            f"restoring {lever.describe(restoring)!r}"
-        )
-        _warn.warn_once((lever.name, found, expected, restoring), message, DriftWarning)
-        return f"drift: found {lever.describe(found)!r}, expected {lever.describe(expected)!r}"
 
 
 def _is_positive_int(value: object) -> bool:

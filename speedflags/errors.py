@@ -85,9 +85,11 @@ class StateMismatchError(SpeedflagsError, RuntimeError):
 
 
 class RestoreError(SpeedflagsError, RuntimeError):
-    """Restoring one or more levers failed; every other lever was still restored.
+    """Restoring several levers of a frame failed (a single failure is raised as itself).
 
-    ``errors`` holds each underlying exception; the first is also ``__cause__``.
+    Every lever was tried. The message names the levers that failed (with their errors and
+    what they read now) and the levers that were restored. ``errors`` holds each underlying
+    exception, in the order the levers were applied; the first is also ``__cause__``.
     """
 
     def __init__(self, message: str, errors: Sequence[BaseException] = ()) -> None:
