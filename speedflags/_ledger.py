@@ -11,13 +11,25 @@ found. Closing an entry below others (a frame of another thread that exits first
 out-of-order exit) restores the state it found and then re-applies the entries above it, so
 every frame still open keeps what it asked for and the base state comes back once the last
 one exits.
+
+Contexts. Which frames are open, and in which order they must exit, is kept per
+``contextvars`` context: each thread, and each asyncio task, has its own tuple of open
+frames (a task created inside a block starts from a copy, and never changes its parent's).
+So tasks that hold blocks across ``await`` may exit in any order; within one context an
+out-of-order exit is still an error. A frame that sets a shared flag (a process-wide lever,
+or autocast for the tasks of one thread) to a value other than an open frame of another
+thread or task has set warns (:class:`~speedflags.LeverConflictWarning`). The contract is
+in ``docs/threading.md``.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+from asyncio import current_task as _current_task
+from asyncio.events import _get_running_loop
 from collections import deque
+from contextvars import ContextVar
 from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
 from . import _notices
@@ -30,10 +42,10 @@ from ._history import (
     format_where,
     json_default,
     now,
-    one_entry,
     records,
     to_json,
 )
+from ._ledger_paths import LedgerPaths
 from ._notices import Failure, Notice
 from ._program import Frame, LeverItem, Program
 from .errors import LedgerOrderError
@@ -72,13 +84,14 @@ def set_rank_source(source: Callable[[], Optional[int]]) -> None:
     _rank_source = source
 
 
-class FlagLedger:
+class FlagLedger(LedgerPaths):
     """Applies, records and restores lever changes for a process.
 
     Use :func:`speedflags.ledger` for the process's ledger: the flags it guards are
     process-wide, so all frames must go through one ledger. Scope: process; its operations
-    are thread-safe (one lock), and thread-local levers (autocast) are kept per thread.
-    Closing a frame restores each of its levers to the state it found.
+    are thread-safe (one lock), thread-local levers (autocast) are kept per thread, and the
+    order in which frames must exit is kept per thread and asyncio task. Closing a frame
+    restores each of its levers to the state it found.
 
     Example:
         >>> import speedflags
@@ -100,7 +113,14 @@ class FlagLedger:
         self._lock = threading.Lock()
         # domain -> [(frame, index)] (process scope); (domain, thread id) -> ... (thread scope)
         self._stacks: Dict[Hashable, List[Tuple[Frame, int]]] = {}
-        self._threads: Dict[int, List[Frame]] = {}
+        # every open frame, of every thread and context, by id (so in order of entry)
+        self._open: Dict[int, Frame] = {}
+        # the open frames of the current context (thread or asyncio task), innermost last;
+        # an immutable tuple, set anew on each open and close, so a task created inside a
+        # block inherits a snapshot and never shares mutation with its parent
+        self._frames: ContextVar[Tuple[Frame, ...]] = ContextVar(
+            f"speedflags_frames_{id(self):x}", default=()
+        )
         # Each entry holds one or more records, so the ring never needs more entries than
         # records kept.
         self._history: Deque[tuple[Any, ...]] = deque(maxlen=history_size)
@@ -120,12 +140,6 @@ class FlagLedger:
         """Forget the recorded history (open frames and their restore data are kept)."""
         with self._lock:
             self._history.clear()
-
-    def open_frames(self) -> tuple[Frame, ...]:
-        """Every frame open now, in all threads, in order of entry."""
-        with self._lock:
-            frames = [f for stack in self._threads.values() for f in stack]
-        return tuple(sorted(frames, key=lambda f: f.id))
 
     def to_json(self, indent: Optional[int] = None) -> str:
         """The history as JSON, with the PyTorch and speedflags versions and the process id."""
@@ -152,45 +166,7 @@ class FlagLedger:
             entry = self._one(label, 0, thread, rank, where, lever, action, reason, before, after)
         return expand(entry)[0]
 
-    def _one(
-        self,
-        label: str,
-        frame_id: int,
-        thread: str,
-        rank: Optional[int],
-        where: Where,
-        lever: str,
-        action: str,
-        reason: str,
-        before: Any,
-        after: Any,
-    ) -> tuple[Any, ...]:
-        # a single record; the caller holds the lock
-        self._seq += 1
-        entry = one_entry(
-            self._seq, label, frame_id, thread, rank, where, lever, action, reason, before, after
-        )
-        self._history.append(entry)
-        return entry
-
-    def _frame_one(
-        self, frame: Frame, where: Where, i: int, action: str, reason: str, before: Any, after: Any
-    ) -> None:
-        key = frame.program.lever_keys[i]
-        self._one(
-            frame.label,
-            frame.id,
-            frame.thread,
-            frame.rank,
-            where,
-            key,
-            action,
-            reason,
-            before,
-            after,
-        )
-
-    # --- frames --------------------------------------------------------------------------
+    # --- frames: the hot path --------------------------------------------------------------
 
     def open(
         self,
@@ -205,17 +181,27 @@ class FlagLedger:
         All levers' states are read and checked first (a mixed TF32 state is refused before
         anything changes); then, in order, each is written and pushed on its domain's stack.
         If any lever fails, the levers already applied are restored before the error
-        propagates.
+        propagates. A :class:`~speedflags.LeverConflictWarning` (another thread's or task's
+        open frame set a shared flag differently) is emitted once the frame is open and the
+        lock released; if it raises (warnings as errors), the frame is closed again first.
         """
         tid = _get_ident()
+        loop = _get_running_loop()
         frame = Frame(
-            label, owner, where, device, program, tid, _current_thread().name, None, _rank_source()
-        )
-        frame.id = next(self._frame_ids)
+            label, owner, where, device, program, tid, _current_thread().name,
+            None if loop is None else _current_task(loop), _rank_source(),
+        )  # fmt: skip
         befores = frame.befores
         afters = frame.afters
         stacks = self._stacks
-        with self._lock:
+        crowded = False  # a stack held entries already: look for conflicts
+        conflicts = None
+        lock = self._lock
+        # acquire/release, not `with`: this runs every training step under @speedup, and the
+        # with-statement costs ~3x as much here
+        lock.acquire()
+        try:
+            frame.id = fid = next(self._frame_ids)
             for i, lever, check in program.reads:
                 state = befores[i] = lever.read()
                 if check:
@@ -223,13 +209,14 @@ class FlagLedger:
             i = 0
             try:
                 for i, lever, value, p, key, domain, hook in program.rows:
-                    before = befores[i] if p < 0 else afters[p]
-                    befores[i] = before
+                    before = befores[i] = befores[i] if p < 0 else afters[p]
                     if key is None:
                         key = (domain, tid)
                     stack = stacks.get(key)
                     if stack is None:
                         stack = stacks[key] = []
+                    elif stack:
+                        crowded = True
                     # Pushed before writing, so a write that fails half-way is rolled back too.
                     stack.append((frame, i))
                     frame.applied = i + 1
@@ -242,89 +229,36 @@ class FlagLedger:
                     raise error  # noqa: B904 - its cause is set; raised as the lock is released
                 raise
             n = program.n
-            self._seq += n
+            self._seq = seq = self._seq + n
             self._history.append(
-                (SET, self._seq - n + 1, now(), label, frame.id, frame.thread, frame.rank, where,
+                (SET, seq - n + 1, now(), label, fid, frame.thread, frame.rank, where,
                  program.lever_keys, program.reasons, tuple(befores), tuple(afters))
             )  # fmt: skip
             if program.skipped:
-                for name, reason in program.skipped:
-                    self._one(
-                        label,
-                        frame.id,
-                        frame.thread,
-                        frame.rank,
-                        where,
-                        name,
-                        "skip",
-                        reason,
-                        None,
-                        None,
-                    )
-            frames = self._threads.get(tid)
-            if frames is None:
-                self._threads[tid] = [frame]
-            else:
-                frames.append(frame)
+                self._skips(frame, where)
+            self._open[fid] = frame
+            if crowded:
+                conflicts = self._conflicts(frame)
+        finally:
+            lock.release()
+        context = self._frames
+        context.set((*context.get(), frame))
+        if conflicts:
+            try:
+                _notices.speak(conflicts)
+            except BaseException:  # a warning turned into an error: nothing stays entered
+                self.close(frame, where)
+                raise
         return frame
 
-    def _roll_back(
-        self, frame: Frame, failed: int, exc: BaseException, where: Where
-    ) -> Optional[BaseException]:
-        # Every applied lever is tried; what failed is reported, not raised, so that the
-        # caller raises it only once the lock is released.
-        failures: List[Failure] = []
-        program = frame.program
-        applied = frame.applied
-        states: List[Any] = [None] * applied
-        for i in range(applied - 1, -1, -1):
-            lever = program.levers[i]
-            try:
-                current = lever.read()
-                before = frame.befores[i]
-                restored = lever.restore(before, current) if current != before else current
-                reason = f"rolled back: entering failed with {type(exc).__name__}"
-                self._frame_one(frame, where, i, "restore", reason, current, restored)
-            except BaseException as err:  # keep rolling back the others
-                failures.append((i, err))
-                states[i] = lever.read()
-            finally:
-                self._unlink(frame, i)
-                if program.hooks[i] and i != failed:
-                    lever.closed()
-        frame.applied = 0
-        frame.closed = True
-        if not failures:
-            return None
-        interrupts = [e for _, e in failures if not isinstance(e, Exception)]
-        if interrupts:
-            return interrupts[0]
-        return _notices.roll_back_error(frame, exc, applied, failures, states)
-
-    def _unlink(self, frame: Frame, i: int) -> None:
-        key = frame.key(i)
-        stack = self._stacks.get(key)
-        if stack is None:
-            return
-        for j in range(len(stack) - 1, -1, -1):
-            entry = stack[j]
-            if entry[0] is frame and entry[1] == i:
-                del stack[j]
-                break
-        if not stack and isinstance(key, tuple):
-            # per-thread stacks go with their thread; process stacks are few and reused
-            del self._stacks[key]
-
-    def innermost(self, owner: object) -> Frame:
-        """The calling thread's innermost open frame entered through ``owner``."""
-        frames = self._threads.get(_get_ident(), ())
-        for frame in reversed(frames):
-            if frame.owner is owner:
-                return frame
-        raise LedgerOrderError(
-            f"{owner!r} is exited but was not entered in this thread "
-            "(each 'with' must exit in the thread that entered it)"
-        )
+    def close_innermost(self, owner: object, where: Where = None) -> None:
+        """``close(innermost(owner), where)``: what a ``with`` block's exit does."""
+        frames = self._frames.get()
+        if frames:
+            frame = frames[-1]
+            if frame.owner is owner and not frame.closed:
+                return self.close(frame, where)
+        return self.close(self.innermost(owner), where)
 
     def close(self, frame: Frame, where: Where = None) -> None:
         """Restore every lever of ``frame`` (in reverse order, trying each one) and close it.
@@ -334,8 +268,9 @@ class FlagLedger:
 
         Raises:
             LedgerOrderError: the frame is closed already, belongs to another thread, or is
-                not the thread's innermost frame. In the last case the frame is still
-                closed correctly (frames opened after it keep their levers) before raising.
+                not the innermost open frame of this thread (or asyncio task). In the last
+                case the frame is still closed correctly (frames opened after it keep their
+                levers) before raising.
             RestoreError: several levers could not be restored; its message names those
                 restored and those not (with what they read now). A single failure is
                 raised as itself.
@@ -343,7 +278,9 @@ class FlagLedger:
         tid = _get_ident()
         failures: Optional[List[Failure]] = None
         notices: Optional[List[Notice]] = None
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             if frame.closed:
                 raise LedgerOrderError(f"frame {frame.label!r} ({frame.where}) is already closed")
             if frame.thread_id != tid:
@@ -366,9 +303,9 @@ class FlagLedger:
                     if key is None:
                         key = (domain, tid)
                     stack = stacks[key]
-                    top_frame, top_i = stack[-1]
+                    top = stack[-1]
                     current = found[i] = lever.read()
-                    if top_frame is frame and top_i == i:
+                    if top[0] is frame and top[1] == i:
                         stack.pop()
                         if not stack and key.__class__ is tuple:
                             del stacks[key]
@@ -406,52 +343,27 @@ class FlagLedger:
                     notes[i] = f"failed: {type(exc).__name__}: {exc}"
                     restored[i] = lever.read()
             frame.closed = True
-            self._seq += n
+            frame.task = None  # a frame kept by the caller must not keep its task alive
+            self._seq = seq = self._seq + n
             self._history.append(
-                (RESTORE, self._seq - n + 1, now(), frame.label, frame.id, frame.thread,
-                 frame.rank, where, program.lever_keys[:n], tuple(notes) if notes else None,
-                 tuple(found), tuple(restored))
+                (RESTORE, seq - n + 1, now(), frame.label, frame.id, frame.thread, frame.rank,
+                 where, program.lever_keys[:n], tuple(notes) if notes else None, tuple(found),
+                 tuple(restored))
             )  # fmt: skip
-            frames = self._threads[tid]
-            innermost: Optional[Frame] = frames[-1]
-            if innermost is frame:
-                frames.pop()
-                innermost = None
-            else:
-                frames.remove(frame)
-            if not frames:
-                del self._threads[tid]
+            del self._open[frame.id]
+        finally:
+            lock.release()
+        context = self._frames
+        frames = context.get()
+        innermost: Optional[Frame] = None
+        if frames and frames[-1] is frame:
+            context.set(frames[:-1])
+        else:
+            innermost = self._leave_context(frames, frame)
         if notices or failures or innermost is not None:
             _notices.speak(
                 notices, _notices.close_error(frame, innermost, failures or (), restored)
             )
-
-    def _close_buried(
-        self, frame: Frame, i: int, current: Any, where: Where, notices: List[Notice]
-    ) -> Any:
-        # Entries above this one belong to frames still open: put back the state this entry
-        # found, then re-apply theirs on top of it, in their order.
-        stack = self._stacks[frame.key(i)]
-        position = next(j for j, (f, k) in enumerate(stack) if f is frame and k == i)
-        later = stack[position + 1 :]
-        lever = frame.program.levers[i]
-        top_frame, top_i = later[-1]
-        del stack[position]
-        try:
-            state = lever.restore(frame.befores[i], current)
-        finally:
-            if frame.program.hooks[i]:
-                lever.closed()
-        if current != top_frame.afters[top_i]:
-            expected = top_frame.afters[top_i]
-            notices.append(_notices.drift(lever, current, expected, frame.befores[i], frame)[1])
-        for other, j in later:
-            other_lever = other.program.levers[j]
-            other.befores[j] = state
-            other.afters[j] = state = other_lever.apply(other.program.values[j], state)
-            reason = f"re-applied: {frame.label!r}, entered earlier, exited first"
-            self._frame_one(other, where, j, "set", reason, other.befores[j], other.afters[j])
-        return state
 
 
 def _is_positive_int(value: object) -> bool:

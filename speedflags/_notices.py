@@ -1,4 +1,4 @@
-"""What the ledger says: drift warnings, order and restore errors.
+"""What the ledger says: drift and conflict warnings, order and restore errors.
 
 The ledger restores first and speaks after. While it holds its lock it only *builds* these
 (plain data: a cause, a message, a category; an exception object); :func:`speak` emits them
@@ -14,7 +14,7 @@ from typing import Any, Hashable, Optional, Sequence, Tuple
 
 from . import _warn
 from ._program import Frame
-from .errors import DriftWarning, LedgerOrderError, RestoreError
+from .errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
 from .levers._base import Lever
 
 # (cause for warn_once, message, category)
@@ -48,6 +48,36 @@ def drift(
     )
     note = f"drift: found {lever.describe(found)!r}, expected {lever.describe(expected)!r}"
     return note, ((lever.name, found, expected, restoring), message, DriftWarning)
+
+
+def _who(frame: Frame) -> str:
+    task = frame.task
+    if task is None:
+        return f"thread {frame.thread!r}"
+    get_name = getattr(task, "get_name", None)
+    name = get_name() if get_name is not None else repr(task)
+    return f"thread {frame.thread!r}, task {name!r}"
+
+
+def conflict(frame: Frame, i: int, other: Frame, j: int) -> Notice:
+    """The warning for ``frame`` setting lever ``i`` over ``other``'s lever ``j``, still open."""
+    lever = frame.program.levers[i]
+    theirs = other.program.levers[j]
+    mine = f"{lever.name}={lever.describe_value(frame.program.values[i])!r}"
+    before = f"{theirs.name}={theirs.describe_value(other.program.values[j])!r}"
+    if lever.scope == "process":
+        shared = "the flag is process-wide"
+    else:
+        shared = f"the flag is per thread, and both run in thread {frame.thread!r}"
+    message = (
+        f"{frame.label!r} (entered at {frame.where} in {_who(frame)}) sets {mine} while "
+        f"{other.label!r} (entered at {other.where} in {_who(other)}), which set {before}, "
+        f"is still open: {shared}, so {other.label!r} now runs with {mine} until "
+        f"{frame.label!r} exits. Each block still restores what it found on exit; keep such "
+        "blocks in one thread and one task, or give them the same values (docs/threading.md)."
+    )
+    cause = ("conflict", lever.name, other.label, other.where, frame.label, frame.where)
+    return cause, message, LeverConflictWarning
 
 
 def _failed(frame: Frame, failures: Sequence[Failure]) -> str:

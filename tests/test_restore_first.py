@@ -119,7 +119,9 @@ class _Stubborn(SimpleLever):
 
 def test_restore_error_names_the_restored_and_the_failed_levers() -> None:
     cudnn = PROCESS_LEVERS["cudnn_benchmark"]
-    program = Program([(cudnn, True, ""), (_Stubborn("first"), 1, ""), (_Stubborn("second"), 2, "")])
+    program = Program(
+        [(cudnn, True, ""), (_Stubborn("first"), 1, ""), (_Stubborn("second"), 2, "")]
+    )
     base = torch.backends.cudnn.benchmark
     the_ledger = FlagLedger()
     frame = the_ledger.open(program, "stubborn")
