@@ -45,12 +45,13 @@ from ._history import (
     records,
     to_json,
 )
-from ._ledger_paths import LedgerPaths
+from ._ledger_paths import _WRITING, OWN_WRITES, LedgerPaths
 from ._notices import Failure, Notice
 from ._program import Frame, LeverItem, Program
 from .errors import LedgerOrderError
 
 __all__ = [
+    "OWN_WRITES",
     "FlagLedger",
     "FlagRecord",
     "Frame",
@@ -200,6 +201,7 @@ class FlagLedger(LedgerPaths):
         # acquire/release, not `with`: this runs every training step under @speedup, and the
         # with-statement costs ~3x as much here
         lock.acquire()
+        _WRITING.add(tid)
         try:
             frame.id = fid = next(self._frame_ids)
             for i, lever, check in program.reads:
@@ -240,6 +242,7 @@ class FlagLedger(LedgerPaths):
             if crowded:
                 conflicts = self._conflicts(frame)
         finally:
+            _WRITING.discard(tid)
             lock.release()
         context = self._frames
         context.set((*context.get(), frame))
@@ -288,6 +291,7 @@ class FlagLedger(LedgerPaths):
                     f"frame {frame.label!r} was entered in thread {frame.thread!r} and cannot be "
                     f"exited from thread {_current_thread().name!r}; nothing was restored"
                 )
+            _WRITING.add(tid)
             program = frame.program
             befores = frame.befores
             afters = frame.afters
@@ -352,6 +356,7 @@ class FlagLedger(LedgerPaths):
             )  # fmt: skip
             del self._open[frame.id]
         finally:
+            _WRITING.discard(tid)
             lock.release()
         context = self._frames
         frames = context.get()

@@ -19,7 +19,7 @@ from speedflags import (
     LeverConflictWarning,
     fast_math,
 )
-from speedflags._ledger import Program
+from speedflags._ledger import OWN_WRITES, Program
 from speedflags.levers import PROCESS_LEVERS
 
 THIS_FILE = __file__
@@ -251,3 +251,22 @@ def test_many_threads_entering_and_exiting_leave_the_base_state() -> None:
     assert not errors
     assert speedflags.snapshot() == before
     assert speedflags.ledger().open_frames() == ()
+
+
+# --- OWN_WRITES: the ledger's own writes can be told from external ones ---------------------
+
+
+def test_own_writes_marks_the_ledgers_writes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: List[Any] = []
+    real = torch._C._set_cudnn_benchmark
+
+    def watched(value: bool) -> None:  # what a watcher wrapping the setter sees
+        seen.append((value, OWN_WRITES.depth))
+        real(value)
+
+    monkeypatch.setattr(torch._C, "_set_cudnn_benchmark", watched)
+    base = torch.backends.cudnn.benchmark
+    with fast_math(cudnn_benchmark=not base):
+        assert OWN_WRITES.depth == 0  # only while the ledger writes
+    torch._C._set_cudnn_benchmark(base)  # an external write
+    assert seen == [(not base, 1), (base, 1), (base, 0)]
