@@ -35,6 +35,7 @@ class Program:
         "reads",
         "reasons",
         "rows",
+        "seen",
         "skipped",
         "values",
     )
@@ -78,6 +79,8 @@ class Program:
         self.reads = tuple(
             (i, self.levers[i], self.checks[i]) for i in range(self.n) if self.prev[i] < 0
         )
+        # The last state read for each of them (see FlagLedger.open)
+        self.seen: List[Any] = [None] * self.n
 
 
 class Frame:

@@ -259,3 +259,17 @@ def test_lever_conflict_warning_is_public() -> None:
     assert issubclass(LeverConflictWarning, speedflags.SpeedflagsWarning)
     assert LeverConflictWarning.__module__ == "speedflags"
     assert "LeverConflictWarning" in speedflags.__all__
+
+
+def test_per_thread_stacks_do_not_pile_up() -> None:
+    # emptied per-thread (autocast) stacks are kept for the thread's next frame; those of
+    # threads gone must still be dropped, or a server starting threads would grow forever
+    def one_block() -> None:
+        with fast_math(amp="bf16", device="cpu"):
+            pass
+
+    for _ in range(200):
+        worker = threading.Thread(target=one_block)
+        worker.start()
+        worker.join()
+    assert len(speedflags.ledger()._stacks) <= 80
