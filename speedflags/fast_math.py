@@ -73,6 +73,15 @@ class FastMath:
     found on entry. With ``check_ranks=True`` its first entry (with a process group) also
     checks, after applying the levers, that every rank runs with the same flags.
 
+    Threads and tasks: blocks must exit in reverse order of entry within one thread or
+    asyncio task (``with`` or ``async with``); blocks of different threads or tasks may
+    exit in any order. A block that sets a process-wide lever (or, for tasks of one
+    thread, ``amp``) differently from another thread's or task's open block warns
+    (:class:`~speedflags.LeverConflictWarning`). A block held across a generator's
+    ``yield`` is exited in whatever order the consumer's own blocks allow; decorate the
+    generator function instead (its levers then hold while its body runs). See
+    ``docs/threading.md``.
+
     Example:
         >>> import torch, speedflags
         >>> spec = speedflags.fast_math(cudnn_benchmark=True)
@@ -226,7 +235,17 @@ class FastMath:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         caller = sys._getframe(1)
-        _LEDGER.close(_LEDGER.innermost(self), (caller.f_code.co_filename, caller.f_lineno))
+        _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
+
+    # ``async with``: the same frame, entered and exited in the running task's context (a
+    # plain ``with`` inside a coroutine is the same thing; this spelling reads as what it is).
+    async def __aenter__(self) -> Frame:
+        caller = sys._getframe(1)
+        return self._open(self._label, (caller.f_code.co_filename, caller.f_lineno))
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        caller = sys._getframe(1)
+        _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
 
     # --- decorator -----------------------------------------------------------------------
 
@@ -309,7 +328,13 @@ def fast_math(
 
     Decorating: a plain function gets the levers for each call. Generators, coroutines and
     async generators get them per step: while their body runs, not while they are suspended
-    at ``yield``/``await`` (so other code on the event loop never sees them).
+    at ``yield``/``await`` (so other code on the event loop never sees them). Prefer this
+    to a ``with`` block around a ``yield``.
+
+    Threads and tasks: ``with`` and ``async with`` blocks nest per thread and per asyncio
+    task; blocks of different threads or tasks may exit in any order, and one that
+    overrides another's process-wide lever warns (:class:`~speedflags.LeverConflictWarning`).
+    See ``docs/threading.md``.
 
     Example:
         >>> import torch, speedflags
