@@ -33,19 +33,12 @@ from .errors import (
     SpeedflagsWarning,
     StateMismatchError,
 )
-from .fast_math import (
-    FastMath,
-    autocast,
-    cudnn_benchmark,
-    fast_math,
-    matmul_precision,
-    sdpa_backend,
-    tf32,
-)
+from .fast_math import FastMath, fast_math
 from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
 from .recommend import Recommendation, recommended
 from .schedule import Schedule, TF32Schedule
+from .shorthands import autocast, cudnn_benchmark, matmul_precision, sdpa_backend, tf32
 from .speedup import SpeedupStats, speedup
 from .status import TF32Status, heal_tf32, snapshot, tf32_status
 from .training import fast_optimizer, grad_scaler, to_device

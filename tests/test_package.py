@@ -77,6 +77,7 @@ def test_all_is_exactly_the_public_face() -> None:
         "recommend",
         "report",
         "schedule",
+        "shorthands",
         "status",
         "training",
     }
