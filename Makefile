@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make run    set up, then: python -m speedflags report --apply --restore
-#   make test   set up, then: ruff, mypy, the test suite, and the benchmarks once (not timed)
+#   make test   set up, then: ruff, mypy, the test suite, the benchmarks once (not timed) and
+#               the examples with --smoke
 # Measuring (benchmarks/RESULTS.md):
 #   make bench     the pytest-benchmark suites, timed, with the speedup-and-accuracy table
 #   make results   python -m speedflags bench, written to benchmarks/results/$(RESULTS).json
@@ -22,6 +23,10 @@ $(error TORCH_VERSION is empty: give an exact version such as 2.4.1)
 endif
 ifeq ($(TORCH_VERSION),$(DEFAULT_TORCH))
 VENV ?= .venv
+# The default leg installs every optional extra, so that their tests run there, not skip.
+EXTRAS ?= test,dev,plot,yaml,lightning,transformers
+# ...and the older package name too: the Lightning callback is tested against both.
+EXTRA_PACKAGES ?= pytorch-lightning>=2.1
 else
 VENV ?= .venv-torch$(TORCH_VERSION)
 endif
@@ -33,7 +38,7 @@ EXTRAS ?= test,dev
 DEVICE ?= cpu
 RESULTS ?= $(DEVICE)
 
-.PHONY: setup torch-source run test lint typecheck unit bench results test-legacy test-newest test-all newest clean
+.PHONY: setup torch-source run test lint typecheck unit examples bench results test-legacy test-newest test-all newest clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +46,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --report $(TORCH_REPORT) "torch==$(TORCH_VERSION)"
 	$(PY) .ci/torch_source.py $(TORCH_REPORT)
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(if $(EXTRA_PACKAGES),$(PY) -m pip install --quiet "$(EXTRA_PACKAGES)")
 	touch $@
 
 setup: $(STAMP)
@@ -49,8 +55,8 @@ run: setup
 	$(PY) -m speedflags report --apply --restore
 
 lint: setup
-	$(PY) -m ruff check speedflags tests benchmarks .ci
-	$(PY) -m ruff format --check speedflags tests benchmarks .ci
+	$(PY) -m ruff check speedflags tests benchmarks .ci examples
+	$(PY) -m ruff format --check speedflags tests benchmarks .ci examples
 
 typecheck: setup
 	$(PY) -m mypy
@@ -70,7 +76,19 @@ torch-source: setup
 	@if [ -f $(TORCH_REPORT) ]; then $(PY) .ci/torch_source.py $(TORCH_REPORT); \
 	else echo "torch $(TORCH_VERSION): $(VENV) predates install reports (make clean to redo)"; fi
 
-test: torch-source lint typecheck unit
+# Each example with --smoke (seconds on a CPU). An integration's example is skipped, saying
+# so, where its extra is not installed (EXTRAS=test,dev,lightning,transformers installs both).
+HAS_LIGHTNING := import importlib.util as u, sys; sys.exit(not ((u.find_spec("lightning") or u.find_spec("pytorch_lightning")) and u.find_spec("jsonargparse")))
+HAS_TRANSFORMERS := import importlib.util as u, sys; sys.exit(not (u.find_spec("transformers") and u.find_spec("accelerate")))
+examples: setup
+	$(PY) examples/train_toy_transformer.py --smoke
+	$(PY) examples/cifar10_resnet.py --smoke
+	@if $(PY) -c '$(HAS_LIGHTNING)'; then $(PY) examples/lightning_yaml/train.py --smoke; \
+	else echo "examples/lightning_yaml: skipped: pip install 'speedflags[lightning]'"; fi
+	@if $(PY) -c '$(HAS_TRANSFORMERS)'; then $(PY) examples/hf_trainer.py --smoke; \
+	else echo "examples/hf_trainer.py: skipped: pip install 'speedflags[transformers]'"; fi
+
+test: torch-source lint typecheck unit examples
 	$(PY) -m pytest benchmarks --benchmark-disable -q -p no:cacheprovider
 
 test-legacy:

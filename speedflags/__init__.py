@@ -25,6 +25,7 @@ from .errors import (
     InvalidTypeError,
     InvalidValueError,
     LedgerOrderError,
+    LeverConflictWarning,
     LeverUnavailableError,
     MixedTF32APIError,
     RankMismatchError,
@@ -34,22 +35,16 @@ from .errors import (
     SpeedflagsWarning,
     StateMismatchError,
 )
-from .fast_math import (
-    FastMath,
-    autocast,
-    cudnn_benchmark,
-    fast_math,
-    matmul_precision,
-    sdpa_backend,
-    tf32,
-)
+from .fast_math import FastMath, fast_math
 from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
 from .recommend import Recommendation, recommended
 from .schedule import Schedule, TF32Schedule
+from .shorthands import autocast, cudnn_benchmark, matmul_precision, sdpa_backend, tf32
 from .speedup import SpeedupStats, speedup
 from .status import TF32Status, heal_tf32, snapshot, tf32_status
 from .training import fast_optimizer, grad_scaler, to_device
+from .tune import TuneResult, load_levers, tune
 
 __all__ = [
     "UNSET",
@@ -64,6 +59,7 @@ __all__ = [
     "InvalidTypeError",
     "InvalidValueError",
     "LedgerOrderError",
+    "LeverConflictWarning",
     "LeverUnavailableError",
     "MixedTF32APIError",
     "RankMismatchError",
@@ -78,6 +74,7 @@ __all__ = [
     "StateMismatchError",
     "TF32Schedule",
     "TF32Status",
+    "TuneResult",
     "Unreadable",
     "__version__",
     "autocast",
@@ -89,6 +86,7 @@ __all__ = [
     "grad_scaler",
     "heal_tf32",
     "ledger",
+    "load_levers",
     "matmul_precision",
     "recommended",
     "sdpa_backend",
@@ -97,6 +95,7 @@ __all__ = [
     "tf32",
     "tf32_status",
     "to_device",
+    "tune",
     "watch",
 ]
 
@@ -114,12 +113,14 @@ for _cls in (
     SpeedupStats,
     TF32Schedule,
     TF32Status,
+    TuneResult,
     Unreadable,
     CompileFallbackWarning,
     DriftWarning,
     InvalidTypeError,
     InvalidValueError,
     LedgerOrderError,
+    LeverConflictWarning,
     LeverUnavailableError,
     MixedTF32APIError,
     RankMismatchError,

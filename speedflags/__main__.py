@@ -1,4 +1,4 @@
-"""The command line: ``python -m speedflags report|bench`` (also the ``speedflags`` script).
+"""The command line: ``python -m speedflags report|bench|tune`` (also the ``speedflags`` script).
 
 Under ``torchrun`` (``torchrun --nproc_per_node=N -m speedflags report``) each rank joins a
 gloo process group set up from torchrun's environment, the ranks' states are gathered, and
@@ -16,6 +16,7 @@ from typing import Iterator, Optional, Sequence, Tuple
 
 from .bench import cli as bench_cli
 from .errors import SpeedflagsError
+from .tune import cli as tune_cli
 
 # torchrun (torch.distributed.run) sets these for every worker
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -83,6 +84,7 @@ def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)"
     )
     bench = bench_cli.add_parser(sub)
+    tune_cli.add_parser(sub)
     return parser, bench
 
 
@@ -90,12 +92,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; return the exit status.
 
     0: ok; 1: ``--restore`` was not exact, or the ranks of a distributed job disagree;
-    2: bad usage; 130: ``bench`` stopped with Ctrl-C.
+    2: bad usage; 130: ``bench`` or ``tune`` stopped with Ctrl-C.
     """
     parser, bench_parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "bench":
         return bench_cli.command(args, bench_parser)
+    if args.command == "tune":
+        return tune_cli.command(args)
     if args.command == "report":
         if args.restore and not args.apply:
             parser.error("--restore proves that --apply's changes come back; use it with --apply")

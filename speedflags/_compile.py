@@ -1,17 +1,23 @@
 """torch.compile with a fallback to eager that never breaks a step (for ``@speedup``).
 
 One :class:`GuardedCompile` per decorated function holds its one compiled artefact, built
-lazily at the first call as ``torch.compile`` does. When compiling fails, the call that hit
-the failure still completes, nothing of it runs twice, and later calls run the plain
-function without compiling again. How each failure is caught (each fact probed on PyTorch
-2.13; the tests inject every one of them):
+lazily at the first call as ``torch.compile`` does. Only failures of the compiler stack
+(dynamo, AOT autograd, inductor, the backend) fall back: the call that hit one still
+completes, nothing of it runs twice, and later calls run the plain function without
+compiling again. The step's own errors are not failures, even where dynamo meets them
+first (a shape mismatch fails its fake tensors): the eager error propagates, unchanged,
+and the function stays compiled. The rule (:mod:`speedflags._compile_failures` applies it):
+what failed is run eagerly, once; if that raises, the error is the step's. How each case is
+handled (each fact probed on PyTorch 2.13; the tests inject every one of them):
 
 - **A backend that fails on a graph.** With a graph break, a failure on the second graph
   raises after the first graph (and its side effects) ran, so retrying the whole call would
   repeat them. The user's backend is wrapped instead: a graph whose compile raises is run by
   its own ``GraphModule.forward`` (eagerly), and the call goes on. Dynamo's control-flow
   exceptions (``RestartAnalysis`` and its subclasses, which inductor raises to make dynamo
-  re-trace, and ``SkipFrame``) are not failures and pass through.
+  re-trace, and ``SkipFrame``) are not failures and pass through. Dynamo traced the graph
+  before the backend saw it, so a backend that raises is the compiler's failure, even when
+  the call then raises an error of its own.
 - **A backward graph that fails to compile.** AOT autograd compiles it lazily, inside
   ``loss.backward()``, after the forward's side effects. While the wrapped backend runs (and
   only then) ``torch._functorch.config.force_non_lazy_backward_lowering`` is patched on, so
@@ -20,48 +26,61 @@ function without compiling again. How each failure is caught (each fact probed o
   ``force_non_lazy_backward_lowering``): a backward graph that fails to compile raises out
   of ``loss.backward()``, after the forward ran. That step cannot complete and raises; the
   failure is recognised (it passes through ``aot_autograd``'s backward-compiler wrapper), so
-  it is reported once and later calls run eagerly instead of failing the same way.
-- **A tracing error that is not a graph break**, in a frame that starts after part of the
-  call ran (a resume function after a graph break, a callee). For the duration of the call
-  ``torch._dynamo.config.suppress_errors`` is on, so dynamo runs that frame eagerly from its
-  start; it is put back after the call (to the value it read, as an explicit setting of
-  that value in this thread). On current PyTorch dynamo's config is thread-local (a
-  ``ContextVar``), so other threads never see it; on older ones (2.4) it is process-wide,
-  and other threads see it for the duration of the call. Dynamo reports the suppressed
-  error in a WARNING record of the ``torch._dynamo.convert_frame`` logger, which a filter
-  watches (calling thread only, for the duration of the call). If that logger is silenced
-  below WARNING, the frame still runs eagerly and safely, but the fallback cannot be seen,
-  so it is not reported.
-- **fullgraph=True.** Dynamo traces the whole function before running any of it (and
-  ignores ``suppress_errors``), so a tracing error leaves the call untouched: it is run
-  eagerly. If that eager run raises too, the error was the step's own (a shape mismatch
-  also fails tracing): it propagates and compiling is not given up.
+  it is reported once and later calls run eagerly instead of failing the same way. Errors
+  the backward raises once compiled are the step's own.
+- **A tracing error that is not a graph break** (a frame that starts after part of the call
+  ran, a resume function after a graph break or a callee, must not raise one). For the
+  duration of the call ``torch._dynamo.config.suppress_errors`` is on, so dynamo runs such
+  a frame eagerly from its start; it is put back after the call (to the value it read, as
+  an explicit setting of that value in this thread). On current PyTorch dynamo's config is
+  thread-local (a ``ContextVar``), so other threads never see it; on older ones (2.4) it is
+  process-wide, and other threads see it for the duration of the call. Dynamo reports the
+  suppressed error in a WARNING record of the ``torch._dynamo.convert_frame`` logger, which
+  a filter holds (calling thread only) until the call ends. If the call raised out of that
+  eagerly run frame, the error is the step's: the record is dropped and dynamo, which
+  skips such a frame for good, is let compile it again. Otherwise the record goes out and
+  the call falls back. A call that fails in such a frame and also raises from it cannot
+  tell the two apart; it blames the step, and the next call that completes falls back. If
+  that logger is silenced below WARNING, the frame still runs eagerly and safely, but the
+  fallback cannot be seen, so it is not reported.
+- **A tracing error before any of the call ran** (``fullgraph=True``, where dynamo traces
+  the whole function first and ignores ``suppress_errors``, or an error dynamo does not
+  suppress): the call is run eagerly. If that raises, the error propagates as the step's
+  own (with no compiler error attached) and compiling is not given up.
+- **Errors a compiled graph raises as it runs** are the step's own and propagate.
 - **Nothing to compile with.** A PyTorch without ``torch.compile``, or one whose
   ``torch.compile`` refuses this platform, falls back at the first call.
 
-One case cannot be made safe: in non-fullgraph mode dynamo lets a few errors escape
-``suppress_errors`` (a failing higher-order-op body, a resume-function prologue). Part of
-the call may have run by then, so it is not retried: the error propagates, and later calls
-run eagerly.
+Two cases cannot be told apart safely. In non-fullgraph mode dynamo lets a few errors escape
+``suppress_errors`` (a failing higher-order-op body, a resume-function prologue); where part
+of the call may have run by then (or the traceback, which dynamo cuts for some of them,
+cannot say), the call is not retried: the error propagates, and later calls run eagerly,
+even if the error was the step's. And a step that catches, inside itself, an error that
+dynamo also met while tracing completes, so that is taken for a compiler failure.
+
+The helpers live next door: :mod:`speedflags._compile_options` checks ``compile=``,
+:mod:`speedflags._compile_backend` is the guarded backend, and
+:mod:`speedflags._compile_failures` tells the compiler's failures from the step's errors.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import itertools
 import logging
 import os
 import sys
 import threading
 from types import FrameType
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from . import _warn
+from ._compile_backend import GuardedBackend, inner_backend
+from ._compile_failures import SuppressedErrors, backward_compile_failed, compile_failure, describe
+from ._compile_options import BACKEND_KEYS, compile_options
 from ._ledger import ledger
-from .errors import CompileFallbackWarning, InvalidTypeError, InvalidValueError
+from .errors import CompileFallbackWarning
 
 __all__ = ["COMPILED", "FALLBACK", "PENDING", "GuardedCompile", "compile_options"]
 
@@ -72,98 +91,10 @@ PENDING, COMPILED, FALLBACK = "pending", "compiled", "fallback"
 _DYNAMO_LOGGER = "torch._dynamo.convert_frame"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _serials = itertools.count(1)
-
-# What each torch.compile option must be (checked at decoration; torch checks the rest).
-_OPTION_TYPES: Dict[str, Tuple[Tuple[type, ...], str]] = {
-    "fullgraph": ((bool,), "True or False"),
-    "dynamic": ((bool, type(None)), "True, False or None"),
-    "mode": ((str, type(None)), "a mode name or None"),
-    "options": ((dict, type(None)), "a dict of backend options or None"),
-    "disable": ((bool,), "True or False"),
-}
-# Options that configure the backend (inductor's mode and options); the rest go to torch.compile.
-_BACKEND_KEYS = ("backend", "mode", "options")
-
-
-def _compile_keys() -> Tuple[str, ...]:
-    compile_fn = getattr(torch, "compile", None)
-    if compile_fn is None:
-        return ("backend", "disable", "dynamic", "fullgraph", "mode", "options")
-    return tuple(sorted(p for p in inspect.signature(compile_fn).parameters if p != "model"))
-
-
-def compile_options(value: object, call: str = "speedup") -> Optional[Dict[str, Any]]:
-    """Validate a ``compile=`` argument: ``None`` for off, else the torch.compile options.
-
-    Touches no torch state. Option names are checked against ``torch.compile``'s signature,
-    the common options' types, and a backend name against dynamo's registry.
-    """
-    if value is False:
-        return None
-    if value is True:
-        return {}
-    shown = f"{call}(compile={value!r})"
-    if not isinstance(value, dict):
-        raise InvalidTypeError(
-            f"{shown}: expected True, False or a dict of torch.compile options, "
-            f"got {type(value).__name__}"
-        )
-    known = _compile_keys()
-    options = dict(value)
-    for key, option in options.items():
-        if key not in known:
-            raise InvalidValueError(
-                f"{shown}: unknown torch.compile option {key!r}; valid: {', '.join(known)}"
-            )
-        if key in _OPTION_TYPES:
-            types, expected = _OPTION_TYPES[key]
-            if not isinstance(option, types):
-                raise InvalidTypeError(
-                    f"{shown}: {key!r} must be {expected}, got {type(option).__name__}"
-                )
-    if options.get("mode") is not None and options.get("options") is not None:
-        raise InvalidValueError(
-            f"{shown}: torch.compile takes 'mode' or 'options', not both; "
-            "put the mode's settings in 'options'"
-        )
-    backend = options.get("backend")
-    if backend is not None and not callable(backend):
-        if not isinstance(backend, str):
-            raise InvalidTypeError(
-                f"{shown}: 'backend' must be a backend name or a callable, "
-                f"got {type(backend).__name__}"
-            )
-        registered = _registered_backends()
-        if registered is not None and backend not in registered:
-            raise InvalidValueError(
-                f"{shown}: torch.compile has no backend {backend!r}; registered: "
-                f"{', '.join(registered)}"
-            )
-    return options
-
-
-def _registered_backends() -> Optional[List[str]]:
-    # Importing dynamo is what torch.compile does at decoration too; where it cannot be
-    # imported, the name is not checked here and the first call falls back with the reason.
-    try:
-        import torch._dynamo as dynamo
-
-        return list(dynamo.list_backends(exclude_tags=()))
-    except Exception:
-        return None
-
-
-def describe(exc: BaseException) -> str:
-    """``"TypeName: first line of the message"``, short enough for a warning."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    text = lines[0] if lines else ""
-    if len(lines) > 1 and lines[1].startswith("Explanation:"):  # dynamo's errors say why here
-        text = f"{text} ({lines[1]})"
-    elif len(lines) > 1 and text.endswith(":"):  # "Failed running call_function ...:" + cause
-        text = f"{text} {lines[1]}"
-    if len(text) > 400:
-        text = text[:397] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+_LAZY_BACKWARD_OUTCOME = (
+    "this PyTorch compiles the backward graph lazily, inside loss.backward(), so the step "
+    "could not complete and raised"
+)
 
 
 def _user_where() -> Optional[Tuple[str, int]]:
@@ -173,102 +104,6 @@ def _user_where() -> Optional[Tuple[str, int]]:
     if frame is None:  # pragma: no cover - called from speedflags only
         return None
     return (frame.f_code.co_filename, frame.f_lineno)
-
-
-def _eager_backward() -> ContextManager[Any]:
-    # Compile the backward graph with its forward, where the guarded backend catches it.
-    config = getattr(getattr(torch, "_functorch", None), "config", None)
-    if config is None or not hasattr(config, "force_non_lazy_backward_lowering"):
-        return contextlib.nullcontext()  # pragma: no cover - PyTorch without the option
-    return config.patch(force_non_lazy_backward_lowering=True)  # type: ignore[no-any-return]
-
-
-class _GuardedBackend:
-    """The backend torch.compile calls for every graph: the user's, with a way out."""
-
-    def __init__(
-        self,
-        inner: Callable[..., Any],
-        owner: GuardedCompile,
-        signals: Tuple[type[BaseException], ...],
-    ) -> None:
-        self._inner = inner
-        self._owner = owner
-        self._signals = signals
-        self.compiler_name = f"speedflags-guarded-{getattr(inner, 'compiler_name', 'backend')}"
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        try:
-            with _eager_backward():
-                return self._inner(gm, example_inputs)  # type: ignore[no-any-return]
-        except self._signals:
-            raise  # dynamo's own control flow (restart the analysis, skip the frame)
-        except Exception as exc:
-            self._owner.graph_failed(exc)
-            return gm.forward  # this graph runs eagerly; the rest of the call goes on
-
-    def reset(self) -> None:
-        reset = getattr(self._inner, "reset", None)
-        if reset is not None:
-            reset()
-
-
-def _inner_backend(options: Dict[str, Any]) -> Callable[..., Any]:
-    """The backend torch.compile would build from these options (same classes, same args)."""
-    backend = options.get("backend")
-    if backend is None:
-        import torch._dynamo.backends.registry as registry
-
-        # feature detection: set/get_default_backend are recent; before them it was inductor
-        get_default = getattr(registry, "get_default_backend", None)
-        backend = get_default() if get_default is not None else "inductor"
-    mode = options.get("mode")
-    backend_options = options.get("options")
-    if backend_options is not None:
-        backend_options = {k: v for k, v in backend_options.items() if k != "guard_filter_fn"}
-    if mode is None and backend_options is None:
-        mode = "default"
-    dynamic = options.get("dynamic")
-    wrappers: Any = torch  # torch.compile's own (private, untyped) backend wrappers, 2.0+
-    if backend == "inductor":
-        return wrappers._TorchCompileInductorWrapper(mode, backend_options, dynamic)  # type: ignore[no-any-return]
-    return wrappers._TorchCompileWrapper(backend, mode, backend_options, dynamic)  # type: ignore[no-any-return]
-
-
-def _backward_compile_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised while compiling a backward graph lazily (in backward)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_name == "_wrapped_bw_compiler":  # aot_autograd's wrapper
-            return True
-        tb = tb.tb_next
-    return False
-
-
-_LAZY_BACKWARD_OUTCOME = (
-    "this PyTorch compiles the backward graph lazily, inside loss.backward(), so the step "
-    "could not complete and raised"
-)
-
-
-class _Watch(logging.Filter):
-    """Notes the first error dynamo suppressed in one thread (and lets the record through)."""
-
-    def __init__(self, thread: int) -> None:
-        super().__init__()
-        self.thread = thread
-        self.reason: Optional[str] = None
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if (
-            self.reason is None
-            and record.thread == self.thread
-            and record.levelno >= logging.WARNING
-            and record.exc_info
-            and record.exc_info[1] is not None
-        ):
-            self.reason = f"dynamo could not compile a frame: {describe(record.exc_info[1])}"
-        return True
 
 
 class GuardedCompile:
@@ -290,7 +125,6 @@ class GuardedCompile:
         self._lock = threading.Lock()
         self._failures: List[str] = []
         self._serial = next(_serials)
-        self._dynamo_error: Any = None
         self._dynamo_config: Any = None
         self._dynamo_log = logging.getLogger(_DYNAMO_LOGGER)
 
@@ -302,15 +136,23 @@ class GuardedCompile:
             compiled = self._build()
             if compiled is None:
                 return self.func(*args, **kwargs)
-        if self._fullgraph:
-            return self._run_fullgraph(compiled, args, kwargs)
-        return self._run(compiled, args, kwargs)
+        try:
+            if self._fullgraph:
+                return self._run_fullgraph(compiled, args, kwargs)
+            return self._run(compiled, args, kwargs)
+        except _NothingRan as failed:
+            reason = failed.reason
+        # Outside the handler, so that an error here, the step's own, comes with no compiler
+        # error attached: it propagates as it would without compile, and nothing falls back.
+        result = self.func(*args, **kwargs)
+        self._fall_back(reason, "the call ran eagerly")
+        return result
 
     # --- the two ways a call runs ----------------------------------------------------------
 
     def _run(self, compiled: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         config = self._dynamo_config
-        watch = _Watch(threading.get_ident())
+        watch = SuppressedErrors(threading.get_ident())
         failures = len(self._failures)
         completed = False
         prior = config.suppress_errors
@@ -320,20 +162,14 @@ class GuardedCompile:
             result = compiled(*args, **kwargs)
             completed = True
             return result
-        except self._dynamo_error as exc:
-            self._fall_back(
-                describe(exc),
-                "it raised past dynamo's error suppression and was not retried, because part "
-                "of it may have run",
-            )
-            raise
         except Exception as exc:
-            self._fall_back_if_backward_failed(exc)
+            if backward_compile_failed(exc) or not watch.raised_by_step(exc):
+                self._blame(exc)
             raise
         finally:
             self._dynamo_log.removeFilter(watch)
             config.suppress_errors = prior
-            reason = watch.reason
+            reason = watch.settle(self._dynamo_log)
             if reason is None and len(self._failures) > failures:
                 reason = self._failures[failures]
             if reason is not None:
@@ -345,28 +181,31 @@ class GuardedCompile:
         try:
             result = compiled(*args, **kwargs)
             completed = True
-        except self._dynamo_error as exc:
-            # fullgraph: dynamo traced all of the function before running any of it, so an
-            # eager run repeats nothing. If it raises too, the error is the step's own.
-            result = self.func(*args, **kwargs)
-            self._fall_back(describe(exc), "the call ran eagerly")
             return result
         except Exception as exc:
-            self._fall_back_if_backward_failed(exc)
+            self._blame(exc)
             raise
         finally:
             if len(self._failures) > failures:
                 self._fall_back(self._failures[failures], _outcome(completed))
-        return result
 
     # --- setting up, and giving up ----------------------------------------------------------
 
-    def _fall_back_if_backward_failed(self, exc: Exception) -> None:
-        # the step's own errors propagate untouched; only a backward compile failure means
-        # later calls must run eager
-        if _backward_compile_failed(exc):
+    def _blame(self, exc: Exception) -> None:
+        """Act on an exception out of the compiled call, unless it is the step's own error."""
+        if backward_compile_failed(exc):
             why = f"the backward graph failed to compile: {describe(exc)}"
             self._fall_back(why, _LAZY_BACKWARD_OUTCOME)
+            return
+        ran = compile_failure(exc, self._fullgraph)
+        if ran is False:
+            raise _NothingRan(describe(exc))  # run eagerly: its outcome says whose error
+        if ran:
+            self._fall_back(
+                describe(exc),
+                "part of the call may have run when compiling failed, so it was not retried "
+                "and raised",
+            )
 
     def _build(self) -> Optional[Callable[..., Any]]:
         with self._lock:
@@ -381,16 +220,16 @@ class GuardedCompile:
                 try:
                     import torch._dynamo as dynamo
 
-                    top = {k: v for k, v in self.options.items() if k not in _BACKEND_KEYS}
+                    top = {k: v for k, v in self.options.items() if k not in BACKEND_KEYS}
                     guard_filter = (self.options.get("options") or {}).get("guard_filter_fn")
                     if guard_filter is not None:
                         top["options"] = {"guard_filter_fn": guard_filter}
                     # Not failures: backends raise these to make dynamo re-trace (e.g.
                     # inductor's TensorifyScalarRestartAnalysis) or skip a frame.
                     signals = (dynamo.exc.RestartAnalysis, dynamo.exc.SkipFrame)
-                    backend = _GuardedBackend(_inner_backend(self.options), self, signals)
+                    inner = inner_backend(self.options)
+                    backend = GuardedBackend(inner, self.graph_failed, signals)
                     compiled = compile_fn(self.func, backend=backend, **top)
-                    self._dynamo_error = dynamo.exc.TorchDynamoException
                     self._dynamo_config = dynamo.config
                     self._compiled = compiled
                     self.state = COMPILED
@@ -425,6 +264,14 @@ class GuardedCompile:
         )
         log.warning(message)
         _warn.warn_once(("compile-fallback", self._serial), message, CompileFallbackWarning)
+
+
+class _NothingRan(Exception):
+    """Compiling failed before any of the call ran: the call runs eagerly, once."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _outcome(completed: bool) -> str:

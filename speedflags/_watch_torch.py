@@ -39,7 +39,7 @@ import torch
 
 from ._ledger import format_where
 from ._own_writes import Where
-from .levers import _fp32_family as family
+from .levers import _fp32_model as family
 from .levers._base import Lever
 from .levers.registry import AUTOCAST_DEVICE_TYPES, REGISTRY
 

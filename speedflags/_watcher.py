@@ -47,7 +47,7 @@ from ._ledger import format_where, ledger
 from ._own_writes import OWN_WRITES, Where
 from ._watch_torch import SETTERS, Domain, Setter, Write, domains, flatten, writer_frame
 from .errors import SpeedflagsWarning
-from .levers import _fp32_family as family
+from .levers import _fp32_model as family
 from .levers._base import Lever
 from .levers.registry import REGISTRY, lever_spec
 

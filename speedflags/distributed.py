@@ -5,279 +5,43 @@ compute different numbers; data-parallel replicas then drift apart without any e
 their own. :func:`check_ranks` gathers every rank's :func:`~speedflags.snapshot`, plus the
 determinism flags that are not levers, and raises :class:`~speedflags.RankMismatchError`
 naming what differs. It works with whatever backend the process group uses (gloo on CPUs,
-NCCL on GPUs). The states travel as JSON through ``torch.distributed.all_gather``:
-``all_gather_object`` would need NumPy (it converts through ``Tensor.numpy()`` on 2.4 to
-2.15), which neither PyTorch nor speedflags depends on, and JSON needs no unpickling of what
-other processes sent.
+NCCL on GPUs).
 
-Ledger records carry the rank of the process that made them (``FlagRecord.rank``); it is
-read once per frame, from a value cached per process group.
+This module holds the check; what is compared and how differences read is in
+:mod:`speedflags._rank_compare`, and the exchange (the rank, the process group, the JSON
+gather, the rank on ledger records) in :mod:`speedflags._rank_exchange`. Their names used
+elsewhere stay importable from here.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
-import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
 from . import _ledger
 from ._decorate import caller_where
+
+# Re-exported (``X as X``) for report.py and the tests, which use them as distributed.X.
+from ._rank_compare import ABSENT as ABSENT
+from ._rank_compare import describe_values as describe_values
+from ._rank_compare import differences as differences
+from ._rank_compare import flatten as flatten
+from ._rank_compare import levers_of as levers_of
+from ._rank_compare import rank_state as rank_state
+from ._rank_compare import verdict as verdict
+from ._rank_exchange import AVAILABLE as AVAILABLE
+from ._rank_exchange import current_rank as current_rank
+from ._rank_exchange import gather as gather
+from ._rank_exchange import process_group as process_group
 from .errors import InvalidTypeError, RankMismatchError
-from .levers._base import Unreadable
-from .status import snapshot
 
 __all__ = ["RankSnapshot", "check_ranks"]
 
 _dist: Any = torch.distributed
-# Feature detection: some builds (and old macOS/Windows wheels) have no torch.distributed.
-AVAILABLE: bool = bool(_dist.is_available())
-_GroupMember: Any = _dist.GroupMember if AVAILABLE else None
-
-# --- the rank, for ledger records ------------------------------------------------------------
-
-
-def _dead() -> None:
-    return None
-
-
-# (weak reference to the default process group, this process's rank in it). Weak: holding
-# the group would keep it alive after destroy_process_group().
-_cached: Tuple[Callable[[], Any], Optional[int]] = (_dead, None)
-
-
-def current_rank() -> Optional[int]:
-    """This process's rank in the default process group; ``None`` without one.
-
-    Called once per ledger frame: an attribute read and a weak-reference call while the
-    group stays the same.
-    """
-    global _cached
-    world = _GroupMember.WORLD
-    if world is None:
-        return None
-    cached_world, rank = _cached
-    if cached_world() is not world:
-        rank = int(_dist.get_rank())
-        _cached = (weakref.ref(world), rank)
-    return rank
-
-
-if AVAILABLE:
-    _ledger.set_rank_source(current_rank)
-
-
-def process_group(group: Any = None) -> Optional[Tuple[int, int, str]]:
-    """``(rank, world size, backend)`` of ``group`` (default: the default group), or None.
-
-    None when there is no initialised process group or this process is not in ``group``.
-    """
-    if not AVAILABLE or not _dist.is_initialized():
-        return None
-    rank = int(_dist.get_rank(group))
-    if rank < 0:
-        return None
-    return rank, int(_dist.get_world_size(group)), str(_dist.get_backend(group))
-
-
-# --- what is compared ------------------------------------------------------------------------
-
-# Flags that are not levers but change results, so ranks must agree on them too:
-# (name shown to users, object, attribute)
-_NUMERICS: Tuple[Tuple[str, Any, str], ...] = (
-    ("torch.backends.cudnn.enabled", torch.backends.cudnn, "enabled"),
-    ("torch.backends.cudnn.deterministic", torch.backends.cudnn, "deterministic"),
-    ("torch.backends.mkldnn.enabled", torch.backends.mkldnn, "enabled"),
-    (
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
-        torch.backends.cuda.matmul,
-        "allow_fp16_reduced_precision_reduction",
-    ),
-    (
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
-        torch.backends.cuda.matmul,
-        "allow_bf16_reduced_precision_reduction",
-    ),
-)
-
-
-def rank_state() -> Dict[str, Any]:
-    """What ranks must agree on: :func:`speedflags.snapshot` plus a ``"numerics"`` entry.
-
-    ``"numerics"`` holds cuDNN ``enabled``/``deterministic``, oneDNN ``enabled``,
-    ``torch.use_deterministic_algorithms`` and the reduced-precision reduction flags, each
-    present only where this PyTorch has it. Never raises.
-    """
-    numerics: Dict[str, Any] = {}
-    for shown, owner, attribute in _NUMERICS:
-        try:
-            numerics[shown] = getattr(owner, attribute)
-        except AttributeError:  # not in this PyTorch: left out, and shown as absent
-            continue
-        except RuntimeError as exc:
-            numerics[shown] = Unreadable.from_exception(exc)
-    numerics["torch.are_deterministic_algorithms_enabled()"] = (
-        torch.are_deterministic_algorithms_enabled()
-    )
-    numerics["torch.is_deterministic_algorithms_warn_only_enabled()"] = (
-        torch.is_deterministic_algorithms_warn_only_enabled()
-    )
-    state = snapshot()
-    state["numerics"] = numerics
-    return state
-
-
-class _Absent:
-    """A getter one rank has and another has not (ranks on different PyTorch versions)."""
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Absent)
-
-    def __hash__(self) -> int:
-        return hash(_Absent)
-
-    def __repr__(self) -> str:
-        return "(absent)"
-
-
-ABSENT = _Absent()
-
-
-def flatten(state: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """``{"tf32": {"getter": v}}`` -> ``{"tf32.getter": v}`` (the keys users see)."""
-    out: Dict[str, Any] = {}
-    for key, value in state.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            out.update(flatten(value, name))
-        else:
-            out[name] = value
-    return out
-
-
-def differences(states: Sequence[Dict[str, Any]]) -> Dict[str, Tuple[Any, ...]]:
-    """Each flattened getter whose value is not the same on every rank: its value per rank."""
-    flat = [flatten(state) for state in states]
-    keys: List[str] = []
-    for one in flat:
-        keys += [key for key in one if key not in keys]
-    out: Dict[str, Tuple[Any, ...]] = {}
-    for key in keys:
-        values = tuple(one.get(key, ABSENT) for one in flat)
-        if any(value != values[0] for value in values[1:]):
-            out[key] = values
-    return out
-
-
-def _ranges(ranks: Sequence[int]) -> str:
-    parts: List[str] = []
-    start = previous = ranks[0]
-    for rank in [*ranks[1:], None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        parts.append(str(start) if start == previous else f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
-
-
-def describe_values(values: Sequence[Any]) -> str:
-    """``"False on ranks 0, 2-3; True on rank 1"``: each value once, with where it is."""
-    groups: List[Tuple[Any, List[int]]] = []
-    for rank, value in enumerate(values):
-        for seen, ranks in groups:
-            if seen == value:
-                ranks.append(rank)
-                break
-        else:
-            groups.append((value, [rank]))
-    return "; ".join(f"{value!r} on {_ranges(ranks)}" for value, ranks in groups)
-
-
-def levers_of(diffs: Dict[str, Tuple[Any, ...]]) -> Tuple[str, ...]:
-    """The top-level names (``"tf32"``, ``"numerics"``, ``"torch"``) of differing getters."""
-    out: List[str] = []
-    for key in diffs:
-        lever = key.split(".", 1)[0]
-        if lever not in out:
-            out.append(lever)
-    return tuple(out)
-
-
-def verdict(diffs: Dict[str, Tuple[Any, ...]], world_size: int) -> str:
-    """One line: whether the ranks agree, and where they do not."""
-    if not diffs:
-        return f"consistent: all {world_size} ranks run with the same flags"
-    levers = levers_of(diffs)
-    details = "; ".join(f"{key}: {describe_values(values)}" for key, values in diffs.items())
-    return (
-        f"NOT consistent: {world_size} ranks disagree on {', '.join(levers)} "
-        f"({len(diffs)} getter{'s' if len(diffs) != 1 else ''}): {details}"
-    )
-
-
-# --- gathering -------------------------------------------------------------------------------
-
-_UNREADABLE_KEY = "__speedflags_unreadable__"
-
-
-def _to_json(value: Any) -> Any:
-    if isinstance(value, Unreadable):
-        return {_UNREADABLE_KEY: [value.error, value.message]}
-    return str(value)
-
-
-def _from_json(obj: Dict[str, Any]) -> Any:
-    if len(obj) == 1 and _UNREADABLE_KEY in obj:
-        error, message = obj[_UNREADABLE_KEY]
-        return Unreadable(error, message)
-    return obj
-
-
-# The last gather's tensors, kept referenced from Python. Without this, gloo's worker thread
-# may drop the last reference to one of them after the collective returned; freeing a tensor
-# that Python created needs the GIL, and on PyTorch 2.4 destroy_process_group() joins that
-# thread while holding the GIL: a deadlock (seen in `torchrun -m speedflags report`).
-_keepalive: Tuple[Any, ...] = ()
-
-
-def gather(obj: Any, group: Any = None) -> List[Any]:
-    """Every rank's ``obj`` (JSON-friendly, :class:`Unreadable` allowed), in rank order.
-
-    A collective over ``group``. Two ``all_gather`` calls: the sizes, then the JSON bytes
-    padded to the longest. CPU tensors, except on an NCCL-only group (CUDA tensors on
-    ``torch.cuda.current_device()``).
-    """
-    backend = str(_dist.get_backend(group))
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if backend == "nccl"
-        else torch.device("cpu")
-    )
-    data = json.dumps(obj, default=_to_json).encode("utf-8")
-    world_size = int(_dist.get_world_size(group))
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(size) for _ in range(world_size)]
-    _dist.all_gather(sizes, size, group=group)
-    lengths = [int(s.item()) for s in sizes]
-    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
-    padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-    chunks = [torch.empty_like(padded) for _ in range(world_size)]
-    _dist.all_gather(chunks, padded, group=group)
-    global _keepalive
-    _keepalive = (size, sizes, padded, chunks)
-    return [
-        json.loads(bytes(chunk[:length].cpu().tolist()).decode("utf-8"), object_hook=_from_json)
-        for chunk, length in zip(chunks, lengths)
-    ]
-
-
-# --- the check -------------------------------------------------------------------------------
 
 
 class RankSnapshot(Dict[str, Any]):

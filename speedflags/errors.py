@@ -23,6 +23,7 @@ __all__ = [
     "InvalidTypeError",
     "InvalidValueError",
     "LedgerOrderError",
+    "LeverConflictWarning",
     "LeverUnavailableError",
     "MixedTF32APIError",
     "RankMismatchError",
@@ -85,9 +86,11 @@ class StateMismatchError(SpeedflagsError, RuntimeError):
 
 
 class RestoreError(SpeedflagsError, RuntimeError):
-    """Restoring one or more levers failed; every other lever was still restored.
+    """Restoring several levers of a frame failed (a single failure is raised as itself).
 
-    ``errors`` holds each underlying exception; the first is also ``__cause__``.
+    Every lever was tried. The message names the levers that failed (with their errors and
+    what they read now) and the levers that were restored. ``errors`` holds each underlying
+    exception, in the order the levers were applied; the first is also ``__cause__``.
     """
 
     def __init__(self, message: str, errors: Sequence[BaseException] = ()) -> None:
@@ -125,6 +128,22 @@ class SpeedflagsWarning(UserWarning):
 
 class DriftWarning(SpeedflagsWarning):
     """Code inside a block changed a lever the block had set; the exit restores it anyway."""
+
+
+class LeverConflictWarning(SpeedflagsWarning):
+    """A block changed a shared flag that another thread's or task's open block had set.
+
+    PyTorch's TF32, matmul precision, cuDNN benchmark and SDPA flags are process-wide (and
+    autocast is per thread, so shared by the asyncio tasks of one thread): while both
+    blocks are open, the earlier one runs with the later one's value. The message names the
+    flag, both blocks (label and ``file:line``) and both threads (and tasks). Each block
+    still restores what it found; see ``docs/threading.md``.
+
+    Example:
+        >>> import speedflags
+        >>> issubclass(speedflags.LeverConflictWarning, speedflags.SpeedflagsWarning)
+        True
+    """
 
 
 class SlowPathWarning(SpeedflagsWarning):

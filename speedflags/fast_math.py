@@ -37,15 +37,7 @@ from .recommend import recommended
 if TYPE_CHECKING:
     from .distributed import FirstEntryCheck
 
-__all__ = [
-    "FastMath",
-    "autocast",
-    "cudnn_benchmark",
-    "fast_math",
-    "matmul_precision",
-    "sdpa_backend",
-    "tf32",
-]
+__all__ = ["FastMath", "fast_math"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
@@ -72,6 +64,15 @@ class FastMath:
     process-wide; ``amp`` is thread-local. Restores: every lever it set, to the exact state
     found on entry. With ``check_ranks=True`` its first entry (with a process group) also
     checks, after applying the levers, that every rank runs with the same flags.
+
+    Threads and tasks: blocks must exit in reverse order of entry within one thread or
+    asyncio task (``with`` or ``async with``); blocks of different threads or tasks may
+    exit in any order. A block that sets a process-wide lever (or, for tasks of one
+    thread, ``amp``) differently from another thread's or task's open block warns
+    (:class:`~speedflags.LeverConflictWarning`). A block held across a generator's
+    ``yield`` is exited in whatever order the consumer's own blocks allow; decorate the
+    generator function instead (its levers then hold while its body runs). See
+    ``docs/threading.md``.
 
     Example:
         >>> import torch, speedflags
@@ -226,7 +227,17 @@ class FastMath:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         caller = sys._getframe(1)
-        _LEDGER.close(_LEDGER.innermost(self), (caller.f_code.co_filename, caller.f_lineno))
+        _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
+
+    # ``async with``: the same frame, entered and exited in the running task's context (a
+    # plain ``with`` inside a coroutine is the same thing; this spelling reads as what it is).
+    async def __aenter__(self) -> Frame:
+        caller = sys._getframe(1)
+        return self._open(self._label, (caller.f_code.co_filename, caller.f_lineno))
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        caller = sys._getframe(1)
+        _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
 
     # --- decorator -----------------------------------------------------------------------
 
@@ -309,7 +320,13 @@ def fast_math(
 
     Decorating: a plain function gets the levers for each call. Generators, coroutines and
     async generators get them per step: while their body runs, not while they are suspended
-    at ``yield``/``await`` (so other code on the event loop never sees them).
+    at ``yield``/``await`` (so other code on the event loop never sees them). Prefer this
+    to a ``with`` block around a ``yield``.
+
+    Threads and tasks: ``with`` and ``async with`` blocks nest per thread and per asyncio
+    task; blocks of different threads or tasks may exit in any order, and one that
+    overrides another's process-wide lever warns (:class:`~speedflags.LeverConflictWarning`).
+    See ``docs/threading.md``.
 
     Example:
         >>> import torch, speedflags
@@ -334,87 +351,3 @@ def fast_math(
 
 
 document_levers(fast_math)
-
-
-def tf32(enabled: bool = True, *, strict: bool = False) -> FastMath:
-    """TF32 on (or off) for cuBLAS matmuls and cuDNN conv/rnn: ``fast_math(tf32=enabled)``.
-
-    Scope: process. Restores every getter of both TF32 API families.
-
-    Example:
-        >>> import torch, speedflags
-        >>> with speedflags.tf32():
-        ...     torch.backends.cuda.matmul.allow_tf32
-        True
-    """
-    value = lever_spec("tf32").check("tf32", enabled, "enabled")
-    return FastMath(tf32=value, strict=strict, label=f"tf32({value!r})")
-
-
-def matmul_precision(value: str, *, strict: bool = False) -> FastMath:
-    """Float32 matmul precision for a block: ``fast_math(matmul_precision=value)``.
-
-    Scope: process. Restores the legacy precision and the cuBLAS and oneDNN matmul nodes.
-
-    Example:
-        >>> import torch, speedflags
-        >>> with speedflags.matmul_precision("high"):
-        ...     torch.get_float32_matmul_precision()
-        'high'
-    """
-    checked = lever_spec("matmul_precision").check("matmul_precision", value, "value")
-    return FastMath(matmul_precision=checked, strict=strict, label=f"matmul_precision({checked!r})")
-
-
-def cudnn_benchmark(enabled: bool = True, *, strict: bool = False) -> FastMath:
-    """``torch.backends.cudnn.benchmark`` for a block, and nothing else.
-
-    Scope: process. Restores the previous ``benchmark`` value; ``enabled``,
-    ``deterministic`` and TF32 are never touched.
-
-    Example:
-        >>> import torch, speedflags
-        >>> with speedflags.cudnn_benchmark():
-        ...     torch.backends.cudnn.benchmark
-        True
-    """
-    value = lever_spec("cudnn_benchmark").check("cudnn_benchmark", enabled, "enabled")
-    return FastMath(cudnn_benchmark=value, strict=strict, label=f"cudnn_benchmark({value!r})")
-
-
-def sdpa_backend(*backends: Any, strict: bool = False) -> FastMath:
-    """Preferred SDPA kernels, in order: ``fast_math(sdpa=backends)``.
-
-    The math kernel stays enabled as the fallback, so inputs the preferred kernels cannot
-    take still run. Scope: process. Restores every backend flag and the priority order.
-
-    Example:
-        >>> import torch, speedflags
-        >>> with speedflags.sdpa_backend("math"):
-        ...     torch.backends.cuda.flash_sdp_enabled()
-        False
-    """
-    given: Any = backends[0] if len(backends) == 1 else backends
-    shown = ", ".join(repr(b) for b in backends)
-    value = lever_spec("sdpa").check("sdpa_backend", given, "backends")
-    return FastMath(sdpa=value, strict=strict, label=f"sdpa_backend({shown})")
-
-
-def autocast(dtype: AmpArg, device: DeviceLike = None, *, strict: bool = False) -> FastMath:
-    """Autocast in ``dtype`` on ``device`` for a block: ``fast_math(amp=dtype, device=device)``.
-
-    Scope: thread (like ``torch.autocast``). Restores the thread's autocast flag and dtype.
-
-    Example:
-        >>> import torch, speedflags
-        >>> with speedflags.autocast("bf16", device="cpu"):
-        ...     torch.get_autocast_dtype("cpu"), torch.is_autocast_enabled("cpu")
-        (torch.bfloat16, True)
-    """
-    lever_spec("amp").check("autocast", dtype, "dtype")
-    label_device = (
-        f", device={str(normalize_device(device, 'autocast'))!r}" if device is not None else ""
-    )
-    return FastMath(
-        amp=dtype, device=device, strict=strict, label=f"autocast({dtype!r}{label_device})"
-    )

@@ -124,8 +124,7 @@ _cache_lock = threading.Lock()
 def capabilities(device: DeviceLike = None) -> Capabilities:
     """What ``device`` (default: CUDA if available, else CPU) can do, each with a reason.
 
-    Process scope; read-only: it changes no flag and restores nothing. Results are cached
-    per device.
+    Results are cached per device: hardware does not change while a process runs.
 
     Example:
         >>> from speedflags import capabilities

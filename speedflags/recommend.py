@@ -4,8 +4,9 @@
   float32 work autocast leaves, native bf16 for the rest.
 - NVIDIA GPU, Volta/Turing (sm70-sm75): ``amp="fp16"``. fp16 tensor cores; no TF32 and no
   native bf16 (train with a GradScaler).
-- CPU with AVX512-BF16 or AMX: ``amp="bf16"``. Native bf16 dot products (measured ~4x on a
-  2048^3 matmul).
+- CPU with AVX512-BF16 or AMX: ``amp="bf16"``. Native bf16 dot products. On a Zen 4 CPU, which
+  runs bf16 at twice its fp32 rate, autocast measured 2.0-2.3x on a 2048^3 matmul with 1
+  thread and 2.1-2.7x with 2 (``docs/performance.md``).
 - Anything else: nothing. No lever is faster there; the frame records why.
 
 ``cudnn_benchmark`` is never recommended by default: it re-tunes for every new input shape,
@@ -40,8 +41,6 @@ class Recommendation:
 
 def recommended(device: DeviceLike = None) -> Recommendation:
     """The levers a bare ``fast_math()`` applies on ``device`` (default: CUDA if available).
-
-    Scope: process (it reads the hardware only); it touches no flag and restores nothing.
 
     Example:
         >>> import speedflags

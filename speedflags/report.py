@@ -26,7 +26,8 @@ from ._version import __version__
 from ._watcher import last_writers
 from .fast_math import fast_math
 from .hardware import capabilities, resolve_device
-from .levers import _fp32_family as family
+from .levers import _fp32_model as family
+from .levers import _fp32_torch as family_io
 from .levers import autocast as autocast_module
 from .levers import sdpa as sdpa_module
 from .recommend import recommended
@@ -36,9 +37,9 @@ __all__ = ["build_report", "render_report"]
 
 
 def _api_in_use() -> str:
-    if not family.HAS_NEW_API:
+    if not family_io.HAS_NEW_API:
         return f"legacy only (PyTorch {torch.__version__} has no fp32_precision API)"
-    state = family.read_state()
+    state = family_io.read_state()
     if not family.is_consistent(state):
         return "mixed: the legacy and new APIs disagree (see conflicts; speedflags.heal_tf32())"
     nodes = state[family.F_NODES] or ()
@@ -63,9 +64,9 @@ def torch_features() -> Dict[str, Dict[str, Any]]:
     missing = [n for n in sdpa_module.BACKENDS if n not in sdpa_module.PRESENT]
     return {
         "fp32_precision API": {
-            "present": family.HAS_NEW_API,
+            "present": family_io.HAS_NEW_API,
             "note": ""
-            if family.HAS_NEW_API
+            if family_io.HAS_NEW_API
             else f"PyTorch {version} has the legacy TF32 API only; speedflags reads and "
             "writes it alone",
         },

@@ -46,8 +46,6 @@ class SpeedupStats:
         levers: the lever values applied around each call (for a bare ``@speedup``, the
             device's recommended levers).
 
-    Scope: reads only; it changes and restores nothing.
-
     Example:
         >>> import speedflags
         >>> @speedflags.speedup(cudnn_benchmark=True)
@@ -309,12 +307,15 @@ def speedup(
             lever of the registry; the "Levers" section below).
         compile: ``True``, or a dict of ``torch.compile`` options (``mode``, ``dynamic``,
             ``fullgraph``, ``backend``, ``options``, ...). Compiled lazily at the first
-            call, once per function (methods share one artefact). If compiling fails,
-            at the first call, at a later recompile or for the backward graph, the call
-            still completes eagerly with nothing run twice, a
-            :class:`~speedflags.CompileFallbackWarning` is emitted once (and logged to the
-            ``speedflags`` logger), the ledger's history records it, and later calls run
-            eagerly without retrying. No compiler setting outlives the call.
+            call, once per function (methods share one artefact). If the compiler stack
+            (dynamo, AOT autograd, inductor, the backend) fails, at the first call, at a
+            later recompile or for the backward graph, the call still completes eagerly
+            with nothing run twice, a :class:`~speedflags.CompileFallbackWarning` is
+            emitted once (and logged to the ``speedflags`` logger), the ledger's history
+            records it, and later calls run eagerly without retrying. The step's own
+            errors are not compiler failures, even where dynamo meets them first (a shape
+            mismatch): each call raises what the step raises without compile, unchanged,
+            and the function stays compiled. No compiler setting outlives the call.
         inference: run each call under ``torch.inference_mode()``.
         check_ranks: at the first call made while a ``torch.distributed`` process group
             exists, after the levers are applied, check that every rank runs with the same

@@ -17,7 +17,9 @@ from ._ledger import ledger
 from ._own_writes import section
 from ._watcher import tf32_writer
 from .errors import StateMismatchError
-from .levers import _fp32_family as family
+from .levers import _fp32_model as family
+from .levers import _fp32_torch as family_io
+from .levers._fp32_mixed import conflicts, heal_target
 from .levers.registry import lever_snapshot, lever_spec
 
 __all__ = ["TF32Status", "heal_tf32", "snapshot", "tf32_status"]
@@ -32,8 +34,6 @@ def snapshot() -> Dict[str, Any]:
     A PyTorch getter that would raise (a legacy TF32 getter in a mixed state) is reported
     as an :class:`~speedflags.Unreadable` value, which says so and compares equal to the
     same failure. ``amp`` is the calling thread's autocast state per device type.
-
-    Scope: reads process-wide flags and the calling thread's autocast; changes nothing.
 
     Example:
         >>> import speedflags
@@ -137,12 +137,12 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
     if writer is not None and not family.is_consistent(state):
         notes.append(f"made mixed by: {writer.sentence()}")
     return TF32Status(
-        api="legacy+fp32_precision" if family.HAS_NEW_API else "legacy",
+        api="legacy+fp32_precision" if family_io.HAS_NEW_API else "legacy",
         consistent=family.is_consistent(state),
         legacy=legacy,
         new=new,
         effective=effective,
-        conflicts=tuple(family.conflicts(state)),
+        conflicts=tuple(conflicts(state)),
         env=env,
         notes=tuple(notes),
         last_written_by=writer.sentence() if writer is not None else None,
@@ -152,8 +152,6 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
 def tf32_status() -> TF32Status:
     """Both TF32 API families, whether they agree, and the environment overrides. Never raises.
 
-    Scope: process; read-only.
-
     Example:
         >>> import speedflags
         >>> status = speedflags.tf32_status()
@@ -162,7 +160,7 @@ def tf32_status() -> TF32Status:
         >>> sorted(status.env)
         ['NVIDIA_TF32_OVERRIDE', 'TORCH_ALLOW_TF32_CUBLAS_OVERRIDE']
     """
-    return _status(family.read_state())
+    return _status(family_io.read_state())
 
 
 def heal_tf32() -> TF32Status:
@@ -203,12 +201,12 @@ def heal_tf32() -> TF32Status:
     # the lock: no frame may open or close while the family is rewritten; the section:
     # speedflags.watch() takes these writes as speedflags' own
     with the_ledger._lock, section(the_ledger, "heal_tf32()", where):
-        before = family.read_state()
+        before = family_io.read_state()
         notes: list[str] = []
         after = before
         if not family.is_consistent(before):
-            target, notes = family.heal_target(before, prefer_cuda=torch.cuda.is_available())
-            after = family.write_state(target, before)
+            target, notes = heal_target(before, prefer_cuda=torch.cuda.is_available())
+            after = family_io.write_state(target, before)
             if after != target:
                 raise StateMismatchError(
                     f"heal_tf32: wrote {family.describe_state(target)!r} but PyTorch "

@@ -59,8 +59,6 @@ def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
     Raises:
         InvalidValueError, InvalidTypeError: for a bad ``amp`` or ``device``.
 
-    Scope: none; it changes no flag and restores nothing (the scaler's state is its own).
-
     Example:
         >>> import speedflags
         >>> speedflags.grad_scaler("bf16", device="cpu").is_enabled()
@@ -124,8 +122,6 @@ def fast_optimizer(cls: type[Opt], params: Iterable[Any], **kwargs: Any) -> Opt:
 
     Returns:
         The optimizer.
-
-    Scope: none; it changes no flag and restores nothing.
 
     Example:
         >>> import torch, speedflags
@@ -254,8 +250,6 @@ def to_device(batch: T, device: DeviceLike) -> T:
 
     Returns:
         A structure like ``batch`` with its tensors on ``device``.
-
-    Scope: none; it changes no flag and restores nothing.
 
     Example:
         >>> import torch, speedflags

@@ -91,10 +91,7 @@ def reset_all() -> None:
     torch.set_autocast_dtype("cuda", torch.float16)
     while autocast_nesting() > 0:
         torch.autocast_decrement_nesting()
-    the_ledger = ledger()
-    with the_ledger._lock:  # a test that left frames open must not poison the next ones
-        the_ledger._stacks.clear()
-        the_ledger._threads.clear()
+    ledger()._forget_frames()  # a test that left frames open must not poison the next ones
 
 
 PRISTINE_SDP_ORDER = (

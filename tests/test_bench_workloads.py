@@ -1,7 +1,7 @@
 """speedflags.bench.workloads and .accuracy: inputs, FLOP counts, float64 references, errors.
 
 Everything runs on the CPU at tiny sizes with the real torch kernels; the error bands are the
-ones ``research/perf.md`` measured (fp32 ~1e-7, bf16 ~3e-3).
+ones ``benchmarks/RESULTS.md`` measured (fp32 ~2.5e-7, bf16 ~3e-3; see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 import speedflags
 from speedflags.bench.accuracy import TOLERANCE, coarsest, relative_error
 from speedflags.bench.configs import Config
+from speedflags.bench.problems import _kernel_refuses
 from speedflags.bench.timing import rotation_sets
 from speedflags.bench.workloads import (
     WORKLOADS,
@@ -19,7 +20,6 @@ from speedflags.bench.workloads import (
     MatmulProblem,
     MlpTrainProblem,
     SdpaProblem,
-    _kernel_refuses,
 )
 
 CPU = torch.device("cpu")
@@ -172,3 +172,26 @@ def test_relative_error_and_tolerances() -> None:
     assert coarsest("fp32", "tf32") == "tf32"
     assert coarsest("bf16", "fp16") == "bf16"
     assert TOLERANCE["fp32"] < TOLERANCE["tf32"] <= TOLERANCE["fp16"] < TOLERANCE["bf16"]
+
+
+def _round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    # What a TF32 tensor core does to float32 inputs: round to nearest even at 10 mantissa
+    # bits (emulated: this CPU has no TF32 kernel).
+    bits = x.contiguous().view(torch.int32)
+    lsb = (bits >> 13) & 1
+    return ((bits + 0xFFF + lsb) & ~0x1FFF).view(torch.float32)
+
+
+def test_tolerances_tell_fp32_from_tf32_and_bf16() -> None:
+    # accuracy.py's claim: the fp32 bound lies below a TF32 (or bf16) run's error, and each
+    # bound lies well above the error its own arithmetic makes.
+    problem = MatmulProblem(256, CPU)
+    a, b = problem._sets[0]
+    ref = problem.reference()
+    fp32 = relative_error(a @ b, ref)
+    tf32 = relative_error(_round_to_tf32(a) @ _round_to_tf32(b), ref)
+    bf16 = relative_error(a.bfloat16() @ b.bfloat16(), ref)
+    assert 1e-4 < tf32 < 1e-3  # the known TF32 level, ~3e-4
+    assert fp32 * 100 < TOLERANCE["fp32"] < tf32 < bf16
+    assert tf32 * 10 < TOLERANCE["tf32"] and tf32 * 10 < TOLERANCE["fp16"]
+    assert bf16 * 5 < TOLERANCE["bf16"]

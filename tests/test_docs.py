@@ -1,10 +1,11 @@
-"""Every example in the docstrings and the README runs, under the leak guard."""
+"""Every example in the docstrings and the README runs; the docs cite only files in the repo."""
 
 from __future__ import annotations
 
 import doctest
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,13 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 @pytest.mark.parametrize("module", MODULES)
 def test_docstring_examples(module: str) -> None:
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as exc:  # an integration whose extra is not installed says which
+        if "pip install 'speedflags[" not in str(exc):
+            raise
+        pytest.skip(str(exc))
+    result = doctest.testmod(imported, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0, f"{result.failed} example(s) failed in {module}"
 
 
@@ -30,3 +37,71 @@ def test_readme_examples() -> None:
         pytest.skip("no README.md next to the tests (installed without sources)")
     result = doctest.testfile(str(README), module_relative=False, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+ROOT = README.parent
+# Paths outside this repository that code and docs once cited. Spelled in pieces so that
+# this file does not cite them itself.
+OUTSIDE = ("research" + "/", "DESIGN" + ".md", ".." + "/shared", "shared" + "/research")
+# Cited files that another branch is writing or fixing right now; drop an entry once merged.
+IN_FLIGHT: set[Path] = set()
+PENDING_DOCS = {"threading.md"}  # written on another branch: may be missing until merged
+
+
+def _sources() -> list[Path]:
+    found = [ROOT / "README.md", ROOT / "Makefile"]
+    for folder, patterns in (
+        ("speedflags", ("*.py",)),
+        ("tests", ("*.py",)),
+        ("benchmarks", ("*.py", "*.md")),
+        ("docs", ("*.md",)),
+    ):
+        for pattern in patterns:
+            found.extend(sorted((ROOT / folder).rglob(pattern)))
+    here = Path(__file__).resolve()
+    return [p for p in found if p.exists() and p.resolve() != here]
+
+
+def _needs_sources() -> None:
+    if not (ROOT / "speedflags").is_dir() or not README.exists():
+        pytest.skip("no source checkout next to the tests (installed without sources)")
+
+
+def test_nothing_cites_files_outside_the_repository() -> None:
+    _needs_sources()
+    cited = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in _sources()
+        if path.relative_to(ROOT) not in IN_FLIGHT
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if any(outside in line for outside in OUTSIDE)
+    ]
+    assert not cited, "cite docs/ instead:\n" + "\n".join(cited)
+
+
+def test_cited_docs_exist() -> None:
+    _needs_sources()
+    docs = ROOT / "docs"
+    missing = []
+    for path in _sources():
+        text = path.read_text(encoding="utf-8")
+        names = set(re.findall(r"docs/([\w.-]+\.md)", text))
+        if path.parent == docs:  # relative links between the docs
+            names |= {
+                m for m in re.findall(r"\]\(([\w.-]+\.md)(?:#[\w-]*)?\)", text) if "/" not in m
+            }
+        for name in names:
+            if not (docs / name).is_file() and name not in PENDING_DOCS:
+                missing.append(f"{path.relative_to(ROOT)} cites docs/{name}")
+        for link in re.findall(r"\]\((\.\./[^)#\s]+)", text) if path.parent == docs else ():
+            if not (docs / link).resolve().exists():
+                missing.append(f"{path.relative_to(ROOT)} links {link}")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_docs_exist_and_are_linked_from_the_readme() -> None:
+    _needs_sources()
+    readme = README.read_text(encoding="utf-8")
+    for name in ("architecture.md", "tf32_policy.md", "performance.md", "threading.md"):
+        assert f"docs/{name}" in readme, f"README.md does not link docs/{name}"
+        assert (ROOT / "docs" / name).is_file() or name in PENDING_DOCS, name

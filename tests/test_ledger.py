@@ -5,14 +5,21 @@ from __future__ import annotations
 import json
 import random
 import threading
+import warnings
 from typing import Any, List
 
 import pytest
 import torch
 
 import speedflags
-from speedflags import DriftWarning, FlagLedger, LedgerOrderError, fast_math
-from speedflags._ledger import Program
+from speedflags import (
+    DriftWarning,
+    FlagLedger,
+    LedgerOrderError,
+    LeverConflictWarning,
+    fast_math,
+)
+from speedflags._ledger import OWN_WRITES, Program
 from speedflags.levers import PROCESS_LEVERS
 
 THIS_FILE = __file__
@@ -170,10 +177,11 @@ def test_process_wide_levers_stack_across_threads_that_exit_in_any_order() -> No
             errors.append(exc)
 
     threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
+    with pytest.warns(LeverConflictWarning, match="'A'"):  # B overrides A's open block
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
     assert not errors
     assert seen == [False]
     assert torch.backends.cudnn.benchmark is base
@@ -233,10 +241,32 @@ def test_many_threads_entering_and_exiting_leave_the_base_state() -> None:
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    # whether blocks of different threads overlap (and warn of the conflict) is up to timing
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always", LeverConflictWarning)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
     assert not errors
     assert speedflags.snapshot() == before
     assert speedflags.ledger().open_frames() == ()
+
+
+# --- OWN_WRITES: the ledger's own writes can be told from external ones ---------------------
+
+
+def test_own_writes_marks_the_ledgers_writes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: List[Any] = []
+    real = torch._C._set_cudnn_benchmark
+
+    def watched(value: bool) -> None:  # what a watcher wrapping the setter sees
+        seen.append((value, OWN_WRITES.depth))
+        real(value)
+
+    monkeypatch.setattr(torch._C, "_set_cudnn_benchmark", watched)
+    base = torch.backends.cudnn.benchmark
+    with fast_math(cudnn_benchmark=not base):
+        assert OWN_WRITES.depth == 0  # only while the ledger writes
+    torch._C._set_cudnn_benchmark(base)  # an external write
+    assert seen == [(not base, 1), (base, 1), (base, 0)]

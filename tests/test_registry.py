@@ -155,3 +155,15 @@ def test_a_new_lever_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch) -> N
     assert registry.baseline_levers()["cudnn_deterministic"] is False
     with pytest.raises(InvalidTypeError, match=r"fast_math\(cudnn_deterministic='on'\)"):
         speedflags.fast_math(cudnn_deterministic="on")
+
+
+def test_readme_lever_table_lists_the_registry_in_order() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## The levers", 1)[1].split("\n\n")[1]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    names = tuple(row.split("`")[1] for row in rows)
+    assert names == LEVER_NAMES
+    for row, spec in zip(rows, REGISTRY):
+        assert f"| {'**thread**' if spec.scope == 'thread' else 'process'} |" in row

@@ -343,7 +343,7 @@ def test_backend_failing_on_the_first_graph() -> None:
 
 
 def test_backend_failing_on_the_second_graph_runs_nothing_twice() -> None:
-    # DESIGN.md: the second graph fails after the first one ran; a plain eager retry
+    # speedflags/_compile.py: the second graph fails after the first one ran; a plain retry
     # would repeat the first graph's side effects (the in-place update and the counter).
     backend = counting_backend(fail_on=lambda n: n == 2)
     counter = [0]
@@ -392,8 +392,9 @@ def test_failure_at_a_later_recompile() -> None:
     "the backward lazily (see the test below)",
 )
 def test_backward_compile_failure_is_caught_before_the_step_runs_anything_twice() -> None:
-    # DESIGN.md: AOT autograd compiles the backward lazily inside loss.backward(), after the
-    # forward's side effects; speedup moves that compile next to the forward's.
+    # speedflags/_compile.py: AOT autograd compiles the backward lazily inside
+    # loss.backward(), after the forward's side effects; speedup moves that compile next to
+    # the forward's.
     flags_seen: List[bool] = []
 
     def fw(gm: torch.fx.GraphModule, inputs: Any) -> Any:

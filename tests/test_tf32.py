@@ -399,11 +399,12 @@ def test_status_and_snapshot_never_raise_in_a_mixed_state(raw_tf32: None) -> Non
 def test_legacy_only_pytorch_is_handled_by_the_legacy_api(monkeypatch: pytest.MonkeyPatch) -> None:
     # Simulates a PyTorch without the fp32_precision API (before 2.9), which this CPU
     # wheel cannot be: speedflags must then read and write the legacy API alone.
-    from speedflags.levers import _fp32_family as family
+    from speedflags.levers import _fp32_torch as family_io
+    from speedflags.levers._fp32_model import F_NODES
 
-    monkeypatch.setattr(family, "HAS_NEW_API", False)
-    state = family.read_state()
-    assert state[family.F_NODES] is None
+    monkeypatch.setattr(family_io, "HAS_NEW_API", False)
+    state = family_io.read_state()
+    assert state[F_NODES] is None
     legacy = (
         torch.backends.cuda.matmul.allow_tf32,
         torch.backends.cudnn.allow_tf32,

@@ -16,7 +16,7 @@ from _watch_helpers import undo, unwatched  # noqa: F401 - fixtures
 import speedflags
 from speedflags import fast_math
 from speedflags._watch_torch import SETTERS
-from speedflags.levers import _fp32_family as family
+from speedflags.levers import _fp32_torch as family
 
 HERE = os.path.abspath(__file__)
 

@@ -3,8 +3,10 @@
 One measurement engine shared by ``python -m speedflags bench`` and the pytest-benchmark
 suites in ``benchmarks/``:
 
-- :mod:`.workloads`: what is timed (matmul, seed 002's train step, SDPA, conv), its FLOP
-  count, inputs from a fixed generator and the float64 reference;
+- :mod:`.workloads`: what is timed (matmul, seed 002's train step, SDPA, conv), at which
+  sizes, with which configurations;
+- :mod:`.problems`: one workload at one size: its FLOP count, inputs from a fixed generator
+  and the float64 reference;
 - :mod:`.configs`: the lever configurations, each a ``fast_math`` frame on top of a baseline;
 - :mod:`.timing`: a synchronising clock, warm-up, rounds, rotation of inputs past the cache;
 - :mod:`.accuracy`: relative error against float64, and tolerances;

@@ -9,9 +9,10 @@ internal (tuples) and turned into JSON-friendly values by :meth:`Lever.describe`
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Hashable, Literal, NamedTuple, Protocol
 
-import torch
+if TYPE_CHECKING:  # torch-free at run time: the pure fp32 model imports Unreadable from here
+    import torch
 
 Scope = Literal["process", "thread"]
 
@@ -165,6 +166,8 @@ def verified(lever: SimpleLever, action: str, wanted: Any, got: Any) -> Any:
     """Return ``got`` if it equals ``wanted``; else raise ``StateMismatchError`` naming both."""
     if got == wanted:
         return got
+    import torch  # local: keep this module importable without torch
+
     from ..errors import StateMismatchError  # local: keep this module free of import cycles
 
     raise StateMismatchError(

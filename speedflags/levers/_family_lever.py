@@ -6,8 +6,9 @@ ledger stack for the two); they differ only in the target a value asks for.
 
 from __future__ import annotations
 
-from . import _fp32_family as family
+from . import _fp32_model as family
 from ._base import SimpleLever, verified
+from ._fp32_torch import read_state, transition
 
 
 class FamilyLever(SimpleLever):
@@ -22,12 +23,12 @@ class FamilyLever(SimpleLever):
     checks_state = True  # refuses a mixed TF32 state
 
     def read(self) -> family.FamilyState:
-        return family.read_state()
+        return read_state()
 
     def restore(
         self, target: family.FamilyState, current: family.FamilyState
     ) -> family.FamilyState:
-        after, wanted = family.transition(("restore", current, target), current, _same, target)
+        after, wanted = transition(("restore", current, target), current, _same, target)
         return after if after is wanted else verified(self, "restoring", target, after)
 
 

@@ -2,9 +2,11 @@
 
 ``"highest"`` keeps float32 matmuls in full IEEE fp32. ``"high"`` lets cuBLAS use TF32.
 ``"medium"`` also lets cuBLAS use TF32 and routes CPU float32 matmuls through oneDNN with
-bf16 fpmath (on CPUs without AMX, measured on PyTorch 2.13: about 2x faster from the oneDNN
-kernel, with fp32-level error). It is written exactly as
-``torch.set_float32_matmul_precision`` would, with both TF32 API families kept readable.
+bf16 fpmath. On CPUs without AMX oneDNN keeps fp32 arithmetic, so the error stays at fp32
+level and the gain is only the switch from MKL's kernel to oneDNN's: measured on PyTorch 2.13
+on a Zen 4 CPU, 1.07-1.20x with 1 thread and 1.1-1.4x with 2 (1024^3 and 2048^3 matmuls,
+``benchmarks/RESULTS.md``). It is written exactly as ``torch.set_float32_matmul_precision``
+would, with both TF32 API families kept readable (``docs/tf32_policy.md``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import torch._ops
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import capabilities
-from . import _fp32_family as family
+from . import _fp32_model as family
 from ._base import Effect, verified
 from ._family_lever import FamilyLever
+from ._fp32_mixed import require_consistent
+from ._fp32_torch import transition
 
 
 class MatmulPrecisionLever(FamilyLever):
@@ -40,10 +44,10 @@ class MatmulPrecisionLever(FamilyLever):
         return value
 
     def check(self, state: family.FamilyState) -> None:
-        family.require_consistent(state, "change the float32 matmul precision")
+        require_consistent(state, "change the float32 matmul precision")
 
     def apply(self, value: Any, before: family.FamilyState) -> family.FamilyState:
-        after, target = family.transition(
+        after, target = transition(
             ("precision", before, value), before, family.precision_target, before, value
         )
         return after if after is target else verified(self, "setting", target, after)

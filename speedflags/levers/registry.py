@@ -69,6 +69,9 @@ class LeverSpec:
         baseline: the value that means "off" (plain fp32 eager); ``UNSET`` when the lever
             has no off value (the SDPA dispatcher's default is every backend).
         candidates: the values ``tune`` tries, in order.
+        ops: words in the names of the torch functions whose kernels the lever changes
+            (``"conv"``); ``tune`` skips the lever for a step that calls none of them.
+            Empty: any step.
     """
 
     name: str
@@ -82,6 +85,7 @@ class LeverSpec:
     accuracy: str
     baseline: Any = UNSET
     candidates: Tuple[Any, ...] = ()
+    ops: Tuple[str, ...] = ()
 
     def lever(self, device_type: str = "cpu") -> Lever:
         """The lever object for ``device_type`` (one shared instance per type)."""
@@ -143,6 +147,9 @@ def autocast_lever(device_type: str) -> AutocastLever:
 
 
 _BACKEND_CHOICES = ", ".join(repr(b) for b in BACKENDS)
+# matmuls (mm, addmm, bmm, ...), convolutions, recurrent layers and attention: the kernels
+# TF32, matmul precision and autocast change
+_MATMUL_OPS = ("mm", "matmul", "linear", "einsum", "conv", "lstm", "gru", "rnn", "scaled_dot")
 
 # Application order: TF32 before matmul precision (they share state and both are checked
 # for a mixed TF32 state first), autocast last.
@@ -156,9 +163,10 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         validate=TF32Lever.validate,
         make=_process_lever("tf32"),
         summary="TF32 tensor cores for float32 cuBLAS matmuls and cuDNN conv/rnn",
-        accuracy="10-bit mantissa inputs: relative error ~1e-3 on matmuls",
+        accuracy="TF32 keeps 10 mantissa bits: ~1e-3 relative error on float32 matmuls",
         baseline=False,
         candidates=(True,),
+        ops=_MATMUL_OPS,
     ),
     LeverSpec(
         name="matmul_precision",
@@ -169,9 +177,10 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         validate=MatmulPrecisionLever.validate,
         make=_process_lever("matmul_precision"),
         summary="float32 matmul precision: TF32 on CUDA ('high'), oneDNN bf16 on CPU ('medium')",
-        accuracy="'high': as tf32; 'medium' on CPU: oneDNN bf16x3, ~1e-6",
+        accuracy="'high': as tf32; 'medium': bf16-level on GPUs and AMX CPUs, else fp32-level",
         baseline="highest",
         candidates=("high", "medium"),
+        ops=_MATMUL_OPS,
     ),
     LeverSpec(
         name="cudnn_benchmark",
@@ -185,6 +194,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         accuracy="none in principle; the chosen algorithm may differ run to run",
         baseline=False,
         candidates=(True,),
+        ops=("conv",),
     ),
     LeverSpec(
         name="sdpa",
@@ -195,8 +205,9 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         validate=SdpaLever.validate,
         make=_process_lever("sdpa"),
         summary="preferred scaled_dot_product_attention kernels (math kept as the fallback)",
-        accuracy="flash/efficient/cudnn: fp16/bf16 kernels, ~1e-3 against math",
+        accuracy="kernel-dependent, usually within fp16/bf16 rounding of the math kernel",
         candidates=tuple((b,) for b in BACKENDS if b != "math"),
+        ops=("scaled_dot_product",),
     ),
     LeverSpec(
         name="amp",
@@ -207,9 +218,10 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         validate=validate_amp,
         make=autocast_lever,
         summary="autocast: matmuls and convolutions in bf16 or fp16, on one device type",
-        accuracy="bf16: relative error ~4e-3; fp16: ~5e-4 (with loss scaling for training)",
+        accuracy="bf16: ~3e-3 relative error (8 mantissa bits); fp16: ~4e-4 (use loss scaling)",
         baseline=False,
         candidates=(torch.bfloat16, torch.float16),
+        ops=_MATMUL_OPS,
     ),
 )
 

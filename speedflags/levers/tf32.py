@@ -3,7 +3,7 @@
 Both of PyTorch's TF32 API families stay readable: the write goes through the legacy
 setters and is corrected through the new ``fp32_precision`` API where needed, and a mixed
 starting state is refused with :class:`~speedflags.MixedTF32APIError` before anything is
-changed. The policy and its limits are in :mod:`speedflags.levers._fp32_family`.
+changed. The policy and its limits are in ``docs/tf32_policy.md``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import torch
 
 from ..errors import InvalidTypeError
 from ..hardware import capabilities
-from . import _fp32_family as family
+from . import _fp32_model as family
 from ._base import Effect, verified
 from ._family_lever import FamilyLever
+from ._fp32_mixed import require_consistent
+from ._fp32_torch import transition
 
 
 class TF32Lever(FamilyLever):
@@ -34,10 +36,10 @@ class TF32Lever(FamilyLever):
         return value
 
     def check(self, state: family.FamilyState) -> None:
-        family.require_consistent(state, "change TF32")
+        require_consistent(state, "change TF32")
 
     def apply(self, value: Any, before: family.FamilyState) -> family.FamilyState:
-        after, target = family.transition(
+        after, target = transition(
             ("tf32", before, value), before, family.tf32_target, before, value
         )
         return after if after is target else verified(self, "setting", target, after)

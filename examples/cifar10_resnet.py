@@ -1,0 +1,149 @@
+"""Train a ResNet on CIFAR-10-shaped images, in fp32 and then with speedflags' levers.
+
+Images come from a local CIFAR-10 copy through torchvision (``--data PATH``, the folder that
+holds ``cifar-10-batches-py``; nothing is ever downloaded) or, without ``--data``, are
+synthetic. The same training steps run twice: in plain fp32, then with the levers recommended
+for the device plus ``cudnn_benchmark=True`` (a fixed-shape convolutional network is where
+cuDNN's autotuning pays), or those given with ``--levers``. It prints the time per step of
+each and the speedup, and checks that every flag ends as it began.
+
+    python examples/cifar10_resnet.py --data ~/datasets/cifar10   # for real (CUDA if available)
+    python examples/cifar10_resnet.py --smoke                      # a few seconds on a CPU (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+import torch
+from _common import (
+    FP32,
+    add_common_arguments,
+    chosen_levers,
+    flags_as_found,
+    pick_device,
+    print_speedup,
+    seconds_per_step,
+)
+from torch import nn
+
+import speedflags
+
+Batch = Tuple[torch.Tensor, torch.Tensor]
+
+
+class Block(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.skip: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.skip = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.skip(x))
+
+
+class ResNet(nn.Module):
+    """ResNet-18's layout for 32x32 images (a 3x3 stem, no max-pool), at a chosen width."""
+
+    def __init__(self, width: int = 64, blocks: Tuple[int, ...] = (2, 2, 2, 2)) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
+        )
+        layers: List[nn.Module] = []
+        cin = width
+        for i, n in enumerate(blocks):
+            cout = width * 2**i
+            for j in range(n):
+                layers.append(Block(cin, cout, 2 if (j == 0 and i > 0) else 1))
+                cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.head = nn.Linear(cin, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layers(self.stem(x)).mean((2, 3)))
+
+
+def batches(data: Optional[Path], batch: int, count: int, device: torch.device) -> List[Batch]:
+    """``count`` batches on ``device``: from a local CIFAR-10 copy, or synthetic."""
+    if data is None:
+        generator = torch.Generator().manual_seed(0)
+        return [
+            (torch.randn(batch, 3, 32, 32, generator=generator).to(device),
+             torch.randint(0, 10, (batch,), generator=generator).to(device))
+            for _ in range(count)
+        ]  # fmt: skip
+    if importlib.util.find_spec("torchvision") is None:
+        raise SystemExit(
+            "--data needs torchvision (pip install torchvision); omit --data for synthetic images"
+        )
+    from torchvision import datasets, transforms
+
+    transform = transforms.Compose(
+        [transforms.ToTensor(), transforms.Normalize((0.491, 0.482, 0.447), (0.247, 0.243, 0.262))]
+    )
+    dataset = datasets.CIFAR10(str(data), train=True, download=False, transform=transform)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True)
+    out: List[Batch] = []
+    for images, labels in loader:  # preloaded, so both runs time the same compute
+        out.append((images.to(device), labels.to(device)))
+        if len(out) == count:
+            break
+    return out
+
+
+def make_step(
+    model: nn.Module, amp: Any, device: torch.device, data: Iterator[Batch]
+) -> Callable[[], None]:
+    optimizer = speedflags.fast_optimizer(torch.optim.SGD, model.parameters(), lr=0.1, momentum=0.9)
+    scaler = speedflags.grad_scaler(amp, device=device)  # enabled for fp16 only
+
+    def step() -> None:
+        images, labels = next(data)
+        logits = model(images.contiguous(memory_format=torch.channels_last))
+        loss = nn.functional.cross_entropy(logits.float(), labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_arguments(parser)
+    parser.add_argument("--data", type=Path, default=None, help="a local CIFAR-10 folder")
+    parser.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args()
+    device = pick_device(args.device, args.smoke)
+    width, batch, steps = (8, 8, 3) if args.smoke else (64, 256, 30)
+    steps = args.steps or steps
+    levers = chosen_levers(args.levers, device, cudnn_benchmark=True)
+    data = batches(args.data, batch, steps + 1, device)
+    print(f"device: {speedflags.capabilities(device).device}; data: {args.data or 'synthetic'}")
+
+    with flags_as_found():
+        times = {}
+        for name, setting in (("fp32", FP32), ("speedflags", levers)):
+            torch.manual_seed(0)
+            model = ResNet(width).to(device).to(memory_format=torch.channels_last)
+            step = make_step(model, setting.get("amp", False), device, iter(data))
+            with speedflags.fast_math(device=device, **setting):
+                times[name] = seconds_per_step(step, steps, device)
+        print_speedup("CIFAR-10 ResNet", times["fp32"], times["speedflags"], levers, args.smoke)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""LightningCLI with speedflags' ``SpeedFlagsCallback`` configured in YAML, schedule included.
+
+``config.yaml`` (next to this script) sets the callback with ``class_path``/``init_args``:
+``train`` levers around each training batch, full-precision validation, and NequIP's TF32
+schedule (on from epoch 0, off from epoch 4). The script fits the same model twice from the
+same weights: with plain fp32 levers in place of the configured callback, then with the
+configured one. It prints the time per training batch of each and the speedup, the schedule
+switches from the ledger's history, and checks that every flag ends as it began.
+
+    python examples/lightning_yaml/train.py --config examples/lightning_yaml/config.yaml
+    python examples/lightning_yaml/train.py --smoke      # a few seconds on a CPU (CI)
+
+Other arguments go to LightningCLI (``--trainer.max_epochs=10``, ``--model.width=256``).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/_common.py
+from _common import FP32, flags_as_found, print_speedup, sync
+
+import speedflags
+from speedflags.integrations.lightning import SpeedFlagsCallback
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.cli import LightningCLI
+except ModuleNotFoundError:  # the older package name
+    import pytorch_lightning as pl  # type: ignore[no-redef]
+    from pytorch_lightning.cli import LightningCLI  # type: ignore[no-redef]
+
+HERE = Path(__file__).resolve().parent
+SMOKE = [
+    "--trainer.max_epochs=5",
+    "--trainer.limit_train_batches=3",
+    "--trainer.limit_val_batches=1",
+    "--trainer.accelerator=cpu",
+    "--model.width=16",
+    "--model.depth=1",
+    "--data.batch_size=8",
+    "--data.num_batches=3",
+]
+
+
+class ToyModel(pl.LightningModule):
+    """An MLP regressor: wide float32 matmuls, where TF32 and bf16 pay."""
+
+    def __init__(self, width: int = 512, depth: int = 4) -> None:
+        super().__init__()
+        layers: List[nn.Module] = [nn.Linear(64, width), nn.GELU()]
+        for _ in range(depth - 1):
+            layers += [nn.Linear(width, width), nn.GELU()]
+        self.net = nn.Sequential(*layers, nn.Linear(width, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x).float(), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x).float(), y))
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class ToyData(pl.LightningDataModule):
+    """Synthetic regression data (nothing to download)."""
+
+    def __init__(self, batch_size: int = 64, num_batches: int = 20) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(batch_size * num_batches, 64, generator=generator)
+        self.data = TensorDataset(x, x[:, :1].sin())
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+
+class BatchTimer(pl.Callback):
+    """Time per training batch (forward, backward, optimizer step), from the second epoch on
+    (the first pays one-time costs)."""
+
+    def __init__(self) -> None:
+        self.times: List[float] = []
+        self.start = 0.0
+
+    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+        sync(module.device)
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        sync(module.device)
+        if trainer.current_epoch > 0 or trainer.max_epochs == 1:
+            self.times.append(time.perf_counter() - self.start)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.times) / max(len(self.times), 1)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    smoke = "--smoke" in argv
+    argv = [a for a in argv if a != "--smoke"]
+    if not any(a == "--config" or a.startswith("--config=") for a in argv):
+        argv = ["--config", str(HERE / "config.yaml"), *argv]
+    if smoke:
+        argv += SMOKE
+    sys.argv = sys.argv[:1]  # everything goes through args=; LightningCLI warns about both
+    cli = LightningCLI(ToyModel, ToyData, run=False, args=argv, save_config_callback=None)
+    (configured,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, SpeedFlagsCallback)]
+    print(f"configured: {configured!r}")
+
+    with flags_as_found():
+        start = copy.deepcopy(cli.model.state_dict())
+        fp32_timer, fast_timer = BatchTimer(), BatchTimer()
+        plain = SpeedFlagsCallback(train=FP32, validate=FP32)
+        cli.instantiate_trainer(callbacks=[plain, fp32_timer]).fit(
+            cli.model, datamodule=cli.datamodule
+        )
+        cli.model.load_state_dict(start)
+        speedflags.ledger().clear_history()
+        cli.trainer.callbacks.append(fast_timer)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+        switches = [r for r in speedflags.ledger().history if r.action == "switch"]
+        for record in switches:
+            print(f"schedule: {record.reason}: {record.after}")
+        levers: Dict[str, Any] = configured.levers("train")
+        name = "Lightning MLP (from epoch 1, across the schedule)"
+        print_speedup(name, fp32_timer.seconds, fast_timer.seconds, levers, smoke)
+
+
+if __name__ == "__main__":
+    main()

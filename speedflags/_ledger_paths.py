@@ -1,0 +1,250 @@
+"""The ledger off its hot path: inspection, rolling back, closing under later frames, conflicts.
+
+:class:`~speedflags._ledger.FlagLedger` keeps its hot path (open and close of a frame that
+is the innermost of its stacks) in ``_ledger.py``. What happens when a lever fails, a frame
+exits out of order or under another thread's frames, or a frame overrides another thread's
+or task's, is here, with the inspection of the history and the open frames, and
+:data:`OWN_WRITES`. The rare paths run under the ledger's lock (``_leave_context`` touches
+only the calling context) and only *build* warnings and errors: the ledger speaks once the
+lock is released (:mod:`speedflags._notices`).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextvars import ContextVar
+from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
+
+from . import _notices
+from ._history import FlagRecord, Where, one_entry, records, to_json
+from ._notices import Failure, Notice
+from ._own_writes import _WRITING, OWN_WRITES  # noqa: F401 - re-exported
+from ._program import Frame
+from .errors import LedgerOrderError
+
+_get_ident = threading.get_ident
+_KEEP_STACKS = 64
+
+
+class LedgerPaths:
+    """:class:`~speedflags._ledger.FlagLedger` off its hot path (a base class of it)."""
+
+    _lock: threading.Lock
+    _stacks: Dict[Hashable, List[Tuple[Frame, int]]]
+    _open: Dict[int, Frame]
+    _frames: ContextVar[Tuple[Frame, ...]]
+    _history: Deque[tuple[Any, ...]]
+    _seq: int
+    _history_size: int
+
+    # --- inspection ----------------------------------------------------------------------
+
+    @property
+    def history(self) -> tuple[FlagRecord, ...]:
+        """The most recent records (at most ``history_size``), oldest first (a copy)."""
+        with self._lock:
+            raw = tuple(self._history)
+        return records(raw, self._history_size)
+
+    def clear_history(self) -> None:
+        """Forget the recorded history (open frames and their restore data are kept)."""
+        with self._lock:
+            self._history.clear()
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        """The history as JSON, with the PyTorch and speedflags versions and the process id."""
+        return to_json(self.history, indent)
+
+    def __repr__(self) -> str:
+        return f"<FlagLedger: {len(self._history)} entries, {len(self.open_frames())} open frames>"
+
+    # --- frames open ---------------------------------------------------------------------
+
+    def open_frames(self) -> tuple[Frame, ...]:
+        """Every frame open now, in all threads and tasks, in order of entry."""
+        with self._lock:
+            return tuple(self._open.values())
+
+    def _forget_frames(self) -> None:
+        # For tests that left frames open: drop them everywhere, restoring nothing.
+        with self._lock:
+            for frame in self._open.values():
+                frame.closed = True
+            self._open.clear()
+            self._stacks.clear()
+        self._frames.set(())
+
+    def innermost(self, owner: object) -> Frame:
+        """The innermost open frame entered through ``owner`` in this task (or thread)."""
+        for frame in reversed(self._frames.get()):
+            if frame.owner is owner and not frame.closed:
+                return frame
+        elsewhere = self._innermost_elsewhere(owner, _get_ident())
+        if elsewhere is None:
+            raise LedgerOrderError(
+                f"{owner!r} is exited but was not entered in this thread "
+                "(each 'with' must exit in the thread that entered it)"
+            )
+        return elsewhere
+
+    # --- history -----------------------------------------------------------------------
+
+    def _one(
+        self,
+        label: str,
+        frame_id: int,
+        thread: str,
+        rank: Optional[int],
+        where: Where,
+        lever: str,
+        action: str,
+        reason: str,
+        before: Any,
+        after: Any,
+    ) -> tuple[Any, ...]:
+        # a single record; the caller holds the lock
+        self._seq += 1
+        entry = one_entry(
+            self._seq, label, frame_id, thread, rank, where, lever, action, reason, before, after
+        )
+        self._history.append(entry)
+        return entry
+
+    def _frame_one(
+        self, frame: Frame, where: Where, i: int, action: str, reason: str, before: Any, after: Any
+    ) -> None:
+        key = frame.program.lever_keys[i]
+        self._one(
+            frame.label, frame.id, frame.thread, frame.rank, where, key, action, reason, before,
+            after,
+        )  # fmt: skip
+
+    def _skips(self, frame: Frame, where: Where) -> None:
+        for name, reason in frame.program.skipped:
+            self._one(
+                frame.label, frame.id, frame.thread, frame.rank, where, name, "skip", reason,
+                None, None,
+            )  # fmt: skip
+
+    # --- entering ----------------------------------------------------------------------
+
+    def _conflicts(self, frame: Frame) -> List[Notice]:
+        # Once applied: the frames of other threads or tasks, still open, whose state for a
+        # domain this frame has just replaced with a different one.
+        found: List[Notice] = []
+        program = frame.program
+        for i in range(program.n):
+            if i in program.prev:  # a later lever of this frame sets the same domain
+                continue
+            theirs: Dict[int, Tuple[Frame, int]] = {}
+            for other, j in self._stacks[frame.key(i)]:
+                if other is frame:
+                    break
+                if other.thread_id != frame.thread_id or other.task is not frame.task:
+                    theirs[other.id] = (other, j)  # its last lever of the domain counts
+            for other, j in theirs.values():
+                if other.afters[j] != frame.afters[i]:
+                    found.append(_notices.conflict(frame, i, other, j))
+        return found
+
+    def _roll_back(
+        self, frame: Frame, failed: int, exc: BaseException, where: Where
+    ) -> Optional[BaseException]:
+        # Every applied lever is tried; what failed is returned, not raised, so that the
+        # caller raises it only once the lock is released.
+        failures: List[Failure] = []
+        program = frame.program
+        applied = frame.applied
+        states: List[Any] = [None] * applied
+        for i in range(applied - 1, -1, -1):
+            lever = program.levers[i]
+            try:
+                current = lever.read()
+                before = frame.befores[i]
+                restored = lever.restore(before, current) if current != before else current
+                reason = f"rolled back: entering failed with {type(exc).__name__}"
+                self._frame_one(frame, where, i, "restore", reason, current, restored)
+            except BaseException as err:  # keep rolling back the others
+                failures.append((i, err))
+                states[i] = lever.read()
+            finally:
+                self._unlink(frame, i)
+                if program.hooks[i] and i != failed:
+                    lever.closed()
+        frame.applied = 0
+        frame.closed = True
+        if not failures:
+            return None
+        interrupts = [e for _, e in failures if not isinstance(e, Exception)]
+        if interrupts:
+            return interrupts[0]
+        return _notices.roll_back_error(frame, exc, applied, failures, states)
+
+    # --- exiting -----------------------------------------------------------------------
+
+    def _unlink(self, frame: Frame, i: int) -> None:
+        key = frame.key(i)
+        stack = self._stacks.get(key)
+        if stack is None:
+            return
+        for j in range(len(stack) - 1, -1, -1):
+            entry = stack[j]
+            if entry[0] is frame and entry[1] == i:
+                del stack[j]
+                break
+
+    def _new_stack(self, key: Hashable) -> List[Tuple[Frame, int]]:
+        # Emptied stacks are kept: dropping a thread's autocast stack at every exit and making
+        # it again at the next entry cost ~0.25 µs a frame. Those of threads gone are dropped
+        # here, once the stacks that are kept outnumber _KEEP_STACKS.
+        stacks = self._stacks
+        if len(stacks) >= _KEEP_STACKS:
+            for old in [k for k, stack in stacks.items() if not stack and isinstance(k, tuple)]:
+                del stacks[old]
+        stack: List[Tuple[Frame, int]] = []
+        stacks[key] = stack
+        return stack
+
+    def _close_buried(
+        self, frame: Frame, i: int, current: Any, where: Where, notices: List[Notice]
+    ) -> Any:
+        # Entries above this one belong to frames still open: put back the state this entry
+        # found, then re-apply theirs on top of it, in their order.
+        stack = self._stacks[frame.key(i)]
+        position = next(j for j, (f, k) in enumerate(stack) if f is frame and k == i)
+        later = stack[position + 1 :]
+        lever = frame.program.levers[i]
+        top_frame, top_i = later[-1]
+        del stack[position]
+        try:
+            state = lever.restore(frame.befores[i], current)
+        finally:
+            if frame.program.hooks[i]:
+                lever.closed()
+        if current != top_frame.afters[top_i]:
+            expected = top_frame.afters[top_i]
+            notices.append(_notices.drift(lever, current, expected, frame.befores[i], frame)[1])
+        for other, j in later:
+            other_lever = other.program.levers[j]
+            other.befores[j] = state
+            other.afters[j] = state = other_lever.apply(other.program.values[j], state)
+            reason = f"re-applied: {frame.label!r}, entered earlier, exited first"
+            self._frame_one(other, where, j, "set", reason, other.befores[j], other.afters[j])
+        return state
+
+    def _leave_context(self, frames: Tuple[Frame, ...], frame: Frame) -> Optional[Frame]:
+        # ``frame`` (closed now) is not this context's innermost: drop it, and frames closed
+        # from other contexts; return the innermost frame still open above it, if any.
+        if frame not in frames:  # entered in another context of this thread
+            return None
+        later = [f for f in frames[frames.index(frame) + 1 :] if not f.closed]
+        self._frames.set(tuple(f for f in frames if not f.closed))
+        return later[-1] if later else None
+
+    def _innermost_elsewhere(self, owner: object, tid: int) -> Optional[Frame]:
+        # The innermost open frame of ``owner`` entered in another context of this thread: a
+        # fixture set up in one asyncio task and torn down in another, a `with` around a
+        # generator's `yield` closed by another consumer.
+        with self._lock:
+            mine = [f for f in self._open.values() if f.owner is owner and f.thread_id == tid]
+        return mine[-1] if mine else None

@@ -1,0 +1,162 @@
+"""What the ledger says: drift and conflict warnings, order and restore errors.
+
+The ledger restores first and speaks after. While it holds its lock it only *builds* these
+(plain data: a cause, a message, a category; an exception object); :func:`speak` emits them
+once every lever is restored, the frame is off every stack and the lock is released. So a
+warning turned into an error (``warnings.simplefilter("error")``, pytest's
+``filterwarnings = error``) cannot skip a restore, and a ``warnings.showwarning`` hook or a
+logging handler that reads the ledger or enters a block cannot deadlock on its lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Optional, Sequence, Tuple
+
+from . import _warn
+from ._program import Frame
+from .errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
+from .levers._base import Lever
+
+# (cause for warn_once, message, category)
+Notice = Tuple[Hashable, str, type]
+# (index of the lever in its frame's program, the exception its restore raised)
+Failure = Tuple[int, BaseException]
+
+
+def speak(notices: Optional[Sequence[Notice]], error: Optional[BaseException] = None) -> None:
+    """Emit ``notices`` (each once per cause), then raise ``error`` if there is one.
+
+    A notice that raises (warnings as errors) does not hide ``error``: that one is raised
+    instead, with the warning as its ``__context__``.
+    """
+    try:
+        for cause, message, category in notices or ():
+            _warn.warn_once(cause, message, category)
+    finally:
+        if error is not None:
+            raise error
+
+
+def drift(
+    lever: Lever, found: Any, expected: Any, restoring: Any, frame: Frame
+) -> Tuple[str, Notice]:
+    """The history note and the warning for a lever changed inside ``frame``'s block."""
+    message = (
+        f"{lever.name} was changed inside {frame.label!r} (entered at {frame.where}): found "
+        f"{lever.describe(found)!r} where the block had set {lever.describe(expected)!r}; "
+        f"restoring {lever.describe(restoring)!r}."
+    )
+    from ._watcher import culprit_note  # local: the watcher imports torch
+
+    message += culprit_note(lever, found)
+    note = f"drift: found {lever.describe(found)!r}, expected {lever.describe(expected)!r}"
+    return note, ((lever.name, found, expected, restoring), message, DriftWarning)
+
+
+def _who(frame: Frame) -> str:
+    task = frame.task
+    if task is None:
+        return f"thread {frame.thread!r}"
+    get_name = getattr(task, "get_name", None)
+    name = get_name() if get_name is not None else repr(task)
+    return f"thread {frame.thread!r}, task {name!r}"
+
+
+def conflict(frame: Frame, i: int, other: Frame, j: int) -> Notice:
+    """The warning for ``frame`` setting lever ``i`` over ``other``'s lever ``j``, still open."""
+    lever = frame.program.levers[i]
+    theirs = other.program.levers[j]
+    mine = f"{lever.name}={lever.describe_value(frame.program.values[i])!r}"
+    before = f"{theirs.name}={theirs.describe_value(other.program.values[j])!r}"
+    if lever.scope == "process":
+        shared = "the flag is process-wide"
+    else:
+        shared = f"the flag is per thread, and both run in thread {frame.thread!r}"
+    message = (
+        f"{frame.label!r} (entered at {frame.where} in {_who(frame)}) sets {mine} while "
+        f"{other.label!r} (entered at {other.where} in {_who(other)}), which set {before}, "
+        f"is still open: {shared}, so {other.label!r} now runs with {mine} until "
+        f"{frame.label!r} exits. Each block still restores what it found on exit; keep such "
+        "blocks in one thread and one task, or give them the same values (docs/threading.md)."
+    )
+    cause = ("conflict", lever.name, other.label, other.where, frame.label, frame.where)
+    return cause, message, LeverConflictWarning
+
+
+def _failed(frame: Frame, failures: Sequence[Failure]) -> str:
+    levers = frame.program.levers
+    return ", ".join(f"{levers[i].name} ({type(e).__name__}: {e})" for i, e in failures)
+
+
+def _reads(frame: Frame, failures: Sequence[Failure], states: Sequence[Any]) -> str:
+    levers = frame.program.levers
+    return ", ".join(
+        f"{levers[i].name} now reads {levers[i].describe(states[i])!r}" for i, _ in failures
+    )
+
+
+def _first(failure: Failure) -> int:
+    return failure[0]
+
+
+def _others(frame: Frame, n: int, failures: Sequence[Failure]) -> str:
+    failed = {i for i, _ in failures}
+    names = [frame.program.levers[i].name for i in range(n) if i not in failed]
+    return ", ".join(names) if names else "none"
+
+
+def close_error(
+    frame: Frame, innermost: Optional[Frame], failures: Sequence[Failure], states: Sequence[Any]
+) -> Optional[BaseException]:
+    """What closing ``frame`` raises, if anything: an interrupt, an order error, a failure.
+
+    ``states`` holds, per lever, what it reads after the exit.
+    """
+    errors = [e for _, e in failures]
+    interrupts = [e for e in errors if not isinstance(e, Exception)]
+    if interrupts:
+        return interrupts[0]
+    cause = errors[0] if errors else None
+    error: BaseException
+    if innermost is not None:
+        error = LedgerOrderError(
+            f"frame {frame.label!r} (entered at {frame.where}) exited while "
+            f"{innermost.label!r} (entered later, at {innermost.where}) is still open in this "
+            "thread and task; blocks must exit in reverse order of entry. The exited frame's "
+            "levers were restored and the later frame keeps its own."
+        )
+    elif len(errors) == 1:
+        return errors[0]
+    elif errors:
+        n = frame.applied
+        failures = sorted(failures, key=_first)
+        error = RestoreError(
+            f"restoring {frame.label!r} (entered at {frame.where}) failed for {len(errors)} of "
+            f"its {n} levers: {_failed(frame, failures)}; restored: "
+            f"{_others(frame, n, failures)}. Not restored: {_reads(frame, failures, states)}.",
+            [e for _, e in failures],
+        )
+    else:
+        return None
+    error.__cause__ = cause
+    return error
+
+
+def roll_back_error(
+    frame: Frame,
+    exc: BaseException,
+    applied: int,
+    failures: Sequence[Failure],
+    states: Sequence[Any],
+) -> RestoreError:
+    """What entering raises when rolling back ``exc``'s half-entered frame failed too."""
+    failures = sorted(failures, key=_first)
+    error = RestoreError(
+        f"entering {frame.label!r} failed ({type(exc).__name__}: {exc}) and rolling it back "
+        f"failed for {_failed(frame, failures)}; rolled back: "
+        f"{_others(frame, applied, failures)}. Not rolled back: "
+        f"{_reads(frame, failures, states)}.",
+        [e for _, e in failures],
+    )
+    error.__cause__ = failures[0][1]
+    return error

@@ -1,0 +1,16 @@
+"""Trainer callbacks: speedflags levers per phase of a Lightning or Hugging Face training run.
+
+Each integration lives in its own module and is imported only when used, so ``import
+speedflags`` (and this package) never imports Lightning or transformers:
+
+- :mod:`speedflags.integrations.lightning`: ``SpeedFlagsCallback(train=..., validate=...,
+  test=..., predict=..., schedule=...)`` for ``lightning.pytorch`` and ``pytorch_lightning``
+  (``pip install 'speedflags[lightning]'``).
+- :mod:`speedflags.integrations.transformers`: ``SpeedFlagsCallback(train=...,
+  evaluate=...)``, a ``transformers.TrainerCallback`` (``pip install
+  'speedflags[transformers]'``).
+
+Both take, per phase, a dict of :func:`speedflags.fast_math` keyword arguments, validated
+when the callback is built, and apply them through the ledger for that phase only: every
+flag comes back when the phase ends, also when it ends with an exception.
+"""

@@ -1,0 +1,98 @@
+"""The single-lever shorthands: ``tf32()``, ``matmul_precision()``, ``cudnn_benchmark()``,
+``sdpa_backend()`` and ``autocast()``, each a :class:`~speedflags.FastMath` for one lever with
+a label that names the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .fast_math import AmpArg, FastMath
+from .hardware import DeviceLike, normalize_device
+from .levers.registry import lever_spec
+
+__all__ = ["autocast", "cudnn_benchmark", "matmul_precision", "sdpa_backend", "tf32"]
+
+
+def tf32(enabled: bool = True, *, strict: bool = False) -> FastMath:
+    """TF32 on (or off) for cuBLAS matmuls and cuDNN conv/rnn: ``fast_math(tf32=enabled)``.
+
+    Scope: process. Restores every getter of both TF32 API families.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.tf32():
+        ...     torch.backends.cuda.matmul.allow_tf32
+        True
+    """
+    value = lever_spec("tf32").check("tf32", enabled, "enabled")
+    return FastMath(tf32=value, strict=strict, label=f"tf32({value!r})")
+
+
+def matmul_precision(value: str, *, strict: bool = False) -> FastMath:
+    """Float32 matmul precision for a block: ``fast_math(matmul_precision=value)``.
+
+    Scope: process. Restores the legacy precision and the cuBLAS and oneDNN matmul nodes.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.matmul_precision("high"):
+        ...     torch.get_float32_matmul_precision()
+        'high'
+    """
+    checked = lever_spec("matmul_precision").check("matmul_precision", value, "value")
+    return FastMath(matmul_precision=checked, strict=strict, label=f"matmul_precision({checked!r})")
+
+
+def cudnn_benchmark(enabled: bool = True, *, strict: bool = False) -> FastMath:
+    """``torch.backends.cudnn.benchmark`` for a block, and nothing else.
+
+    Scope: process. Restores the previous ``benchmark`` value; ``enabled``,
+    ``deterministic`` and TF32 are never touched.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.cudnn_benchmark():
+        ...     torch.backends.cudnn.benchmark
+        True
+    """
+    value = lever_spec("cudnn_benchmark").check("cudnn_benchmark", enabled, "enabled")
+    return FastMath(cudnn_benchmark=value, strict=strict, label=f"cudnn_benchmark({value!r})")
+
+
+def sdpa_backend(*backends: Any, strict: bool = False) -> FastMath:
+    """Preferred SDPA kernels, in order: ``fast_math(sdpa=backends)``.
+
+    The math kernel stays enabled as the fallback, so inputs the preferred kernels cannot
+    take still run. Scope: process. Restores every backend flag and the priority order.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.sdpa_backend("math"):
+        ...     torch.backends.cuda.flash_sdp_enabled()
+        False
+    """
+    given: Any = backends[0] if len(backends) == 1 else backends
+    shown = ", ".join(repr(b) for b in backends)
+    value = lever_spec("sdpa").check("sdpa_backend", given, "backends")
+    return FastMath(sdpa=value, strict=strict, label=f"sdpa_backend({shown})")
+
+
+def autocast(dtype: AmpArg, device: DeviceLike = None, *, strict: bool = False) -> FastMath:
+    """Autocast in ``dtype`` on ``device`` for a block: ``fast_math(amp=dtype, device=device)``.
+
+    Scope: thread (like ``torch.autocast``). Restores the thread's autocast flag and dtype.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.autocast("bf16", device="cpu"):
+        ...     torch.get_autocast_dtype("cpu"), torch.is_autocast_enabled("cpu")
+        (torch.bfloat16, True)
+    """
+    lever_spec("amp").check("autocast", dtype, "dtype")
+    label_device = (
+        f", device={str(normalize_device(device, 'autocast'))!r}" if device is not None else ""
+    )
+    return FastMath(
+        amp=dtype, device=device, strict=strict, label=f"autocast({dtype!r}{label_device})"
+    )

@@ -1,0 +1,202 @@
+"""``python -m speedflags tune FILE.py:FACTORY``: tune the step a factory builds.
+
+``FACTORY()`` returns ``(fn, args)`` or ``(fn, args, kwargs)``; the command tunes
+``fn(*args, **kwargs)`` as :func:`speedflags.tune` does, prints the table (or JSON) on
+stdout and its progress on stderr, and can save the choice (``--out``) and a plot
+(``--plot``).
+
+Exit status: 0 done; 2 bad usage: a missing file, a factory that does not exist, fails or
+returns the wrong shape, a budget or time bound that is not a positive number, an output
+file type that cannot be written; 130 stopped with Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+from types import ModuleType
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+__all__ = ["add_parser", "command", "load_factory"]
+
+EXAMPLE = """\
+example (steps.py):
+  import torch
+
+  def mlp():
+      model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
+                                  torch.nn.Linear(2048, 1024))
+      return model, (torch.randn(256, 1024),)
+
+  python -m speedflags tune steps.py:mlp --budget 0.05 --out levers.json
+
+then, in the training script:
+  levers = speedflags.load_levers("levers.json")
+  if levers:
+      step = speedflags.speedup(**levers)(step)
+"""
+
+
+class UsageError(Exception):
+    """A bad command line, reported as ``speedflags tune: ...`` with exit status 2."""
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number")
+    return value
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``tune`` subcommand to an ``add_subparsers()`` object."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "tune",
+        help="find the fastest levers that keep your own step accurate",
+        description="Measure every lever on your own step (a forward, a loss or a train\n"
+        "step) against plain fp32, and choose the fastest set whose relative error stays\n"
+        "within the budget. FACTORY() returns (fn, args) or (fn, args, kwargs).",
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("target", metavar="FILE.py:FACTORY", help="the file and its factory")
+    parser.add_argument(
+        "--budget", type=_positive, default=1e-2, help="largest relative error (0.01)"
+    )
+    parser.add_argument(
+        "--seconds", type=_positive, default=None, help="bound on the whole run (none)"
+    )
+    parser.add_argument(
+        "--levers",
+        default=None,
+        help="comma-separated levers to try (default: all, and compile)",
+    )
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: the arguments' device)"
+    )
+    parser.add_argument("--out", metavar="PATH", help="save the choice (.json, .toml, .yaml)")
+    parser.add_argument("--plot", metavar="PATH", help="write a speed-against-error PNG")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    return parser
+
+
+def _import_file(path: str) -> ModuleType:
+    if not os.path.isfile(path):
+        raise UsageError(f"no such file: {path!r}")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = f"_speedflags_tune_{stem}" if stem.isidentifier() else "_speedflags_tune_target"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path!r} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    folder = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, folder)  # so the file can import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise UsageError(f"{path} raised {type(exc).__name__} on import: {exc}") from None
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+    return module
+
+
+def load_factory(target: str) -> Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]:
+    """Import ``FILE.py:FACTORY``, call the factory, and check what it returns.
+
+    Raises:
+        UsageError: the file or the factory is missing, the factory raises, or it returns
+            something other than ``(fn, args)`` or ``(fn, args, kwargs)``.
+    """
+    path, _, factory = target.rpartition(":")
+    if not path or not factory.isidentifier():
+        raise UsageError(f"{target!r}: expected FILE.py:FACTORY, such as steps.py:make_step")
+    module = _import_file(path)
+    make = getattr(module, factory, None)
+    if make is None:
+        found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise UsageError(
+            f"{path} has no {factory!r}; its callables: {', '.join(found) or '(none)'}"
+        )
+    if not callable(make):
+        raise UsageError(f"{path}:{factory} is a {type(make).__name__}, not a function")
+    try:
+        made = make()
+    except Exception as exc:
+        raise UsageError(f"{factory}() raised {type(exc).__name__}: {exc}") from None
+    shape = "(fn, args) or (fn, args, kwargs): fn callable, args a tuple or list, kwargs a dict"
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        got = f"a {len(made)}-tuple" if isinstance(made, tuple) else type(made).__name__
+        raise UsageError(f"{factory}() must return {shape}; it returned {got}")
+    fn, args = made[0], made[1]
+    kwargs = made[2] if len(made) == 3 else {}
+    if not callable(fn) or not isinstance(args, (tuple, list)) or not isinstance(kwargs, dict):
+        got = f"({type(fn).__name__}, {type(args).__name__}" + (
+            f", {type(kwargs).__name__})" if len(made) == 3 else ")"
+        )
+        raise UsageError(f"{factory}() must return {shape}; it returned {got}")
+    return fn, tuple(args), dict(kwargs)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse an output that cannot be written before the run, not after it."""
+    from .files import FORMATS, YAML_MISSING
+
+    if args.out:
+        suffix = os.path.splitext(args.out)[1].lower()
+        if suffix not in FORMATS:
+            raise UsageError(f"--out {args.out!r}: unknown file type; valid: {', '.join(FORMATS)}")
+        if suffix in (".yaml", ".yml") and importlib.util.find_spec("yaml") is None:
+            raise UsageError(f"--out {args.out!r}: {YAML_MISSING}")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        from .result import PLOT_MISSING
+
+        raise UsageError(f"--plot: {PLOT_MISSING}")
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run ``speedflags tune`` with parsed arguments; return the exit status."""
+    from ..errors import SpeedflagsError
+    from . import run
+
+    def progress(line: str) -> None:
+        print(f"tune: {line}", file=sys.stderr, flush=True)
+
+    levers: Optional[Sequence[str]] = None
+    if args.levers is not None:
+        levers = [name.strip() for name in args.levers.split(",") if name.strip()]
+    try:
+        _check_outputs(args)
+        fn, fn_args, fn_kwargs = load_factory(args.target)
+        result = run(
+            fn,
+            fn_args,
+            fn_kwargs,
+            budget=args.budget,
+            seconds=args.seconds,
+            levers=levers,
+            device=args.device,
+            progress=progress,
+        )
+    except (UsageError, SpeedflagsError) as exc:
+        print(f"speedflags tune: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("speedflags tune: interrupted (Ctrl-C); every flag is restored", file=sys.stderr)
+        return 130
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
+    if args.out:
+        result.save(args.out)
+        print(f"tune: levers saved to {args.out}", file=sys.stderr)
+    if args.plot:
+        points = result.plot(args.plot)
+        print(f"tune: plot {args.plot} ({points} points)", file=sys.stderr)
+    return 0

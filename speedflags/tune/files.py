@@ -1,0 +1,242 @@
+"""Lever files: ``TuneResult.save`` writes them, :func:`load_levers` reads them back.
+
+One layout in three formats, chosen by the suffix: ``.json``, ``.toml`` or ``.yaml``
+(``.yml``). The ``levers`` table holds ``fast_math`` keyword arguments in the words a user
+writes (``amp = "bf16"``, ``sdpa = ["flash"]``), so they survive every format and read back
+to the same values; the other tables describe the run. A hand-written file may also hold
+the levers alone, at its top level.
+
+TOML is written here (the standard library reads TOML from Python 3.11 on, through
+``tomllib``, and writes none; the layout is simple enough not to need a dependency). YAML
+needs PyYAML, an optional extra: ``pip install 'speedflags[yaml]'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+
+import torch
+
+from ..errors import InvalidTypeError, InvalidValueError
+from ..levers.autocast import _BY_NAME as _AMP_NAMES
+from ..levers.registry import LEVER_NAMES, check_levers, lever_spec
+
+__all__ = ["FORMATS", "YAML_MISSING", "load_levers", "plain_levers", "read_file", "write_file"]
+
+FORMATS = (".json", ".toml", ".yaml", ".yml")
+YAML_MISSING = (
+    "reading or writing .yaml lever files needs PyYAML, an optional extra of speedflags: "
+    "pip install 'speedflags[yaml]'"
+)
+_DTYPE_WORDS = {dtype: word for word, dtype in _AMP_NAMES.items()}
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def plain_value(name: str, value: Any) -> Any:
+    """A validated lever value in the words a user writes (and every file format keeps).
+
+    Example:
+        >>> import torch
+        >>> from speedflags.tune.files import plain_value
+        >>> plain_value("amp", torch.bfloat16), plain_value("sdpa", ("flash",))
+        ('bf16', ['flash'])
+    """
+    if isinstance(value, torch.dtype):
+        return _DTYPE_WORDS[value]
+    if name == "amp" and value is None:
+        return False
+    if isinstance(value, (tuple, list)):
+        return list(lever_spec(name).describe_value(tuple(value)))
+    return value
+
+
+def plain_levers(checked: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
+    """``check_levers`` output back in users' words, in the registry's order.
+
+    Example:
+        >>> from speedflags.levers.registry import check_levers
+        >>> from speedflags.tune.files import plain_levers
+        >>> plain_levers(check_levers("fast_math", {"amp": "bf16", "sdpa": "flash"}))
+        {'sdpa': ['flash'], 'amp': 'bf16'}
+    """
+    return {name: plain_value(name, value) for name, value in checked}
+
+
+def _suffix(path: PathLike, call: str) -> str:
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix not in FORMATS:
+        raise InvalidValueError(
+            f"{call}({os.fspath(path)!r}): unknown file type {suffix or '(none)'!r}; "
+            f"valid: {', '.join(FORMATS)}"
+        )
+    return suffix
+
+
+def _yaml() -> Any:
+    try:
+        return importlib.import_module("yaml")
+    except ImportError:
+        raise ImportError(YAML_MISSING) from None
+
+
+def write_file(path: PathLike, data: Mapping[str, Any]) -> None:
+    """Write ``data`` (tables of scalars, lists and flat tables) as JSON, TOML or YAML."""
+    suffix = _suffix(path, "TuneResult.save")
+    if suffix == ".json":
+        text = json.dumps(data, indent=2) + "\n"
+    elif suffix == ".toml":
+        text = to_toml(data)
+    else:
+        text = _yaml().safe_dump(dict(data), sort_keys=False)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def read_file(path: PathLike, call: str = "load_levers") -> Dict[str, Any]:
+    """The mapping a JSON, TOML or YAML file holds."""
+    suffix = _suffix(path, call)
+    shown = f"{call}({os.fspath(path)!r})"
+    try:
+        if suffix == ".toml":
+            with open(path, "rb") as fb:
+                data = _tomllib().load(fb)
+        else:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh) if suffix == ".json" else _yaml().safe_load(fh)
+    except ValueError as exc:  # JSON and TOML decode errors are ValueErrors
+        raise InvalidValueError(f"{shown}: not valid {suffix[1:].upper()}: {exc}") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("yaml"):
+            raise InvalidValueError(f"{shown}: not valid YAML: {exc}") from None
+        raise
+    if not isinstance(data, dict):
+        raise InvalidValueError(f"{shown}: expected a table of levers, got {type(data).__name__}")
+    return data
+
+
+def _tomllib() -> Any:
+    for name in ("tomllib", "tomli"):  # the standard library's from 3.11; tomli before
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("reading .toml lever files needs Python 3.11 or newer, or tomli")
+
+
+def load_levers(path: PathLike) -> Dict[str, Any]:
+    """The ``fast_math`` keyword arguments a lever file holds, validated.
+
+    Reads what :meth:`speedflags.TuneResult.save` wrote (its ``levers`` table), or a file
+    holding the levers alone, in JSON, TOML or YAML (by suffix; YAML needs
+    ``pip install 'speedflags[yaml]'``). The values are checked as ``fast_math`` checks
+    them, and returned in the words a user writes (``{"amp": "bf16"}``): pass them to
+    ``fast_math(**levers)`` or ``@speedup(**levers)``. An empty result means "plain fp32";
+    note that a bare ``fast_math()`` applies the recommended levers instead, so give
+    ``fast_math`` a non-empty choice only.
+
+    Scope: reads a file; changes and restores no flag.
+
+    Raises:
+        InvalidValueError: an unknown suffix, a file that does not parse, or a bad value
+            (the message names the file, the lever and the valid values).
+        InvalidTypeError: a name that is not a lever.
+        FileNotFoundError: no such file.
+        ImportError: a ``.yaml`` file without PyYAML.
+
+    Example:
+        >>> import os, tempfile, torch, speedflags
+        >>> path = os.path.join(tempfile.mkdtemp(), "levers.toml")
+        >>> with open(path, "w") as fh:
+        ...     _ = fh.write('[levers]\\namp = "bf16"\\n')
+        >>> levers = speedflags.load_levers(path)
+        >>> levers
+        {'amp': 'bf16'}
+        >>> with speedflags.fast_math(**levers, device="cpu"):
+        ...     torch.is_autocast_enabled("cpu")
+        True
+    """
+    call = f"load_levers({os.fspath(path)!r})"
+    data = read_file(path)
+    levers = data.get("levers", data if "tune" not in data else {})
+    if not isinstance(levers, dict):
+        raise InvalidValueError(f"{call}: 'levers' must be a table, got {type(levers).__name__}")
+    unknown = [name for name in levers if name not in LEVER_NAMES]
+    if unknown:
+        raise InvalidTypeError(
+            f"{call}: {unknown[0]!r} is not a lever; valid: {', '.join(sorted(LEVER_NAMES))}"
+        )
+    return plain_levers(check_levers(call, levers))
+
+
+# --- TOML ------------------------------------------------------------------------------
+
+
+def _toml_key(key: str) -> str:
+    if key and all(c.isalnum() or c in "_-" for c in key):
+        return key
+    return json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        items = (f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+        return "{" + ", ".join(items) + "}"
+    raise InvalidTypeError(f"TOML cannot hold {type(value).__name__} ({value!r})")
+
+
+def to_toml(data: Mapping[str, Any]) -> str:
+    """``data`` as TOML: scalars first, then tables, then arrays of tables; ``None`` left out.
+
+    Example:
+        >>> from speedflags.tune.files import to_toml
+        >>> print(to_toml({"levers": {"amp": "bf16", "sdpa": ["flash"]},
+        ...                "rows": [{"speedup": 1.5, "levers": {"amp": "bf16"}}]}), end="")
+        [levers]
+        amp = "bf16"
+        sdpa = ["flash"]
+        <BLANKLINE>
+        [[rows]]
+        speedup = 1.5
+        levers = {amp = "bf16"}
+    """
+    lines: List[str] = []
+    tables = {k: v for k, v in data.items() if isinstance(v, Mapping)}
+    arrays = {
+        k: v
+        for k, v in data.items()
+        if isinstance(v, list) and v and all(isinstance(i, Mapping) for i in v)
+    }
+    for key, value in data.items():
+        if key not in tables and key not in arrays and value is not None:
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    for key, table in tables.items():
+        lines.extend(["", f"[{_toml_key(key)}]"] if lines else [f"[{_toml_key(key)}]"])
+        lines.extend(
+            f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items() if v is not None
+        )
+    for key, items in arrays.items():
+        for item in items:
+            lines.extend(["", f"[[{_toml_key(key)}]]"] if lines else [f"[[{_toml_key(key)}]]"])
+            lines.extend(
+                f"{_toml_key(k)} = {_toml_value(v)}" for k, v in item.items() if v is not None
+            )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,300 @@
+"""speedflags.integrations.lightning: real Lightning trainers on the CPU, tiny models.
+
+What each phase's steps see is read with raw torch getters from inside the LightningModule:
+the forward (``*_step``), the backward (a tensor hook) and the optimizer step. Every test
+also runs under the leak guard of conftest.py, which fails it if any flag changed.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import speedflags
+from speedflags import InvalidTypeError, InvalidValueError, SpeedflagsError, SpeedflagsWarning
+
+sf_lightning = pytest.importorskip("speedflags.integrations.lightning")
+SpeedFlagsCallback = sf_lightning.SpeedFlagsCallback
+# Importing the integration imports every installed flavour (its class subclasses each one's
+# Callback); the tests that matter run with each flavour's own Trainer.
+FLAVOURS = [name for name in ("lightning.pytorch", "pytorch_lightning") if name in sys.modules]
+
+
+def seen() -> Dict[str, Any]:
+    return {
+        "precision": torch.get_float32_matmul_precision(),
+        "tf32": torch.backends.cuda.matmul.allow_tf32,
+        "benchmark": torch.backends.cudnn.benchmark,
+        "amp": torch.is_autocast_enabled("cpu"),
+    }
+
+
+def probe_class(pl: Any) -> Any:
+    """A LightningModule of flavour ``pl`` that records the flags in every step, and in the
+    backward and the optimizer step of training."""
+
+    class Probe(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self, crash_at: int = -1, crash_with: type = RuntimeError) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+            self.log_: List[Tuple[str, int, Dict[str, Any]]] = []
+            self.crash_at = crash_at
+            self.crash_with = crash_with
+            self.calls = 0
+
+        def record(self, where: str) -> None:
+            self.log_.append((where, int(self.current_epoch), seen()))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            self.calls += 1
+            if self.calls == self.crash_at:
+                raise self.crash_with("crash inside training_step")
+            self.record("forward")
+            out = self.layer(batch[0].to(self.layer.weight.dtype))
+            out.register_hook(lambda grad: self.record("backward"))
+            return out.float().pow(2).mean()
+
+        def optimizer_step(
+            self, epoch: int, batch_idx: int, optimizer: Any, closure: Any = None
+        ) -> None:
+            optimizer.step(closure=closure)
+            self.record("optimizer")
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self.record("between batches")
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.record("validate")
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.record("test")
+
+        def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+            self.record("predict")
+            return self.layer(batch[0])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Probe
+
+
+PROBES = {name: probe_class(sys.modules[name]) for name in FLAVOURS}
+PL = sys.modules[FLAVOURS[0]]
+Probe = PROBES[FLAVOURS[0]]
+
+
+def loader() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+
+
+@pytest.fixture(params=FLAVOURS)
+def flavour(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def trainer(callback: Any, max_epochs: int = 1, pl: Any = None, **kwargs: Any) -> Any:
+    options: Dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=max_epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_train_batches=2,
+        limit_val_batches=1,
+    )
+    options.update(kwargs)
+    return (pl or PL).Trainer(callbacks=[callback], **options)
+
+
+def where(model: Any, name: str) -> List[Dict[str, Any]]:
+    return [state for at, _, state in model.log_ if at == name]
+
+
+def test_each_phase_sees_its_levers_inside_its_steps_and_nothing_leaks(flavour: str) -> None:
+    cb = SpeedFlagsCallback(
+        train={"matmul_precision": "high", "amp": "bf16"},
+        validate={"matmul_precision": "medium"},
+        test={"cudnn_benchmark": True},
+        predict={"amp": "bf16"},
+    )
+    model = PROBES[flavour]()
+    before = speedflags.snapshot()
+    t = trainer(cb, pl=sys.modules[flavour], num_sanity_val_steps=1)
+    t.fit(model, loader(), loader())
+    assert speedflags.snapshot() == before
+    t.validate(model, loader(), verbose=False)
+    t.test(model, loader(), verbose=False)
+    t.predict(model, loader())
+    assert speedflags.snapshot() == before
+
+    train = {"precision": "high", "tf32": True, "benchmark": False, "amp": True}
+    assert where(model, "forward") == [train] * 2
+    assert where(model, "optimizer") == [train] * 2
+    # the backward runs in autograd's engine; the process-wide levers hold there too
+    assert [s["precision"] for s in where(model, "backward")] == ["high"] * 2
+    plain = {"precision": "highest", "tf32": False, "benchmark": False, "amp": False}
+    assert where(model, "between batches") == [plain] * 2
+    # the sanity check, the validation inside fit, and trainer.validate()
+    assert where(model, "validate") == [dict(plain, precision="medium", tf32=True)] * 3
+    assert where(model, "test") == [dict(plain, benchmark=True)] * 2
+    assert where(model, "predict") == [dict(plain, amp=True)] * 2
+
+
+def test_the_schedule_switches_at_its_epoch_and_is_recorded(fresh_history: None) -> None:
+    # NequIP's shorthand, with the keys as YAML or JSON may give them
+    cb = SpeedFlagsCallback(train={"cudnn_benchmark": True}, schedule={"0": True, "2": False})
+    model = Probe()
+    trainer(cb, max_epochs=4).fit(model, loader())
+    by_epoch = {
+        epoch: (s["tf32"], s["benchmark"]) for at, epoch, s in model.log_ if at == "forward"
+    }
+    assert by_epoch == {0: (True, True), 1: (True, True), 2: (False, True), 3: (False, True)}
+    switches = [r for r in speedflags.ledger().history if r.action == "switch"]
+    assert [(r.reason, r.after) for r in switches] == [
+        ("epoch 0: train levers of schedule epoch 0", {"cudnn_benchmark": True, "tf32": True}),
+        ("epoch 2: train levers of schedule epoch 2", {"cudnn_benchmark": True, "tf32": False}),
+    ]
+    assert cb.epoch == 3
+
+
+def test_a_schedule_from_a_lightning_cli_yaml(tmp_path: Path, flavour: str) -> None:
+    pytest.importorskip("jsonargparse")
+    cli_module = pytest.importorskip(f"{flavour}.cli")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """\
+            trainer:
+              accelerator: cpu
+              max_epochs: 3
+              logger: false
+              enable_checkpointing: false
+              enable_progress_bar: false
+              enable_model_summary: false
+              limit_train_batches: 1
+              callbacks:
+                - class_path: speedflags.integrations.lightning.SpeedFlagsCallback
+                  init_args:
+                    train: {matmul_precision: high}
+                    validate: {amp: false}
+                    schedule:
+                      0: {}
+                      "1": {matmul_precision: medium, sdpa: [math]}
+                      2: {matmul_precision: null}
+            """
+        )
+    )
+    cli = cli_module.LightningCLI(
+        PROBES[flavour], args=["--config", str(config)], run=False, save_config_callback=None
+    )
+    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, SpeedFlagsCallback)]
+    assert cb.levers("validate") == {"amp": False}
+    cli.trainer.fit(cli.model, loader())
+    precision = {epoch: s["precision"] for at, epoch, s in cli.model.log_ if at == "forward"}
+    assert precision == {0: "high", 1: "medium", 2: "highest"}
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_flags_are_restored_after_a_crash(error: type, flavour: str) -> None:
+    cb = SpeedFlagsCallback(train={"matmul_precision": "medium", "amp": "bf16"})
+    model = PROBES[flavour](crash_at=2, crash_with=error)
+    before = speedflags.snapshot()
+    sigint = signal.getsignal(signal.SIGINT)
+    # Lightning turns a KeyboardInterrupt into sys.exit(1) after its on_exception hooks
+    expected = SystemExit if error is KeyboardInterrupt else error
+    try:
+        with pytest.raises(expected):
+            trainer(cb, pl=sys.modules[flavour]).fit(model, loader())
+    finally:
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores further Ctrl-C from then on
+    assert where(model, "forward")[0]["precision"] == "medium"  # it did hold before the crash
+    assert speedflags.snapshot() == before
+    assert cb._phases.open_frames == ()
+
+
+@pytest.mark.parametrize(
+    "levers",
+    [
+        {"train": {"tf32": True}},
+        {"schedule": {0: False, 5: True}},
+        {"validate": {"tf32": True}},
+    ],
+)
+def test_tf32_with_float64_parameters_is_refused_before_any_step(levers: Dict[str, Any]) -> None:
+    model = Probe().double()
+    with pytest.raises(SpeedflagsError, match="float64 parameters") as info:
+        trainer(SpeedFlagsCallback(**levers), num_sanity_val_steps=1).fit(model, loader(), loader())
+    assert isinstance(info.value, InvalidValueError)
+    assert model.log_ == []
+    # without TF32 a float64 model trains
+    trainer(SpeedFlagsCallback(train={"cudnn_benchmark": True})).fit(model, loader())
+
+
+def test_a_resumed_fit_continues_the_schedule(tmp_path: Path, fresh_history: None) -> None:
+    schedule = {0: {"matmul_precision": "high"}, 2: {"matmul_precision": "medium"}}
+    first = SpeedFlagsCallback(schedule=schedule)
+    t = trainer(first, max_epochs=2)
+    t.fit(Probe(), loader())
+    path = tmp_path / "epoch1.ckpt"
+    t.save_checkpoint(path)
+    saved = torch.load(path, weights_only=False)["callbacks"]
+    assert list(saved.values()) == [{"epoch": 1, "schedule_epoch": 0}]
+
+    speedflags.ledger().clear_history()
+    second = SpeedFlagsCallback(schedule=schedule)
+    model = Probe()
+    trainer(second, max_epochs=4).fit(model, loader(), ckpt_path=path)
+    precision = {epoch: s["precision"] for at, epoch, s in model.log_ if at == "forward"}
+    assert precision == {2: "medium", 3: "medium"}
+    # the loaded state says entry 0 was active: the switch to entry 2 is recorded from it
+    (switch,) = [r for r in speedflags.ledger().history if r.action == "switch"]
+    assert (switch.before, switch.after) == (
+        {"matmul_precision": "high"},
+        {"matmul_precision": "medium"},
+    )
+
+
+def test_a_precision_plugin_that_autocasts_is_warned_about() -> None:
+    cb = SpeedFlagsCallback(train={"amp": "bf16"})
+    model = Probe()
+    with pytest.warns(SpeedflagsWarning, match=r"precision plugin \(precision='bf16-mixed'\)"):
+        trainer(cb, precision="bf16-mixed").fit(model, loader())
+    assert where(model, "forward")[0]["amp"] is True
+
+
+def test_every_rank_is_checked_under_a_process_group(tmp_path: Path, fresh_history: None) -> None:
+    dist = torch.distributed
+    if not dist.is_available():
+        pytest.skip(f"PyTorch {torch.__version__} is built without torch.distributed")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        trainer(SpeedFlagsCallback(train={"matmul_precision": "high"})).fit(Probe(), loader())
+    finally:
+        dist.destroy_process_group()
+    checks = [r.reason for r in speedflags.ledger().history if r.lever == "ranks"]
+    assert checks == ["all 1 ranks agree (gloo)"]
+
+
+def test_bad_arguments_name_the_callback_argument() -> None:
+    with pytest.raises(
+        InvalidValueError, match=r"SpeedFlagsCallback\(validate=\{'amp': 'bf17'\}\)"
+    ):
+        SpeedFlagsCallback(validate={"amp": "bf17"})
+    with pytest.raises(InvalidTypeError, match=r"SpeedFlagsCallback\(test=True\): expected a dict"):
+        SpeedFlagsCallback(test=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match=r"schedule=\{'-3': \.\.\.\}\)"):
+        SpeedFlagsCallback(schedule={"-3": True})
+    with pytest.raises(InvalidValueError, match="contradictory"):
+        SpeedFlagsCallback(train={"matmul_precision": "high"}, schedule={4: False})

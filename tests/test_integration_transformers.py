@@ -1,0 +1,217 @@
+"""speedflags.integrations.transformers: real Hugging Face Trainers on the CPU, a tiny model.
+
+The model's forward and the optimizer's step read the flags with raw torch getters. Every
+test also runs under the leak guard of conftest.py, which fails it if any flag changed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Tuple
+
+import pytest
+import torch
+from conftest import needs_new_api
+
+import speedflags
+from speedflags import InvalidValueError, SpeedflagsWarning
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads; make sure of it
+sf_transformers = pytest.importorskip("speedflags.integrations.transformers")
+pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
+transformers = pytest.importorskip("transformers")
+SpeedFlagsCallback = sf_transformers.SpeedFlagsCallback
+
+Log = List[Tuple[str, Dict[str, Any]]]
+
+
+def seen() -> Dict[str, Any]:
+    return {
+        "precision": torch.get_float32_matmul_precision(),  # raises in a mixed TF32 state
+        "benchmark": torch.backends.cudnn.benchmark,
+        "amp": torch.is_autocast_enabled("cpu"),
+    }
+
+
+class Probe(torch.nn.Module):
+    def __init__(self, log: Log, crash_at: int = -1) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.log = log
+        self.crash_at = crash_at
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> Dict[str, torch.Tensor]:
+        self.calls += 1
+        if self.calls == self.crash_at:
+            raise RuntimeError("crash inside forward")
+        self.log.append(("train" if self.training else "eval", seen()))
+        out = self.layer(x.to(self.layer.weight.dtype)).float().squeeze(-1)
+        return {"loss": (out - labels).pow(2).mean(), "logits": out}
+
+
+class Data(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+        return {"x": torch.full((4,), float(i)), "labels": torch.tensor(float(i))}
+
+
+def make_trainer(tmp_path: Path, model: Probe, callbacks: Any = None, **kwargs: Any) -> Any:
+    options: Dict[str, Any] = dict(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    options.update(kwargs)
+    log = model.log
+
+    class RecordingSGD(torch.optim.SGD):
+        def step(self, closure: Any = None) -> Any:
+            log.append(("optimizer", seen()))
+            return super().step(closure)
+
+    return transformers.Trainer(
+        model=model,
+        args=transformers.TrainingArguments(**options),
+        train_dataset=Data(),
+        eval_dataset=Data(),
+        callbacks=callbacks,
+        optimizers=(RecordingSGD(model.parameters(), lr=1e-3), None),
+    )
+
+
+def phases(log: Log) -> List[Tuple[str, str, bool, bool]]:
+    return [(at, s["precision"], s["benchmark"], s["amp"]) for at, s in log]
+
+
+def test_train_and_evaluate_levers_hold_in_their_steps_and_nothing_leaks(tmp_path: Path) -> None:
+    log: Log = []
+    cb = SpeedFlagsCallback(
+        train={"matmul_precision": "medium", "amp": "bf16"}, evaluate={"cudnn_benchmark": True}
+    )
+    trainer = make_trainer(
+        tmp_path, Probe(log), [cb], eval_strategy="steps", eval_steps=1, eval_on_start=True
+    )
+    before = speedflags.snapshot()
+    trainer.evaluate()  # standalone, before any train(): attached when the Trainer was built
+    assert speedflags.snapshot() == before
+    trainer.train()
+    assert speedflags.snapshot() == before
+    trainer.predict(Data())
+    assert speedflags.snapshot() == before
+
+    train = ("medium", False, True)
+    evaluate = ("highest", True, False)
+    assert phases(log) == [
+        *[("eval", *evaluate)] * 2,  # evaluate(): 8 samples, batches of 4
+        *[("eval", *evaluate)] * 2,  # eval_on_start
+        *[("train", *train), ("optimizer", *train), ("eval", *evaluate), ("eval", *evaluate)] * 2,
+        *[("eval", *evaluate)] * 2,  # predict()
+    ]
+
+
+def test_flags_are_restored_when_a_training_step_raises(tmp_path: Path) -> None:
+    log: Log = []
+    cb = SpeedFlagsCallback(train={"matmul_precision": "high", "cudnn_benchmark": True})
+    trainer = make_trainer(tmp_path, Probe(log, crash_at=2), [cb])
+    before = speedflags.snapshot()
+    with pytest.raises(RuntimeError, match="crash inside forward"):
+        trainer.train()
+    assert phases(log)[0] == ("train", "high", True, False)  # the levers held before the crash
+    assert speedflags.snapshot() == before
+    assert cb._phases.open_frames == ()
+
+
+@pytest.fixture
+def tf32_args(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Let ``TrainingArguments(tf32=True)`` run its real TF32 write on this CPU.
+
+    It refuses TF32 without an Ampere GPU, which a CPU build cannot show: only that check is
+    faked. Its writer, ``enable_tf32``, is ``lru_cache``d: cleared so that it writes again.
+    """
+    import transformers.training_args as training_args
+    from transformers.utils.import_utils import enable_tf32
+
+    monkeypatch.setattr(training_args, "is_torch_tf32_available", lambda: True)
+    enable_tf32.cache_clear()
+    yield
+    enable_tf32.cache_clear()
+
+
+@needs_new_api
+def test_the_mixed_tf32_state_of_training_arguments_is_healed(
+    tmp_path: Path, tf32_args: None, raw_tf32: None
+) -> None:
+    log: Log = []
+    cb = SpeedFlagsCallback(train={"cudnn_benchmark": True})
+    trainer = make_trainer(tmp_path, Probe(log), [cb], tf32=True)
+    # what TrainingArguments(tf32=True) leaves on PyTorch >= 2.9: the new API alone
+    assert torch.backends.fp32_precision == "tf32"
+    assert not speedflags.tf32_status().consistent
+    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+        torch.get_float32_matmul_precision()
+    before = speedflags.snapshot()
+
+    with pytest.warns(SpeedflagsWarning, match="healed a mixed TF32 state") as warned:
+        trainer.train()
+    assert "TrainingArguments(tf32=...)" in str(warned[0].message)
+    assert [at for at, _ in log] == ["train", "optimizer"] * 2
+    assert all(s["precision"] == "high" and s["benchmark"] for _, s in log)
+    # healed and kept: consistent, TF32 still what kernels used; every other lever restored
+    status = speedflags.tf32_status()
+    assert status.consistent and status.effective["cublas_matmul_tf32"]
+    after = speedflags.snapshot()
+    assert {k: v for k, v in after.items() if k not in ("tf32", "matmul_precision")} == {
+        k: v for k, v in before.items() if k not in ("tf32", "matmul_precision")
+    }
+    assert [r.action for r in speedflags.ledger().history if r.lever == "tf32"][-1:] == ["heal"]
+
+
+def test_a_callback_added_later_warns_until_attached(tmp_path: Path) -> None:
+    log: Log = []
+    cb = SpeedFlagsCallback(evaluate={"cudnn_benchmark": True})
+    trainer = make_trainer(tmp_path, Probe(log))
+    trainer.add_callback(cb)
+    with pytest.warns(SpeedflagsWarning, match="without the evaluate levers"):
+        trainer.evaluate()
+    assert cb.attach(trainer) is trainer
+    assert cb.attach(trainer) is trainer  # idempotent: one wrapper
+    trainer.evaluate()
+    assert [s["benchmark"] for _, s in log] == [False, False, True, True]
+
+
+def test_a_callback_added_later_finds_its_trainer_when_training_begins(tmp_path: Path) -> None:
+    log: Log = []
+    cb = SpeedFlagsCallback(train={"cudnn_benchmark": True}, evaluate={"amp": "bf16"})
+    trainer = make_trainer(tmp_path, Probe(log), eval_strategy="steps", eval_steps=2)
+    trainer.add_callback(cb)
+    trainer.train()
+    assert [(at, s["benchmark"], s["amp"]) for at, s in log] == [
+        *[("train", True, False), ("optimizer", True, False)] * 2,
+        *[("eval", False, True)] * 2,
+    ]
+
+
+def test_tf32_with_a_float64_model_is_refused_before_any_step(tmp_path: Path) -> None:
+    log: Log = []
+    model = Probe(log).double()
+    trainer = make_trainer(tmp_path, model, [SpeedFlagsCallback(train={"tf32": True})])
+    with pytest.raises(InvalidValueError, match="float64 parameters"):
+        trainer.train()
+    assert log == []
+
+
+def test_bad_arguments_name_the_callback_argument() -> None:
+    with pytest.raises(InvalidValueError, match=r"SpeedFlagsCallback\(evaluate=\{'amp': 'fp8'\}\)"):
+        SpeedFlagsCallback(evaluate={"amp": "fp8"})
+    with pytest.raises(TypeError, match=r"SpeedFlagsCallback\(train=\['tf32'\]\): expected a dict"):
+        SpeedFlagsCallback(train=["tf32"])
