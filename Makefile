@@ -43,8 +43,8 @@ RESULTS ?= $(DEVICE)
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --report $(TORCH_REPORT) "torch==$(TORCH_VERSION)"
-	$(PY) .ci/torch_source.py $(TORCH_REPORT)
+	$(PY) -m pip install --quiet --report $(TORCH_REPORT).new "torch==$(TORCH_VERSION)"
+	$(PY) .ci/torch_source.py --keep $(TORCH_REPORT).new $(TORCH_REPORT)
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(if $(EXTRA_PACKAGES),$(PY) -m pip install --quiet "$(EXTRA_PACKAGES)")
 	touch $@

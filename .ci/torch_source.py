@@ -3,11 +3,17 @@
 REPORT.json is the `pip install --report` that `make setup` writes when it installs the pinned
 torch. "disk" means a wheel on this machine (a `file:` link or a local index); "registry"
 means it was downloaded. Prints one line; exit 1 if the report names no torch.
+
+`torch_source.py --keep NEW.json REPORT.json` is what `make setup` runs: when NEW.json
+installs torch it replaces REPORT.json; when it installs nothing (the environment already had
+the pinned torch, e.g. set up again after setup.cfg changed) REPORT.json, from the install
+that did, is kept and described.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Mapping
 
@@ -34,5 +40,25 @@ def main(path: str) -> None:
         sys.exit(1)
 
 
+def keep(new: str, path: str) -> None:
+    """Describe ``new`` and move it to ``path``; if it installs no torch, describe ``path``."""
+    with open(new, encoding="utf-8") as fh:
+        report = json.load(fh)
+    try:
+        line = describe(report)
+    except LookupError:
+        os.remove(new)
+        if not os.path.exists(path):
+            print(f"torch_source: torch was already installed; {path} is missing (make clean)")
+            return
+        main(path)
+        return
+    os.replace(new, path)
+    print(line)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--keep":
+        keep(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1])

@@ -175,3 +175,18 @@ def test_real_pip_resolves_the_newest_only_with_the_cap_lifted(tmp_path: Path) -
     # The stand-in wheel is on disk, so the leg's own check refuses it: no silent local torch.
     with pytest.raises(SystemExit):
         newest_torch.check_resolution("2.15.0", report)
+
+
+def test_torch_source_keeps_the_report_of_the_install_that_happened(tmp_path: Path) -> None:
+    import json
+
+    kept = tmp_path / "report.json"
+    kept.write_text(json.dumps(_report("2.13.0+cpu", "file:///opt/wheels/t.whl")))
+    new = tmp_path / "report.json.new"
+    new.write_text(json.dumps({"install": []}))  # torch was already there: pip installs nothing
+    torch_source.keep(str(new), str(kept))
+    assert not new.exists()
+    assert "from disk" in torch_source.describe(json.loads(kept.read_text()))
+    new.write_text(json.dumps(_report("2.15.0", "https://x/t.whl")))
+    torch_source.keep(str(new), str(kept))
+    assert "2.15.0" in torch_source.describe(json.loads(kept.read_text()))
