@@ -13,25 +13,12 @@ Example:
     torch.bfloat16
 """
 
+from . import errors
 from ._ledger import FlagLedger, FlagRecord, Frame, ledger
 from ._sentinel import UNSET
 from ._version import __version__
 from .distributed import RankSnapshot, check_ranks
-from .errors import (
-    CompileFallbackWarning,
-    DriftWarning,
-    InvalidTypeError,
-    InvalidValueError,
-    LedgerOrderError,
-    LeverUnavailableError,
-    MixedTF32APIError,
-    RankMismatchError,
-    RestoreError,
-    SlowPathWarning,
-    SpeedflagsError,
-    SpeedflagsWarning,
-    StateMismatchError,
-)
+from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
 from .fast_math import (
     FastMath,
     autocast,
@@ -54,27 +41,14 @@ __all__ = [
     "UNSET",
     "Capabilities",
     "Capability",
-    "CompileFallbackWarning",
-    "DriftWarning",
     "FastMath",
     "FlagLedger",
     "FlagRecord",
     "Frame",
-    "InvalidTypeError",
-    "InvalidValueError",
-    "LedgerOrderError",
-    "LeverUnavailableError",
-    "MixedTF32APIError",
-    "RankMismatchError",
     "RankSnapshot",
     "Recommendation",
-    "RestoreError",
     "Schedule",
-    "SlowPathWarning",
-    "SpeedflagsError",
-    "SpeedflagsWarning",
     "SpeedupStats",
-    "StateMismatchError",
     "TF32Schedule",
     "TF32Status",
     "TuneResult",
@@ -100,36 +74,11 @@ __all__ = [
     "to_device",
     "tune",
 ]
+__all__ += errors.__all__
 
 # Public classes say where users find them: <speedflags.FastMath ...>, not a private module.
-for _cls in (
-    Capabilities,
-    Capability,
-    FastMath,
-    FlagLedger,
-    FlagRecord,
-    Frame,
-    RankSnapshot,
-    Recommendation,
-    Schedule,
-    SpeedupStats,
-    TF32Schedule,
-    TF32Status,
-    TuneResult,
-    Unreadable,
-    CompileFallbackWarning,
-    DriftWarning,
-    InvalidTypeError,
-    InvalidValueError,
-    LedgerOrderError,
-    LeverUnavailableError,
-    MixedTF32APIError,
-    RankMismatchError,
-    RestoreError,
-    SlowPathWarning,
-    SpeedflagsError,
-    SpeedflagsWarning,
-    StateMismatchError,
-):
-    _cls.__module__ = __name__
-del _cls
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = __name__
+del _name, _obj
