@@ -13,28 +13,14 @@ Example:
     torch.bfloat16
 """
 
+from . import errors
 from ._ledger import FlagLedger, FlagRecord, Frame, ledger
 from ._sentinel import UNSET
 from ._version import __version__
 from ._watch import start_from_env as _start_from_env
 from ._watch import watch
 from .distributed import RankSnapshot, check_ranks
-from .errors import (
-    CompileFallbackWarning,
-    DriftWarning,
-    InvalidTypeError,
-    InvalidValueError,
-    LedgerOrderError,
-    LeverConflictWarning,
-    LeverUnavailableError,
-    MixedTF32APIError,
-    RankMismatchError,
-    RestoreError,
-    SlowPathWarning,
-    SpeedflagsError,
-    SpeedflagsWarning,
-    StateMismatchError,
-)
+from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
 from .fast_math import FastMath, fast_math
 from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
@@ -50,28 +36,14 @@ __all__ = [
     "UNSET",
     "Capabilities",
     "Capability",
-    "CompileFallbackWarning",
-    "DriftWarning",
     "FastMath",
     "FlagLedger",
     "FlagRecord",
     "Frame",
-    "InvalidTypeError",
-    "InvalidValueError",
-    "LedgerOrderError",
-    "LeverConflictWarning",
-    "LeverUnavailableError",
-    "MixedTF32APIError",
-    "RankMismatchError",
     "RankSnapshot",
     "Recommendation",
-    "RestoreError",
     "Schedule",
-    "SlowPathWarning",
-    "SpeedflagsError",
-    "SpeedflagsWarning",
     "SpeedupStats",
-    "StateMismatchError",
     "TF32Schedule",
     "TF32Status",
     "TuneResult",
@@ -98,40 +70,14 @@ __all__ = [
     "tune",
     "watch",
 ]
+__all__ += errors.__all__
 
 # Public classes say where users find them: <speedflags.FastMath ...>, not a private module.
-for _cls in (
-    Capabilities,
-    Capability,
-    FastMath,
-    FlagLedger,
-    FlagRecord,
-    Frame,
-    RankSnapshot,
-    Recommendation,
-    Schedule,
-    SpeedupStats,
-    TF32Schedule,
-    TF32Status,
-    TuneResult,
-    Unreadable,
-    CompileFallbackWarning,
-    DriftWarning,
-    InvalidTypeError,
-    InvalidValueError,
-    LedgerOrderError,
-    LeverConflictWarning,
-    LeverUnavailableError,
-    MixedTF32APIError,
-    RankMismatchError,
-    RestoreError,
-    SlowPathWarning,
-    SpeedflagsError,
-    SpeedflagsWarning,
-    StateMismatchError,
-):
-    _cls.__module__ = __name__
-del _cls
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = __name__
+del _name, _obj
 
 # SPEEDFLAGS_WATCH=1: watch from the first import on, for the whole process
 _start_from_env()

@@ -236,6 +236,10 @@ def _cpu_capabilities() -> Capabilities:
 # --- CUDA ----------------------------------------------------------------------------------
 
 
+# The answers about the device's own arithmetic and kernels (not the host CPU's).
+_DEVICE_ANSWERS = ("tf32", "bf16", "fp16", "flash_sdpa", "efficient_sdpa", "cudnn_sdpa")
+
+
 def _no_cuda_capabilities(device: torch.device) -> Capabilities:
     built = torch.version.cuda or torch.version.hip
     why = (
@@ -243,18 +247,12 @@ def _no_cuda_capabilities(device: torch.device) -> Capabilities:
         + ("" if built else " (this PyTorch is a CPU-only build)")
         + f"; PyTorch {torch.__version__}"
     )
-    off = Capability(False, why)
     return Capabilities(
         device=str(device),
         name="(no CUDA device)",
         compute_capability=None,
-        tf32=off,
-        bf16=off,
-        fp16=off,
-        flash_sdpa=off,
-        efficient_sdpa=off,
-        cudnn_sdpa=off,
         cpu_bf16=_host_cpu_bf16(),
+        **dict.fromkeys(_DEVICE_ANSWERS, Capability(False, why)),
     )
 
 

@@ -210,14 +210,11 @@ class BenchRun:
     flags_restored: bool = True
 
     def to_dict(self) -> Dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "environment": self.environment,
-            "settings": self.settings,
-            "interrupted": self.interrupted,
-            "flags_restored": self.flags_restored,
-            "results": [r.to_dict() for r in self.results],
-        }
+        out: Dict[str, Any] = {"format": FORMAT, **dataclasses.asdict(self)}
+        # each result in its own form (with flop_per_s), and last: the long part of the file
+        del out["results"]
+        out["results"] = [r.to_dict() for r in self.results]
+        return out
 
     def save(self, path: str) -> None:
         """Write the run as JSON to ``path`` (its folder is created if needed)."""

@@ -208,47 +208,30 @@ class SpeedFlagsCallback(_Callback):
     ) -> None:
         self._switch("train", self._epoch)
 
-    def on_train_batch_end(
-        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._phases.close_all()
-
-    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._phases.close_all()  # a batch skipped by another callback never reached batch_end
-
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._phases.close_all()
-
     # --- evaluation loops ---------------------------------------------------------------
 
-    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        self._begin(trainer, pl_module, ("validate",))
-        self._switch("validate")
+    def _loop_start(self, trainer: Any, pl_module: Any, phase: str) -> None:
+        self._begin(trainer, pl_module, (phase,))
+        self._switch(phase)
 
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        self._phases.close_all()
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._loop_start(trainer, pl_module, "validate")
 
     def on_test_start(self, trainer: Any, pl_module: Any) -> None:
-        self._begin(trainer, pl_module, ("test",))
-        self._switch("test")
-
-    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
-        self._phases.close_all()
+        self._loop_start(trainer, pl_module, "test")
 
     def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
-        self._begin(trainer, pl_module, ("predict",))
-        self._switch("predict")
+        self._loop_start(trainer, pl_module, "predict")
 
-    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+    # --- the end of a batch, a loop or a run, however it ends ---------------------------
+
+    def _close_all(self, *_args: Any, **_kwargs: Any) -> None:
         self._phases.close_all()
 
-    # --- the end of every run, however it ends -------------------------------------------
-
-    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        self._phases.close_all()
-
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._phases.close_all()
+    # on_train_epoch_end too: a batch skipped by another callback never reached batch_end
+    on_train_batch_end = on_train_epoch_end = on_train_end = _close_all
+    on_validation_end = on_test_end = on_predict_end = _close_all
+    on_fit_end = teardown = _close_all
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # Lightning calls this for every exception, KeyboardInterrupt included, before it

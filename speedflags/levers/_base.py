@@ -162,6 +162,15 @@ class SimpleLever:
         return f"<lever {self.name} ({self.scope})>"
 
 
+def validate_bool(value: object) -> bool:
+    """``value`` if it is ``True`` or ``False``; else ``InvalidTypeError`` naming its type."""
+    if not isinstance(value, bool):
+        from ..errors import InvalidTypeError  # local: keep this module free of import cycles
+
+        raise InvalidTypeError(f"expected True or False, got {type(value).__name__}")
+    return value
+
+
 def verified(lever: SimpleLever, action: str, wanted: Any, got: Any) -> Any:
     """Return ``got`` if it equals ``wanted``; else raise ``StateMismatchError`` naming both."""
     if got == wanted:

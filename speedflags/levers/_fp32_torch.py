@@ -102,25 +102,6 @@ _SETTERS: dict[str, Callable[..., Any]] = {
 }
 
 
-def _read_legacy() -> tuple[Any, Any, Any]:
-    matmul: Union[bool, Unreadable]
-    cudnn: Union[bool, Unreadable]
-    precision: Union[str, Unreadable]
-    try:
-        matmul = _get_cublas()
-    except RuntimeError as exc:
-        matmul = Unreadable.from_exception(exc)
-    try:
-        cudnn = _get_cudnn()
-    except RuntimeError as exc:
-        cudnn = Unreadable.from_exception(exc)
-    try:
-        precision = _get_precision()
-    except RuntimeError as exc:
-        precision = Unreadable.from_exception(exc)
-    return matmul, cudnn, precision
-
-
 def read_state() -> FamilyState:
     """Every getter of both families. Never raises."""
     # Inlined (no helper calls): this runs twice per frame.
@@ -210,7 +191,8 @@ def write_state(target: FamilyState, current: FamilyState) -> FamilyState:
         for node in plan.written:
             nodes[node] = _get_node(*NODES[node])
         predicted = tuple(nodes)
-    after: FamilyState = (*_read_legacy(), predicted)
+    # the legacy getters read back (a full read: this checked path runs once per plan)
+    after: FamilyState = (*read_state()[:F_NODES], predicted)
     if after == target:
         _TRUSTED[key] = tuple((_SETTERS[name], args) for name, args in plan.ops)
         return after

@@ -11,9 +11,8 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidTypeError
 from ..hardware import capabilities, cudnn_available
-from ._base import Effect, SimpleLever
+from ._base import Effect, SimpleLever, validate_bool
 
 _C: Any = torch._C
 
@@ -28,11 +27,7 @@ class CudnnBenchmarkLever(SimpleLever):
     scope = "process"
     domain = "cudnn_benchmark"
 
-    @staticmethod
-    def validate(value: object) -> bool:
-        if not isinstance(value, bool):
-            raise InvalidTypeError(f"expected True or False, got {type(value).__name__}")
-        return value
+    validate = staticmethod(validate_bool)
 
     def read(self) -> bool:
         return bool(_C._get_cudnn_benchmark())

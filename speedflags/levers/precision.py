@@ -19,10 +19,8 @@ import torch._ops
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import capabilities
 from . import _fp32_model as family
-from ._base import Effect, verified
+from ._base import Effect
 from ._family_lever import FamilyLever
-from ._fp32_mixed import require_consistent
-from ._fp32_torch import transition
 
 
 class MatmulPrecisionLever(FamilyLever):
@@ -32,6 +30,8 @@ class MatmulPrecisionLever(FamilyLever):
     """
 
     name = "matmul_precision"
+    change = "change the float32 matmul precision"
+    target = staticmethod(family.precision_target)
 
     @staticmethod
     def validate(value: object) -> str:
@@ -42,15 +42,6 @@ class MatmulPrecisionLever(FamilyLever):
             # PyTorch itself only warns and does nothing for 'HIGH'; a silent no-op is worse
             raise InvalidValueError(f"not a matmul precision; valid: {choices}")
         return value
-
-    def check(self, state: family.FamilyState) -> None:
-        require_consistent(state, "change the float32 matmul precision")
-
-    def apply(self, value: Any, before: family.FamilyState) -> family.FamilyState:
-        after, target = transition(
-            ("precision", before, value), before, family.precision_target, before, value
-        )
-        return after if after is target else verified(self, "setting", target, after)
 
     def describe(self, state: family.FamilyState) -> Any:
         return family.describe_precision(state)

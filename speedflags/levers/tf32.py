@@ -12,13 +12,10 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidTypeError
 from ..hardware import capabilities
 from . import _fp32_model as family
-from ._base import Effect, verified
+from ._base import Effect, validate_bool
 from ._family_lever import FamilyLever
-from ._fp32_mixed import require_consistent
-from ._fp32_torch import transition
 
 
 class TF32Lever(FamilyLever):
@@ -28,21 +25,9 @@ class TF32Lever(FamilyLever):
     """
 
     name = "tf32"
-
-    @staticmethod
-    def validate(value: object) -> bool:
-        if not isinstance(value, bool):
-            raise InvalidTypeError(f"expected True or False, got {type(value).__name__}")
-        return value
-
-    def check(self, state: family.FamilyState) -> None:
-        require_consistent(state, "change TF32")
-
-    def apply(self, value: Any, before: family.FamilyState) -> family.FamilyState:
-        after, target = transition(
-            ("tf32", before, value), before, family.tf32_target, before, value
-        )
-        return after if after is target else verified(self, "setting", target, after)
+    change = "change TF32"
+    target = staticmethod(family.tf32_target)
+    validate = staticmethod(validate_bool)
 
     def describe(self, state: family.FamilyState) -> Any:
         return family.describe_state(state)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..bench.plot import speedup_axes
 from .files import PathLike, write_file
 
 __all__ = ["PLOT_MISSING", "Row", "TuneResult"]
@@ -161,42 +160,32 @@ class TuneResult:
         Raises:
             ImportError: matplotlib is not installed (the message says how to install it).
         """
-        try:
-            matplotlib: Any = importlib.import_module("matplotlib")
-        except ImportError:
-            raise ImportError(PLOT_MISSING) from None
-        matplotlib.use("Agg")  # files only; never opens a window
-        pyplot: Any = importlib.import_module("matplotlib.pyplot")
         rows = [r for r in self.rows if r.speedup is not None and r.error is not None]
         rows = [r for r in rows if math.isfinite(r.error or 0.0)]
-        fig, ax = pyplot.subplots(figsize=(8, 5.5), dpi=120)
-        for accepted, marker, name in ((True, "o", "accepted"), (False, "x", "not accepted")):
-            group = [r for r in rows if r.accepted == accepted]
-            if group:
-                xs = [max(r.error or 0.0, _FLOOR) for r in group]
-                ys = [r.speedup for r in group]
-                ax.scatter(xs, ys, marker=marker, s=48, label=name)
-        for row in rows:
-            ax.annotate(
-                row.label,
-                (max(row.error or 0.0, _FLOOR), row.speedup),
-                textcoords="offset points",
-                xytext=(5, 4),
-                fontsize=7,
-                fontweight="bold" if row is self.chosen else "normal",
-            )
-        ax.scatter([_FLOOR], [1.0], marker="s", color="grey", label="fp32 (reference)")
-        ax.axvline(self.budget, color="red", linewidth=0.8, linestyle=":", label="budget")
-        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_xscale("log")
-        ax.set_xlabel("relative error against fp32 (log scale)")
-        ax.set_ylabel("speedup over fp32 (x)")
-        ax.set_title(f"speedflags tune on {self.device}: {_choice(self.best)}", fontsize=8)
-        ax.legend(fontsize=7, loc="best")
-        ax.grid(True, which="both", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(os.fspath(path))
-        pyplot.close(fig)
+        with speedup_axes(
+            path,
+            missing=PLOT_MISSING,
+            xlabel="relative error against fp32 (log scale)",
+            ylabel="speedup over fp32 (x)",
+            title=f"speedflags tune on {self.device}: {_choice(self.best)}",
+        ) as ax:
+            for accepted, marker, name in ((True, "o", "accepted"), (False, "x", "not accepted")):
+                group = [r for r in rows if r.accepted == accepted]
+                if group:
+                    xs = [max(r.error or 0.0, _FLOOR) for r in group]
+                    ys = [r.speedup for r in group]
+                    ax.scatter(xs, ys, marker=marker, s=48, label=name)
+            for row in rows:
+                ax.annotate(
+                    row.label,
+                    (max(row.error or 0.0, _FLOOR), row.speedup),
+                    textcoords="offset points",
+                    xytext=(5, 4),
+                    fontsize=7,
+                    fontweight="bold" if row is self.chosen else "normal",
+                )
+            ax.scatter([_FLOOR], [1.0], marker="s", color="grey", label="fp32 (reference)")
+            ax.axvline(self.budget, color="red", linewidth=0.8, linestyle=":", label="budget")
         return len(rows) + 1
 
     def __str__(self) -> str:
