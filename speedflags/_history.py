@@ -55,6 +55,11 @@ def format_where(where: Where) -> str:
     return f"{where[0]}:{where[1]}"
 
 
+# FlagRecord.to_dict's keys, in order
+RECORD_FIELDS = ("seq", "time", "lever", "action", "before", "after", "reason", "label", "frame",
+                 "thread", "rank", "where")  # fmt: skip
+
+
 class FlagRecord:
     """One entry of the ledger's history: what happened to one lever, where and why.
 
@@ -141,20 +146,7 @@ class FlagRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain, JSON-friendly values."""
-        return {
-            "seq": self.seq,
-            "time": self.time,
-            "lever": self.lever,
-            "action": self.action,
-            "before": self.before,
-            "after": self.after,
-            "reason": self.reason,
-            "label": self.label,
-            "frame": self.frame,
-            "thread": self.thread,
-            "rank": self.rank,
-            "where": self.where,
-        }
+        return {name: getattr(self, name) for name in RECORD_FIELDS}
 
     def __repr__(self) -> str:
         reason = f", reason={self.reason!r}" if self.reason else ""

@@ -89,24 +89,10 @@ class LedgerPaths:
 
     # --- history -----------------------------------------------------------------------
 
-    def _one(
-        self,
-        label: str,
-        frame_id: int,
-        thread: str,
-        rank: Optional[int],
-        where: Where,
-        lever: str,
-        action: str,
-        reason: str,
-        before: Any,
-        after: Any,
-    ) -> tuple[Any, ...]:
-        # a single record; the caller holds the lock
+    def _one(self, *fields: Any) -> tuple[Any, ...]:
+        # a single record: fields as history.one_entry's after `seq`; the caller holds the lock
         self._seq += 1
-        entry = one_entry(
-            self._seq, label, frame_id, thread, rank, where, lever, action, reason, before, after
-        )
+        entry = one_entry(self._seq, *fields)
         self._history.append(entry)
         return entry
 

@@ -31,6 +31,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
 
 
+_STATS_FIELDS = ("calls", "mode", "fallback_reason", "compile_options", "inference", "levers")
+
+
 class SpeedupStats:
     """What a ``@speedup`` function has done: ``step.stats`` (read-only, updated live).
 
@@ -100,14 +103,7 @@ class SpeedupStats:
 
     def to_dict(self) -> Dict[str, Any]:
         """The stats as plain values."""
-        return {
-            "calls": self.calls,
-            "mode": self.mode,
-            "fallback_reason": self.fallback_reason,
-            "compile_options": self.compile_options,
-            "inference": self.inference,
-            "levers": self.levers,
-        }
+        return {name: getattr(self, name) for name in _STATS_FIELDS}
 
     def __repr__(self) -> str:
         reason = f", fallback_reason={self.fallback_reason!r}" if self.fallback_reason else ""

@@ -7,7 +7,7 @@ through the ledger's lock, and records what it did.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -78,17 +78,11 @@ class TF32Status:
     last_written_by: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        """A JSON-friendly dict."""
+        """A JSON-friendly dict (tuples as lists)."""
         return {
-            "api": self.api,
-            "consistent": self.consistent,
-            "legacy": self.legacy,
-            "new": self.new,
-            "effective": self.effective,
-            "conflicts": list(self.conflicts),
-            "env": self.env,
-            "notes": list(self.notes),
-            "last_written_by": self.last_written_by,
+            f.name: list(value) if isinstance(value, tuple) else value
+            for f in fields(self)
+            for value in (getattr(self, f.name),)
         }
 
 
