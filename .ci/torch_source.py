@@ -48,10 +48,12 @@ def keep(new: str, path: str) -> None:
         line = describe(report)
     except LookupError:
         os.remove(new)
-        if not os.path.exists(path):
-            print(f"torch_source: torch was already installed; {path} is missing (make clean)")
-            return
-        main(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                print(describe(json.load(fh)))
+        except (OSError, ValueError, LookupError):
+            print(f"torch_source: torch was already installed here; where from is not recorded "
+                  f"({path}: none; `make clean` and set up again to record it)")  # fmt: skip
         return
     os.replace(new, path)
     print(line)
