@@ -73,8 +73,7 @@ results: setup
 
 # Which torch this environment runs, and from where (disk or registry): CI logs it per leg.
 torch-source: setup
-	@if [ -f $(TORCH_REPORT) ]; then $(PY) .ci/torch_source.py $(TORCH_REPORT); \
-	else echo "torch $(TORCH_VERSION): $(VENV) predates install reports (make clean to redo)"; fi
+	@$(PY) .ci/torch_source.py --show $(TORCH_REPORT)
 
 # Each example with --smoke (seconds on a CPU). An integration's example is skipped, saying
 # so, where its extra is not installed (EXTRAS=test,dev,lightning,transformers installs both).

@@ -31,6 +31,7 @@ def describe(report: Mapping[str, object]) -> str:
 
 
 def main(path: str) -> None:
+    """Print where the torch of ``path``'s install came from (exit 1 if it names none)."""
     with open(path, encoding="utf-8") as fh:
         report = json.load(fh)
     try:
@@ -38,6 +39,16 @@ def main(path: str) -> None:
     except LookupError as exc:
         print(f"torch_source: {path}: {exc}", file=sys.stderr)
         sys.exit(1)
+
+
+def show(path: str) -> None:
+    """Print where this environment's torch came from; never fails (it is only a log line)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            print(describe(json.load(fh)))
+    except (OSError, ValueError, LookupError):
+        print(f"torch_source: where this environment's torch came from is not recorded "
+              f"({path}: none; `make clean` and set up again to record it)")  # fmt: skip
 
 
 def keep(new: str, path: str) -> None:
@@ -48,12 +59,7 @@ def keep(new: str, path: str) -> None:
         line = describe(report)
     except LookupError:
         os.remove(new)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                print(describe(json.load(fh)))
-        except (OSError, ValueError, LookupError):
-            print(f"torch_source: torch was already installed here; where from is not recorded "
-                  f"({path}: none; `make clean` and set up again to record it)")  # fmt: skip
+        show(path)
         return
     os.replace(new, path)
     print(line)
@@ -62,5 +68,7 @@ def keep(new: str, path: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "--keep":
         keep(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "--show":
+        show(sys.argv[2])
     else:
         main(sys.argv[1])
