@@ -28,6 +28,7 @@ import math
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
+from torch.optim.optimizer import Optimizer
 
 from ..bench.accuracy import relative_error
 from ..errors import InvalidTypeError, InvalidValueError
@@ -128,7 +129,7 @@ def check_reference(reference: Outputs) -> None:
 def _stateful_types() -> Tuple[type, ...]:
     found: List[type] = [
         torch.nn.Module,
-        torch.optim.Optimizer,
+        Optimizer,
         torch.optim.lr_scheduler.LRScheduler,
     ]
     for owner in (getattr(torch, "amp", None), getattr(torch.cuda, "amp", None)):
@@ -229,7 +230,7 @@ class _Snapshot:
                 else:
                     param.grad = grad.clone()
             for obj, saved in zip(others, self.others):
-                if not (isinstance(obj, torch.optim.Optimizer) and _copy_into(obj, saved)):
+                if not (isinstance(obj, Optimizer) and _copy_into(obj, saved)):
                     # a fresh copy: load_state_dict may keep the given tensors as its state
                     obj.load_state_dict(copy.deepcopy(saved))
 
@@ -249,7 +250,7 @@ class _Snapshot:
         return False
 
 
-def _copy_into(optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -> bool:
+def _copy_into(optimizer: Optimizer, saved: Dict[str, Any]) -> bool:
     """Copy ``saved`` into the optimizer's own state tensors, if they have its layout.
 
     Keeping the tensors (not replacing them, as ``load_state_dict`` does) keeps a compiled
