@@ -18,16 +18,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
+import _common as common
 import torch
-from _common import (
-    FP32,
-    add_common_arguments,
-    chosen_levers,
-    flags_as_found,
-    pick_device,
-    print_speedup,
-    seconds_per_step,
-)
 from torch import nn
 
 import speedflags
@@ -123,26 +115,28 @@ def make_step(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_arguments(parser)
+    common.add_common_arguments(parser)
     parser.add_argument("--data", type=Path, default=None, help="a local CIFAR-10 folder")
     parser.add_argument("--steps", type=int, default=None)
     args = parser.parse_args()
-    device = pick_device(args.device, args.smoke)
+    device = common.pick_device(args.device, args.smoke)
     width, batch, steps = (8, 8, 3) if args.smoke else (64, 256, 30)
     steps = args.steps or steps
-    levers = chosen_levers(args.levers, device, cudnn_benchmark=True)
+    levers = common.chosen_levers(args.levers, device, cudnn_benchmark=True)
     data = batches(args.data, batch, steps + 1, device)
     print(f"device: {speedflags.capabilities(device).device}; data: {args.data or 'synthetic'}")
 
-    with flags_as_found():
+    with common.flags_as_found():
         times = {}
-        for name, setting in (("fp32", FP32), ("speedflags", levers)):
+        for name, setting in (("fp32", common.FP32), ("speedflags", levers)):
             torch.manual_seed(0)
             model = ResNet(width).to(device).to(memory_format=torch.channels_last)
             step = make_step(model, setting.get("amp", False), device, iter(data))
             with speedflags.fast_math(device=device, **setting):
-                times[name] = seconds_per_step(step, steps, device)
-        print_speedup("CIFAR-10 ResNet", times["fp32"], times["speedflags"], levers, args.smoke)
+                times[name] = common.seconds_per_step(step, steps, device)
+        common.print_speedup(
+            "CIFAR-10 ResNet", times["fp32"], times["speedflags"], levers, args.smoke
+        )
 
 
 if __name__ == "__main__":

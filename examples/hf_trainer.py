@@ -21,16 +21,8 @@ from typing import Any, Dict, List
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never download
 
+import _common as common
 import torch
-from _common import (
-    FP32,
-    add_common_arguments,
-    chosen_levers,
-    flags_as_found,
-    pick_device,
-    print_speedup,
-    sync,
-)
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 import speedflags
@@ -60,11 +52,11 @@ class StepTimer(TrainerCallback):
         self.start = 0.0
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        sync(self.device)
+        common.sync(self.device)
         self.start = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        sync(self.device)
+        common.sync(self.device)
         self.times.append(time.perf_counter() - self.start)
 
     @property
@@ -75,15 +67,15 @@ class StepTimer(TrainerCallback):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_arguments(parser)
+    common.add_common_arguments(parser)
     args = parser.parse_args()
-    device = pick_device(args.device, args.smoke)
+    device = common.pick_device(args.device, args.smoke)
     size: Dict[str, int] = (
         dict(layers=1, width=32, heads=2, seq=32, vocab=128, batch=4, steps=4)
         if args.smoke
         else dict(layers=6, width=512, heads=8, seq=256, vocab=8192, batch=16, steps=40)
     )
-    levers = chosen_levers(args.levers, device)
+    levers = common.chosen_levers(args.levers, device)
     config = GPT2Config(
         n_layer=size["layers"], n_embd=size["width"], n_head=size["heads"],
         n_positions=size["seq"], vocab_size=size["vocab"], bos_token_id=0, eos_token_id=0,
@@ -91,11 +83,11 @@ def main() -> None:
     data = Tokens(size["batch"] * size["steps"], size["seq"], size["vocab"])
     print(f"device: {speedflags.capabilities(device).device}; GPT-2 {size}")
 
-    with flags_as_found(), tempfile.TemporaryDirectory() as out:
+    with common.flags_as_found(), tempfile.TemporaryDirectory() as out:
         torch.manual_seed(0)
         start = GPT2LMHeadModel(config).state_dict()
         times = {}
-        for name, train in (("fp32", FP32), ("speedflags", levers or FP32)):
+        for name, train in (("fp32", common.FP32), ("speedflags", levers or common.FP32)):
             model = GPT2LMHeadModel(config)
             model.load_state_dict(start)
             timer = StepTimer(device)
@@ -120,7 +112,7 @@ def main() -> None:
             times[name] = timer.seconds
             if name == "speedflags":
                 print(f"eval loss (full precision): {trainer.evaluate()['eval_loss']:.4f}")
-        print_speedup(
+        common.print_speedup(
             "tiny GPT-2, HF Trainer", times["fp32"], times["speedflags"], levers, args.smoke
         )
 

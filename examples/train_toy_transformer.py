@@ -16,16 +16,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable, Dict
 
+import _common as common
 import torch
-from _common import (
-    FP32,
-    add_common_arguments,
-    chosen_levers,
-    flags_as_found,
-    pick_device,
-    print_speedup,
-    seconds_per_step,
-)
 from torch import nn
 
 import speedflags
@@ -69,22 +61,22 @@ def make_step(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_arguments(parser)
+    common.add_common_arguments(parser)
     parser.add_argument("--steps", type=int, default=None)
     args = parser.parse_args()
-    device = pick_device(args.device, args.smoke)
+    device = common.pick_device(args.device, args.smoke)
     size: Dict[str, int] = (
         dict(vocab=64, width=32, depth=1, heads=2, seq=16, batch=4, steps=3)
         if args.smoke
         else dict(vocab=8192, width=512, depth=6, heads=8, seq=256, batch=32, steps=30)
     )
     steps = args.steps or size["steps"]
-    levers = chosen_levers(args.levers, device)
+    levers = common.chosen_levers(args.levers, device)
     print(f"device: {speedflags.capabilities(device).device}; torch {torch.__version__}")
 
-    with flags_as_found():
+    with common.flags_as_found():
         times = {}
-        for name, setting in (("fp32", FP32), ("speedflags", levers)):
+        for name, setting in (("fp32", common.FP32), ("speedflags", levers)):
             torch.manual_seed(0)
             model = ToyLM(size["vocab"], size["width"], size["depth"], size["heads"], size["seq"])
             model = model.to(device)
@@ -92,9 +84,11 @@ def main() -> None:
                 model, setting.get("amp"), device, size["batch"], size["seq"], size["vocab"]
             )
             # fast_math() with no levers means "the recommended ones": pass the empty case as FP32
-            with speedflags.fast_math(device=device, **(setting or FP32)):
-                times[name] = seconds_per_step(step, steps, device)
-        print_speedup("toy transformer LM", times["fp32"], times["speedflags"], levers, args.smoke)
+            with speedflags.fast_math(device=device, **(setting or common.FP32)):
+                times[name] = common.seconds_per_step(step, steps, device)
+        common.print_speedup(
+            "toy transformer LM", times["fp32"], times["speedflags"], levers, args.smoke
+        )
 
 
 if __name__ == "__main__":
