@@ -1,4 +1,4 @@
-"""speedflags.tune: the search, the error, the state reset, the files, the command line.
+"""speedflags.tune: the search, the error, the arguments, the choice on real timings.
 
 Timing-dependent choices are tested with an injected clock (virtual seconds that the step
 advances by a cost depending on the levers it runs under), so they are deterministic; the
@@ -7,40 +7,26 @@ one test on real timings (the MLP acceptance test) asserts the choice, never a s
 
 from __future__ import annotations
 
-import functools
 import itertools
-import json
 import math
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 import pytest
 import torch
+from _tune_helpers import QUICK, row, ticking
 
 import speedflags
-from speedflags.__main__ import main
 from speedflags.bench.timing import Timing
 from speedflags.errors import InvalidTypeError, InvalidValueError
 from speedflags.levers.registry import LEVER_NAMES
 from speedflags.tune import run
 from speedflags.tune.candidates import with_baseline
-from speedflags.tune.compare import MIN_GAIN, Plan, faster
-from speedflags.tune.files import to_toml
-from speedflags.tune.result import Row
-from speedflags.tune.state import StepState, error_against, find_state, reference_outputs
+from speedflags.tune.compare import MIN_GAIN, faster
+from speedflags.tune.state import error_against, reference_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_COMPILE = list(LEVER_NAMES)  # every registry lever, without torch.compile (too slow here)
-QUICK = Plan(short_s=0.0, short_rounds=5, long_s=0.0, long_rounds=9, warmup_s=0.0)
-
-
-def ticking() -> Callable[[], float]:
-    """A clock that advances one virtual second per read: every call takes exactly 1 s."""
-    counter = itertools.count()
-    return lambda: float(next(counter))
 
 
 class CostClock:
@@ -66,10 +52,6 @@ def fake_tune(cost: Callable[[bool, bool], float], **options: Any) -> speedflags
     x, w = torch.randn(16, 32, generator=gen), torch.randn(32, 16, generator=gen)
     options.setdefault("levers", {"amp": ["bf16"], "matmul_precision": ["medium"]})
     return run(clock.step, (x, w), {}, clock=clock, plan=QUICK, **options)
-
-
-def row(result: speedflags.TuneResult, **levers: Any) -> Row:
-    return next(r for r in result.rows if r.levers == levers and not r.compile)
 
 
 # --- the error ---------------------------------------------------------------------------
@@ -264,308 +246,6 @@ def test_other_keyword_arguments_go_to_the_step() -> None:
 
     run(step, (torch.ones(2),), {"scale": 3.0}, levers=[], clock=ticking(), plan=QUICK)
     assert seen == [{"scale": 3.0}] * 2  # the priming call and the reference
-
-
-# --- the state reset --------------------------------------------------------------------------
-
-
-def _train_step() -> Dict[str, Any]:
-    gen = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 1)
-    )
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    x = torch.randn(32, 8, generator=gen)
-    starts: List[float] = []
-
-    def step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> Any:
-        starts.append(float(sum(p.detach().double().sum() for p in model.parameters())))
-        opt.zero_grad()
-        h = x.view(4, 8, 8)
-        loss = model(sdpa(h, h, h).view(32, 8)).square().mean()
-        loss.backward()
-        opt.step()
-        return loss, model[0].weight.grad
-
-    return {"step": step, "args": (model, opt, x), "starts": starts}
-
-
-def test_a_train_step_starts_every_call_from_the_same_state() -> None:
-    train = _train_step()
-    model, opt, _ = train["args"]
-    weights = [p.detach().clone() for p in model.parameters()]
-    # sdpa=['flash'] runs the kernel the CPU picks anyway: with the weights, the optimizer's
-    # moments and the dropout RNG put back, the candidate computes exactly what fp32 did
-    result = run(
-        train["step"], train["args"], {}, budget=1e-12, levers={"sdpa": ["flash"]},
-        clock=ticking(), plan=QUICK,
-    )  # fmt: skip
-    assert row(result, sdpa=["flash"]).error == 0.0
-    starts = train["starts"]
-    # the priming call starts from the model as given; every later call from the state
-    # it left (AdamW's moments exist: a steady-state step)
-    assert len(starts) > 10 and len(set(starts[1:])) == 1 and starts[1] != starts[0]
-    assert result.state.startswith("Sequential, AdamW; RNG")
-    # and tune leaves the model and the optimizer as it found them
-    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
-    assert not opt.state
-
-
-def test_without_the_reset_a_train_step_drifts(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the check above can fail: with restore() doing nothing, every call starts elsewhere
-    monkeypatch.setattr(StepState, "restore", lambda self: None)
-    train = _train_step()
-    result = run(
-        train["step"], train["args"], {}, budget=1e-12, levers={"sdpa": ["flash"]},
-        clock=ticking(), plan=QUICK,
-    )  # fmt: skip
-    assert (row(result, sdpa=["flash"]).error or 0.0) > 1e-6
-    assert len(set(train["starts"][1:])) > 1
-
-
-def test_state_restores_modules_grads_optimizers_schedulers_and_the_rng() -> None:
-    model = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    model(torch.ones(1, 4)).sum().backward()  # a gradient before tuning is kept, too
-    grad = model.weight.grad.clone()
-
-    def step() -> float:
-        noise = torch.randn(1, 4)
-        loss = model(noise).sum()
-        loss.backward()
-        opt.step()
-        sched.step()
-        return loss.item()
-
-    state = StepState(step, (), {})
-    weight, lr = model.weight.detach().clone(), opt.param_groups[0]["lr"]
-    step()
-    state.settle()
-    momentum = opt.state[model.weight]["momentum_buffer"]
-    second, lr_second = step(), opt.param_groups[0]["lr"]
-    step()
-    state.restore()
-    assert opt.state[model.weight]["momentum_buffer"] is momentum  # copied into, in place
-    assert step() == second and opt.param_groups[0]["lr"] == lr_second
-    state.finish()
-    assert torch.equal(model.weight, weight) and torch.equal(model.weight.grad, grad)
-    assert opt.param_groups[0]["lr"] == lr and not opt.state
-
-
-def test_state_is_found_in_closures_partials_bound_methods_and_globals() -> None:
-    model = torch.nn.Linear(2, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    class Trainer:
-        def __init__(self) -> None:
-            self.model = model
-
-        def step(self, x: torch.Tensor) -> torch.Tensor:
-            return self.model(x)
-
-    def closure(x: torch.Tensor) -> torch.Tensor:
-        return model(x)
-
-    assert find_state(closure, (), {}) == [model]
-    assert find_state(functools.partial(lambda o, x: x, opt), (), {}) == [opt]
-    assert find_state(Trainer().step, (), {}) == []  # attributes are not searched: pass them
-    assert find_state(Trainer().step, ({"opt": opt, "nets": [model]},), {}) == [opt, model]
-    assert find_state(model, (), {}) == [model]
-
-
-def test_a_forward_restores_only_the_rng() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
-    state = StepState(model, (torch.ones(2, 4),), {})
-    first = model(torch.ones(2, 4))
-    state.settle()
-    assert not state.changes_state and "changes no state" in state.describe()
-    state.restore()
-    assert torch.equal(model(torch.ones(2, 4)), first)  # the same dropout mask
-
-
-# --- files --------------------------------------------------------------------------------
-
-
-def _result(best: Dict[str, Any]) -> speedflags.TuneResult:
-    rows = [
-        Row(dict(best), speedup=1.7, error=4e-3, accepted=True, median_s=0.01, rounds=9),
-        Row({"amp": "bf16"}, error=math.inf, note="rejected: output is not finite"),
-        Row({"tf32": True}, note="skipped (no effect): no TF32 on a CPU"),
-    ]
-    return speedflags.TuneResult(best, rows, budget=0.05, device="cpu", reference_s=0.07)
-
-
-@pytest.mark.parametrize("suffix", [".json", ".toml", ".yaml"])
-@pytest.mark.parametrize(
-    "best",
-    [{"amp": "bf16"}, {"sdpa": ["flash", "math"], "matmul_precision": "medium"}, {}],
-    ids=["amp", "sdpa", "fp32"],
-)
-def test_save_and_load_round_trip(tmp_path: Path, suffix: str, best: Dict[str, Any]) -> None:
-    if suffix == ".yaml":
-        pytest.importorskip("yaml")
-    path = tmp_path / f"levers{suffix}"
-    _result(best).save(path)
-    levers = speedflags.load_levers(path)
-    assert levers == best
-    if levers:  # fast_math and speedup take what load_levers returns
-        with speedflags.fast_math(**levers, device="cpu"):
-            pass
-        assert speedflags.speedup(**levers, device="cpu")(torch.sin)(torch.zeros(1)) == 0
-
-
-def test_the_toml_written_reads_back_with_tomllib(tmp_path: Path) -> None:
-    tomllib = pytest.importorskip("tomllib")
-    data = _result({"amp": "bf16"}).to_dict()
-    parsed = tomllib.loads(to_toml(data))
-    assert parsed["levers"] == {"amp": "bf16"}
-    assert parsed["tune"]["speedup"] == 1.7 and "compile" not in parsed["tune"]  # None: left out
-    assert [r["levers"] for r in parsed["rows"]] == [
-        {"amp": "bf16"},
-        {"amp": "bf16"},
-        {"tf32": True},
-    ]
-    assert "error" not in parsed["rows"][1]  # infinite: left out; the note says why
-
-
-def test_load_levers_reads_a_hand_written_file_and_checks_it(tmp_path: Path) -> None:
-    path = tmp_path / "mine.json"
-    path.write_text(json.dumps({"amp": "bf16", "tf32": True}))
-    assert speedflags.load_levers(path) == {"tf32": True, "amp": "bf16"}
-    path.write_text(json.dumps({"levers": {"amp": "bf17"}}))
-    with pytest.raises(InvalidValueError, match=r"mine.json.*amp='bf17'"):
-        speedflags.load_levers(path)
-    path.write_text(json.dumps({"levers": {"fast": True}}))
-    with pytest.raises(InvalidTypeError, match="'fast' is not a lever"):
-        speedflags.load_levers(path)
-    path.write_text("{not json")
-    with pytest.raises(InvalidValueError, match="not valid JSON"):
-        speedflags.load_levers(path)
-    with pytest.raises(InvalidValueError, match=r"unknown file type '.ini'.*\.json"):
-        speedflags.load_levers(tmp_path / "levers.ini")
-    with pytest.raises(FileNotFoundError):
-        speedflags.load_levers(tmp_path / "missing.toml")
-
-
-def test_yaml_without_pyyaml_names_the_extra(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # PyYAML is installed here; its absence is what a plain `pip install speedflags` gives
-    monkeypatch.setitem(sys.modules, "yaml", None)
-    with pytest.raises(ImportError, match=r"pip install 'speedflags\[yaml\]'"):
-        _result({"amp": "bf16"}).save(tmp_path / "levers.yaml")
-
-
-def test_the_table_shows_every_row_and_the_choice() -> None:
-    text = str(_result({"amp": "bf16"}))
-    assert text.splitlines()[0].startswith("speedflags tune on cpu, error budget 0.05")
-    assert "amp='bf16'" in text and "1.70x" in text and "inf" in text
-    assert "skipped (no effect)" in text and text.splitlines()[-1] == "best: fast_math(amp='bf16')"
-    assert "best: plain fp32" in str(_result({}))
-
-
-def test_plot_writes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    path = tmp_path / "pareto.png"
-    assert _result({"amp": "bf16"}).plot(path) == 2
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_plot_without_matplotlib_names_the_extra(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    with pytest.raises(ImportError, match=r"pip install 'speedflags\[plot\]'"):
-        _result({}).plot(tmp_path / "pareto.png")
-
-
-def test_import_speedflags_imports_no_extra() -> None:
-    code = "import sys, speedflags; print(sorted({'matplotlib', 'yaml'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
-
-
-# --- the command line ------------------------------------------------------------------------
-
-STEPS = """
-import torch
-
-def step():
-    return torch.sin, (torch.ones(64),)
-
-def with_kwargs():
-    return (lambda x, *, k: x * k), (torch.ones(4),), {"k": 2.0}
-
-def one_thing():
-    return torch.sin
-
-def not_callable():
-    return 3, (torch.ones(1),)
-
-def fails():
-    raise RuntimeError("no data here")
-"""
-
-
-@pytest.fixture
-def steps(tmp_path: Path) -> Path:
-    path = tmp_path / "steps.py"
-    path.write_text(textwrap.dedent(STEPS))
-    return path
-
-
-@pytest.mark.parametrize(
-    ("target", "message"),
-    [
-        ("missing.py:step", "no such file"),
-        ("{steps}:nope", "has no 'nope'; its callables: fails, not_callable, one_thing, step"),
-        ("{steps}:one_thing", "must return (fn, args) or (fn, args, kwargs)"),
-        ("{steps}:not_callable", "it returned (int, tuple)"),
-        ("{steps}:fails", "fails() raised RuntimeError: no data here"),
-        ("{steps}", "expected FILE.py:FACTORY"),
-    ],
-)
-def test_cli_errors_say_what_is_wrong(
-    steps: Path, target: str, message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["tune", target.format(steps=steps)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("speedflags tune: ") and message in err
-
-
-@pytest.mark.parametrize("budget", ["0", "-1", "abc", "nan"])
-def test_cli_refuses_a_budget_that_is_not_positive(
-    steps: Path, budget: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["tune", f"{steps}:step", "--budget", budget])
-    assert exit_info.value.code == 2
-    assert "argument --budget" in capsys.readouterr().err
-
-
-def test_cli_refuses_an_output_it_cannot_write_before_running(
-    steps: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["tune", f"{steps}:step", "--out", "levers.ini"]) == 2
-    assert "unknown file type" in capsys.readouterr().err
-
-
-def test_cli_tunes_saves_and_prints_json(steps: Path, tmp_path: Path) -> None:
-    out = tmp_path / "levers.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "speedflags", "tune", f"{steps}:with_kwargs", "--seconds", "5",
-         "--levers", "amp,matmul_precision", "--out", str(out), "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
-    assert data["levers"] == speedflags.load_levers(out)
-    assert {"levers", "tune", "rows"} <= set(data)
-    assert "tune: reference: plain fp32" in result.stderr  # progress goes to stderr
 
 
 # --- on real timings -------------------------------------------------------------------------
