@@ -3,10 +3,10 @@
 :class:`~speedflags._ledger.FlagLedger` keeps its hot path (open and close of a frame that
 is the innermost of its stacks) in ``_ledger.py``. What happens when a lever fails, a frame
 exits out of order or under another thread's frames, or a frame overrides another thread's
-or task's, is here, with the inspection of the history and the open frames, and
-:data:`OWN_WRITES`. The rare paths run under the ledger's lock (``_leave_context`` touches
-only the calling context) and only *build* warnings and errors: the ledger speaks once the
-lock is released (:mod:`speedflags._notices`).
+or task's, is here, with the inspection of the history and the open frames. The rare paths
+run under the ledger's lock (``_leave_context`` touches only the calling context) and only
+*build* warnings and errors: the ledger speaks once the lock is released
+(:mod:`speedflags._notices`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 from . import _notices
 from ._history import FlagRecord, Where, one_entry, records, to_json
 from ._notices import Failure, Notice
-from ._own_writes import _WRITING, OWN_WRITES  # noqa: F401 - re-exported
 from ._program import Frame
 from .errors import LedgerOrderError
 

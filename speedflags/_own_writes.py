@@ -3,15 +3,16 @@
 ``OWN_WRITES.depth`` is above zero, in the writing thread, while speedflags itself writes
 torch state (a ledger frame opening, closing or rolling back, ``heal_tf32``, the pytest
 plugin putting a leaked flag back); ``watch()`` records every other write as
-``"external"``. :func:`section` is how the ledger and those writers say so: one ``with``
-around the code that writes, entered while holding the ledger's lock.
+``"external"``. The ledger marks its thread in ``_WRITING`` around each open and close;
+``heal_tf32`` and the plugin use :func:`section`, one ``with`` around the code that writes,
+entered while holding the ledger's lock.
 
-When nothing is watching, :func:`section` returns one shared do-nothing context manager, so
-a frame pays a function call and an empty ``with`` (nothing is read or counted). While
-watching, a section is also a *boundary*: on entry the watcher compares every lever's state
-with what it last knew (a difference is a change made around Python, reported as made by
-unknown code between this boundary and the previous one), and on exit it learns the state
-speedflags left.
+When nothing is watching, the ledger only reads :data:`WATCHER` (``None``) and
+:func:`section` returns one shared do-nothing context manager. While watching, a section
+(the ledger's through :func:`enter`) is also a *boundary*: on entry the watcher compares
+every lever's state with what it last knew (a difference is a change made around Python,
+reported as made by unknown code between this boundary and the previous one), and on exit
+it learns the state speedflags left.
 
 This module imports nothing from torch and nothing else of speedflags (the ledger imports it).
 

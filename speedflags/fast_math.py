@@ -31,7 +31,7 @@ from ._sentinel import UNSET
 from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
 from .levers.autocast import AUTO
-from .levers.registry import REGISTRY, check_levers, document_levers, lever_spec
+from .levers.registry import check_levers, document_levers, lever_spec, shown_levers
 from .recommend import recommended
 
 if TYPE_CHECKING:
@@ -122,11 +122,7 @@ class FastMath:
         self._recommend = all(v is UNSET for v in levers.values())
         self._device = normalize_device(device, "fast_math")
         self._strict = strict
-        shown = [
-            f"{spec.name}={levers[spec.name]!r}"
-            for spec in REGISTRY
-            if levers.get(spec.name, UNSET) is not UNSET
-        ]
+        shown = shown_levers(levers)
         if device is not None:
             shown.append(f"device={str(self._device)!r}")
         if strict:

@@ -18,11 +18,10 @@ import torch
 from ._compile import COMPILED, GuardedCompile, compile_options
 from ._decorate import decorate
 from ._ledger import Frame, ledger
-from ._sentinel import UNSET
 from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import FastMath
 from .hardware import DeviceLike
-from .levers.registry import REGISTRY, document_levers
+from .levers.registry import document_levers, shown_levers
 from .recommend import recommended
 
 __all__ = ["SpeedupStats", "speedup"]
@@ -132,11 +131,7 @@ class _Speedup:
                 f"speedup(inference={inference!r}): expected True or False, "
                 f"got {type(inference).__name__}"
             )
-        shown = [
-            f"{spec.name}={levers[spec.name]!r}"
-            for spec in REGISTRY
-            if levers.get(spec.name, UNSET) is not UNSET
-        ]
+        shown = shown_levers(levers)
         if device is not None:
             shown.append(f"device={str(device)!r}")
         if strict is True:

@@ -281,6 +281,22 @@ def check_levers(call: str, given: Mapping[str, object]) -> Tuple[Tuple[str, Any
     return checked
 
 
+def shown_levers(given: Mapping[str, object]) -> list[str]:
+    """``name=value`` for each lever argument given (``None`` too), in registry order: how a
+    call's label shows them.
+
+    Example:
+        >>> from speedflags.levers.registry import shown_levers
+        >>> shown_levers({"amp": "bf16", "tf32": True})
+        ['tf32=True', "amp='bf16'"]
+    """
+    return [
+        f"{spec.name}={given[spec.name]!r}"
+        for spec in REGISTRY
+        if given.get(spec.name, UNSET) is not UNSET
+    ]
+
+
 def _refuse_contradictions(call: str, values: Mapping[str, Any]) -> None:
     tf32 = values.get("tf32")
     precision = values.get("matmul_precision")
