@@ -91,6 +91,7 @@ def test_a_step_returning_something_else_is_refused() -> None:
         run(lambda: torch.tensor(math.nan), (), {}, levers=["amp"], clock=ticking(), plan=QUICK)
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_candidate_with_non_finite_output_is_rejected_and_never_timed() -> None:
     def step(x: torch.Tensor) -> torch.Tensor:
         # stands for an fp16 overflow: non-finite only under autocast
@@ -106,6 +107,7 @@ def test_a_candidate_with_non_finite_output_is_rejected_and_never_timed() -> Non
     assert result.best == {}
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_candidate_over_the_budget_is_rejected() -> None:
     result = fake_tune(lambda amp, medium: 0.5 if amp else 1.0, budget=1e-6)
     amp = row(result, amp="bf16")
@@ -117,6 +119,7 @@ def test_a_candidate_over_the_budget_is_rejected() -> None:
 # --- the choice (injected clock) -----------------------------------------------------------
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_lever_faster_beyond_the_noise_is_chosen() -> None:
     result = fake_tune(lambda amp, medium: 0.5 if amp else 1.0, budget=5e-2)
     assert result.best == {"amp": "bf16"}
@@ -127,6 +130,7 @@ def test_a_lever_faster_beyond_the_noise_is_chosen() -> None:
     assert result.chosen is amp
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_gain_under_the_minimum_is_not_taken() -> None:
     gain = MIN_GAIN / 2
     result = fake_tune(lambda amp, medium: 1.0 / (1 + gain) if medium else 1.0, budget=5e-2)
@@ -134,6 +138,7 @@ def test_a_gain_under_the_minimum_is_not_taken() -> None:
     assert row(result, matmul_precision="medium").speedup == pytest.approx(1 + gain)
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_noisy_gain_is_not_taken() -> None:
     jitter = itertools.cycle([0.3, 1.6, 0.5, 1.5, 0.4, 1.7, 0.6])
     result = fake_tune(lambda amp, medium: next(jitter) if amp else 1.0, budget=5e-2)
@@ -142,6 +147,7 @@ def test_a_noisy_gain_is_not_taken() -> None:
     assert not amp.accepted and result.best == {}
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_two_levers_that_both_help_are_combined() -> None:
     result = fake_tune(lambda amp, medium: (0.5 if amp else 1.0) * (0.8 if medium else 1.0))
     assert result.best == {"matmul_precision": "medium", "amp": "bf16"}
@@ -149,6 +155,7 @@ def test_two_levers_that_both_help_are_combined() -> None:
     assert combo.stage == "combination" and combo.speedup == pytest.approx(2.5)
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_lever_that_adds_nothing_to_the_choice_is_left_out() -> None:
     # medium helps alone, but not on top of amp (autocast already runs the matmuls in bf16)
     result = fake_tune(lambda amp, medium: 0.5 if amp else (0.8 if medium else 1.0))
@@ -157,6 +164,7 @@ def test_a_lever_that_adds_nothing_to_the_choice_is_left_out() -> None:
     assert combo.accepted and "not faster than amp='bf16'" in combo.note
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_halving_drops_what_is_slower_than_fp32() -> None:
     result = fake_tune(lambda amp, medium: 2.0 if medium else (0.5 if amp else 1.0))
     medium = row(result, matmul_precision="medium")
@@ -164,6 +172,7 @@ def test_halving_drops_what_is_slower_than_fp32() -> None:
     assert row(result, amp="bf16").rounds > QUICK.short_rounds  # went on to the long timing
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_levers_without_effect_are_skipped_with_the_reason() -> None:
     linear = torch.nn.Linear(4, 4)
     result = run(linear, (torch.ones(2, 4),), {}, levers=NO_COMPILE, clock=ticking(), plan=QUICK)
@@ -178,6 +187,7 @@ def test_levers_without_effect_are_skipped_with_the_reason() -> None:
     assert row(result, amp="bf16").error is not None  # a matmul: tried
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_step_without_matmuls_tries_no_lever() -> None:
     result = run(torch.sin, (torch.ones(4),), {}, levers=NO_COMPILE, clock=ticking(), plan=QUICK)
     assert result.best == {} and all(r.note.startswith("skipped") for r in result.rows)
