@@ -14,6 +14,7 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
+from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Capabilities", "Capability", "capabilities", "default_device", "resolve_device"]
@@ -80,7 +81,7 @@ def normalize_device(value: DeviceLike, call: str = "device") -> Optional[torch.
     """
     if value is None:
         return None
-    shown = f"{call}(device={value!r})"
+    shown = f"{call}(device={short_repr(value)})"
     if isinstance(value, torch.device):
         device = value
     elif isinstance(value, str):
