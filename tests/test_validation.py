@@ -158,6 +158,7 @@ QUOTED: Dict[str, Tuple[Callable[[], Any], str]] = {
     "fast_math strict": (lambda: fast_math(strict=HUGE), "fast_math(strict=['flash', "),
     "sdpa_backend": (lambda: speedflags.sdpa_backend(LONG), "unknown backend 'xxxx"),
     "Schedule entry": (lambda: speedflags.Schedule({0: {"sdpa": HUGE}}), "sdpa=['flash', "),
+    "Schedule type": (lambda: speedflags.Schedule(HUGE), "Schedule(['flash', "),  # type: ignore
     "speedup compile": (
         lambda: speedflags.speedup(compile={LONG: 1}),
         "unknown torch.compile option 'xxxx",
