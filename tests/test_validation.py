@@ -163,6 +163,14 @@ QUOTED: Dict[str, Tuple[Callable[[], Any], str]] = {
         lambda: speedflags.speedup(compile={LONG: 1}),
         "unknown torch.compile option 'xxxx",
     ),
+    "tune levers": (
+        lambda: speedflags.tune(torch.sin, torch.ones(1), levers=[LONG]),
+        "unknown lever 'xxxx",
+    ),
+    "tune budget": (
+        lambda: speedflags.tune(torch.sin, torch.ones(1), budget=HUGE),  # type: ignore
+        "tune(budget=['flash', ",
+    ),
 }
 
 
