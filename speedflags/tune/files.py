@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 import torch
 
+from .._output_paths import make_parent_folder
 from ..errors import InvalidTypeError, InvalidValueError
 from ..levers.autocast import _BY_NAME as _AMP_NAMES
 from ..levers.registry import LEVER_NAMES, check_levers, lever_spec
@@ -85,7 +86,10 @@ def _yaml() -> Any:
 
 
 def write_file(path: PathLike, data: Mapping[str, Any]) -> None:
-    """Write ``data`` (tables of scalars, lists and flat tables) as JSON, TOML or YAML."""
+    """Write ``data`` (tables of scalars, lists and flat tables) as JSON, TOML or YAML.
+
+    A missing folder is created, with its parents, as ``bench --json`` does.
+    """
     suffix = _suffix(path, "TuneResult.save")
     if suffix == ".json":
         text = json.dumps(data, indent=2) + "\n"
@@ -93,6 +97,7 @@ def write_file(path: PathLike, data: Mapping[str, Any]) -> None:
         text = to_toml(data)
     else:
         text = _yaml().safe_dump(dict(data), sort_keys=False)
+    make_parent_folder(path)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
 
