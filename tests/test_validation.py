@@ -171,6 +171,7 @@ QUOTED: Dict[str, Tuple[Callable[[], Any], str]] = {
         lambda: speedflags.tune(torch.sin, torch.ones(1), budget=HUGE),  # type: ignore
         "tune(budget=['flash', ",
     ),
+    "load_levers": (lambda: speedflags.load_levers(LONG + ".ini"), "load_levers('xxxx"),
 }
 
 
