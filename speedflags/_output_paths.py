@@ -67,7 +67,8 @@ def _check(full: str, shown: str, suffixes: Optional[Sequence[str]]) -> None:
     suffix = os.path.splitext(full)[1].lower()
     if suffixes is not None and suffix not in suffixes:
         raise InvalidValueError(
-            f"{shown}: unknown file type {suffix or '(none)'!r}; valid: {', '.join(suffixes)}"
+            f"{shown}: unknown file type {short_repr(suffix or '(none)')}; "
+            f"valid: {', '.join(suffixes)}"
         )
     if os.path.lexists(full):  # it will be overwritten: may it be?
         try:
