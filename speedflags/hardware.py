@@ -118,6 +118,25 @@ def resolve_device(device: DeviceLike, call: str = "device") -> torch.device:
     return default_device() if normalized is None else normalized
 
 
+def missing_cuda(device: torch.device) -> Optional[str]:
+    """Why ``device`` cannot be used here (no CUDA, or no GPU of that index), or None.
+
+    Example:
+        >>> import torch
+        >>> from speedflags.hardware import missing_cuda
+        >>> missing_cuda(torch.device("cpu")) is None
+        True
+    """
+    if device.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return "CUDA is not available here"
+    count = torch.cuda.device_count()
+    if (device.index or 0) >= count:  # index None: the current device, which exists
+        return f"this machine has {count} CUDA device{'s' if count != 1 else ''} (cuda:0 and up)"
+    return None
+
+
 _cache: dict[str, Capabilities] = {}
 _cache_lock = threading.Lock()
 

@@ -13,9 +13,10 @@ import importlib.util
 import os
 import textwrap
 from pathlib import Path
-from typing import List
+from typing import Callable, List
 
 import pytest
+import torch
 
 from speedflags.__main__ import main
 
@@ -163,6 +164,23 @@ def test_bench_compare_refuses_a_file_that_is_not_a_result(
     assert main(["bench", "--compare", str(path), str(path)]) == 2
     line = _one_line_naming(capsys.readouterr().err, "speedflags bench --compare: ")
     assert str(path) in line and message in line
+
+
+def test_bench_and_tune_refuse_a_gpu_index_the_machine_lacks(
+    steps: Path,
+    fake_gpu: Callable[..., None],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake_gpu()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["bench", "--device", "cuda:3", "--workload", "matmul"]) == 2
+    line = _one_line_naming(capsys.readouterr().err, "--device cuda:3")
+    assert line.endswith("this machine has 1 CUDA device (cuda:0 and up)")
+    assert main(["tune", f"{steps}:step", "--device", "cuda:3"]) == 2
+    line = _one_line_naming(capsys.readouterr().err, "--device 'cuda:3'")
+    assert line.endswith("this machine has 1 CUDA device (cuda:0 and up)")
+    assert not (steps.parent / "factory-ran").exists()
 
 
 # --- tune -----------------------------------------------------------------------------------

@@ -214,7 +214,7 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import torch
 
     from ..errors import SpeedflagsError
-    from ..hardware import resolve_device
+    from ..hardware import missing_cuda, resolve_device
     from .runner import Settings, run
     from .table import render
 
@@ -223,8 +223,9 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except SpeedflagsError as exc:
         print(f"speedflags bench: {exc}", file=sys.stderr)
         return 2
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"speedflags bench: --device {device}: CUDA is not available here", file=sys.stderr)
+    missing = missing_cuda(device)
+    if missing is not None:
+        print(f"speedflags bench: --device {device}: {missing}", file=sys.stderr)
         return 2
     too_big = _too_big(workloads, sizes, device, "--sizes") if sizes else None
     if too_big is not None:

@@ -18,7 +18,7 @@ import torch
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
-from ..hardware import DeviceLike, default_device, normalize_device
+from ..hardware import DeviceLike, default_device, missing_cuda, normalize_device
 from ..levers.registry import LEVER_NAMES, lever_spec
 from .compare import Plan
 from .files import load_levers
@@ -218,8 +218,9 @@ def _device(
                 if given is not None:
                     break
     target = given or default_device()
-    if target.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidValueError(f"tune(device={str(target)!r}): CUDA is not available here")
+    missing = missing_cuda(target)
+    if missing is not None:
+        raise InvalidValueError(f"tune(device={str(target)!r}): {missing}")
     return target
 
 

@@ -199,13 +199,12 @@ def _lever_names(text: Optional[str]) -> Optional[Sequence[str]]:
 
 
 def _check_device(text: Optional[str]) -> None:
-    import torch
-
-    from ..hardware import normalize_device
+    from ..hardware import missing_cuda, normalize_device
 
     device = normalize_device(text, "tune")
-    if device is not None and device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {short_repr(text)}: CUDA is not available here")
+    missing = None if device is None else missing_cuda(device)
+    if missing is not None:
+        raise UsageError(f"--device {short_repr(text)}: {missing}")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
