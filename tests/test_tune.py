@@ -247,6 +247,25 @@ def test_bad_arguments_are_refused_before_anything_runs() -> None:
         speedflags.tune("step", torch.ones(2))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("levers", [[], (), {}, {"compile": False}, {"amp": []}])
+def test_levers_naming_nothing_to_try_are_refused(levers: Any) -> None:
+    # nothing would be measured, and "plain fp32 wins" would be a claim never tested
+    calls: List[int] = []
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return x @ x
+
+    with pytest.raises(InvalidValueError) as excinfo:
+        speedflags.tune(step, torch.ones(2, 2), levers=levers)
+    message = str(excinfo.value)
+    assert message.startswith("tune(levers=") and "to try" in message
+    assert (
+        "'bf16'" in message if levers == {"amp": []} else "amp, compile, cudnn_benchmark" in message
+    )
+    assert calls == []
+
+
 def test_other_keyword_arguments_go_to_the_step() -> None:
     seen: List[Dict[str, Any]] = []
 
@@ -254,7 +273,8 @@ def test_other_keyword_arguments_go_to_the_step() -> None:
         seen.append({"scale": scale})
         return x * scale
 
-    run(step, (torch.ones(2),), {"scale": 3.0}, levers=[], clock=ticking(), plan=QUICK)
+    # tf32: no effect on a CPU and no matmul in the step, so no candidate is called
+    run(step, (torch.ones(2),), {"scale": 3.0}, levers=["tf32"], clock=ticking(), plan=QUICK)
     assert seen == [{"scale": 3.0}] * 2  # the priming call and the reference
 
 

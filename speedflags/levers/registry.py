@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Unio
 import torch
 
 from .._sentinel import UNSET
+from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Lever, Scope
 from .autocast import AUTO, AutocastLever, validate_amp
@@ -97,9 +98,9 @@ class LeverSpec:
         try:
             return self.validate(value)
         except InvalidValueError as exc:
-            raise InvalidValueError(f"{call}({shown}={value!r}): {exc}") from None
+            raise InvalidValueError(f"{call}({shown}={short_repr(value)}): {exc}") from None
         except InvalidTypeError as exc:
-            raise InvalidTypeError(f"{call}({shown}={value!r}): {exc}") from None
+            raise InvalidTypeError(f"{call}({shown}={short_repr(value)}): {exc}") from None
 
     def describe_value(self, value: Any) -> Any:
         """A JSON-friendly view of a validated value (``torch.bfloat16`` -> ``"bfloat16"``)."""
@@ -243,7 +244,7 @@ def lever_spec(name: object, call: str = "speedflags") -> LeverSpec:
     """
     spec = _BY_NAME.get(name) if isinstance(name, str) else None
     if spec is None:
-        raise InvalidValueError(f"{call}: unknown lever {name!r}; valid: {valid_names()}")
+        raise InvalidValueError(f"{call}: unknown lever {short_repr(name)}; valid: {valid_names()}")
     return spec
 
 
@@ -269,7 +270,7 @@ def check_levers(call: str, given: Mapping[str, object]) -> Tuple[Tuple[str, Any
     unknown = [name for name in given if name not in _BY_NAME]
     if unknown:
         raise InvalidTypeError(
-            f"{call}() got an unexpected keyword argument {unknown[0]!r}; the levers are "
+            f"{call}() got an unexpected keyword argument {short_repr(unknown[0])}; the levers are "
             f"{valid_names()}, and the other arguments are keyword-only"
         )
     checked = tuple(
