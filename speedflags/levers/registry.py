@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -355,8 +356,14 @@ def document_levers(func: Callable[..., Any]) -> None:
     params = given[:first] + levers + given[first:]
     func.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     if func.__doc__ and "{levers}" in func.__doc__:
-        lines = []
-        for spec in REGISTRY:
-            lines.append(f"    {spec.name}: {spec.summary}. Accepts {spec.values}.")
-            lines.append(f"        Scope: {spec.scope}. Accuracy: {spec.accuracy}.")
-        func.__doc__ = func.__doc__.replace("    {levers}", "\n".join(lines))
+        # The entries go one level under the placeholder's own indentation, which Python 3.13
+        # strips from docstrings at compile time and older Pythons keep.
+        def entries(placeholder: re.Match[str]) -> str:
+            indent = placeholder.group(1) + "    "
+            lines = []
+            for spec in REGISTRY:
+                lines.append(f"{indent}{spec.name}: {spec.summary}. Accepts {spec.values}.")
+                lines.append(f"{indent}    Scope: {spec.scope}. Accuracy: {spec.accuracy}.")
+            return "\n".join(lines)
+
+        func.__doc__ = re.sub(r"^([ \t]*)\{levers\}$", entries, func.__doc__, flags=re.MULTILINE)
