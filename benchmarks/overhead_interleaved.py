@@ -3,7 +3,7 @@
 The machine this runs on is shared and noisy, so every round times each variant once, in
 turn (``--calls`` enter+exit pairs each), and the table gives each variant's minimum and
 median per call over the rounds. A fourth line, ``levers only``, makes the same lever calls
-the ledger makes (read, check, apply, read, restore, autocast nesting), with no ledger
+the ledger makes (read, check, apply, read, restore), with no ledger
 around them: what the levers themselves cost. The numbers in RESULTS.md ("enter+exit
 overhead vs plain torch") come from this script:
 
@@ -28,24 +28,20 @@ from test_overhead import SPEC, VARIANTS
 def levers_only() -> Callable[[], None]:
     """The lever calls of one enter+exit of ``SPEC``, in plain loops, without the ledger."""
     program = SPEC._plan().program
-    rows = tuple(zip(program.levers, program.values, program.checks, program.hooks))
+    rows = tuple(zip(program.levers, program.values, program.checks))
     back = rows[::-1]
 
     def run() -> None:
         befores = []
-        for lever, _, check, _ in rows:
+        for lever, _, check in rows:
             state = lever.read()
             if check:
                 lever.check(state)
             befores.append(state)
-        for (lever, value, _, hook), before in zip(rows, befores):
+        for (lever, value, _), before in zip(rows, befores):
             lever.apply(value, before)
-            if hook:
-                lever.opened()
-        for (lever, _, _, hook), before in zip(back, reversed(befores)):
+        for (lever, _, _), before in zip(back, reversed(befores)):
             lever.restore(before, lever.read())
-            if hook:
-                lever.closed()
 
     return run
 

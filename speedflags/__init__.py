@@ -35,6 +35,7 @@ if "torch" not in _sys.modules and _numpy_missing():
         import torch  # noqa: F401
 
 from . import errors
+from ._interrupts import signal_safe
 from ._ledger import FlagLedger, FlagRecord, Frame, ledger
 from ._sentinel import UNSET
 from ._version import __version__
@@ -83,6 +84,7 @@ __all__ = [
     "matmul_precision",
     "recommended",
     "sdpa_backend",
+    "signal_safe",
     "snapshot",
     "speedup",
     "tf32",

@@ -15,8 +15,9 @@ import inspect
 import sys
 from typing import Any, AsyncGenerator, Callable, Generator, Optional, Tuple, TypeVar
 
+from ._ledger import ledger
 from ._short_repr import short_repr
-from .errors import InvalidTypeError
+from .errors import InvalidTypeError, SpeedflagsError
 
 if sys.version_info >= (3, 10):
     from contextlib import aclosing
@@ -38,8 +39,15 @@ def caller_where(depth: int = 2) -> Where:
     return (f.f_code.co_filename, f.f_lineno)
 
 
-def decorate(func: F, open_frame: OpenFrame, close_frame: CloseFrame, what: str) -> F:
-    """Wrap ``func`` so that each call (or each step) runs inside a frame."""
+def decorate(
+    func: F, open_frame: OpenFrame, close_frame: CloseFrame, what: str, owner: object = None
+) -> F:
+    """Wrap ``func`` so that each call (or each step) runs inside a frame.
+
+    ``owner`` is the object the frames are opened for (``open_frame`` opens them with it as
+    their owner): a plain function's wrapper finds by it the frame an interruption kept it
+    from receiving (:meth:`~speedflags.FlagLedger.cancel_open`).
+    """
     if isinstance(func, type):
         raise InvalidTypeError(
             f"{what} cannot decorate the class {func.__qualname__!r}: it is ambiguous whether "
@@ -103,14 +111,31 @@ def decorate(func: F, open_frame: OpenFrame, close_frame: CloseFrame, what: str)
 
         return generator_wrapper  # type: ignore[return-value]
 
+    the_ledger = ledger()
+
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         where = caller_where()
-        frame = open_frame(where)
+        mark = the_ledger._last_id
+        frame = None
         try:
+            frame = open_frame(where)
             return func(*args, **kwargs)
         finally:
-            close_frame(frame, where)
+            # frame None: open() failed, or an exception came between it and here
+            try:
+                if frame is None:
+                    the_ledger.cancel_open(owner, mark, where)
+                else:
+                    close_frame(frame, where)
+            except SpeedflagsError:
+                raise
+            except BaseException:  # interrupted before the exit began: exit now
+                if frame is None:
+                    the_ledger.cancel_open(owner, mark, where)
+                elif not frame.closed:
+                    close_frame(frame, where)
+                raise
 
     return wrapper  # type: ignore[return-value]
 

@@ -25,23 +25,24 @@ in ``docs/threading.md``.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+import weakref
 from asyncio import current_task as _current_task
 from asyncio.events import _get_running_loop
 from collections import deque
 from contextvars import ContextVar
 from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
-from . import _notices, _own_writes
-from ._history import RESTORE, SET, FlagRecord, Where, expand, format_where, json_default, now
-from ._ledger_paths import LedgerPaths
+from . import _interrupts, _notices, _own_writes
+from ._history import SET, FlagRecord, Where, expand, format_where, json_default, now
+from ._interrupts import PENDING, critical, deliver_pending
+from ._ledger_recovery import LedgerRecovery
 from ._notices import Failure, Notice
-from ._own_writes import _WRITING, OWN_WRITES
+from ._own_writes import _WRITING
 from ._program import Frame, LeverItem, Program
-from .errors import LedgerOrderError
 
 __all__ = [
-    "OWN_WRITES",
     "FlagLedger",
     "FlagRecord",
     "Frame",
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 DEFAULT_HISTORY_SIZE = 4096
+BURIED_NOTE = "closed under frames entered later; see the records around it"
 _get_ident = threading.get_ident
 _current_thread = threading.current_thread
 
@@ -75,7 +77,7 @@ def set_rank_source(source: Callable[[], Optional[int]]) -> None:
     _rank_source = source
 
 
-class FlagLedger(LedgerPaths):
+class FlagLedger(LedgerRecovery):
     """Applies, records and restores lever changes for a process.
 
     Use :func:`speedflags.ledger` for the process's ledger: the flags it guards are
@@ -83,6 +85,13 @@ class FlagLedger(LedgerPaths):
     are thread-safe (one lock), thread-local levers (autocast) are kept per thread, and the
     order in which frames must exit is kept per thread and asyncio task. Closing a frame
     restores each of its levers to the state it found.
+
+    Entering and exiting are safe against exceptions raised in the middle of them (Ctrl-C,
+    or any exception a signal handler raises): an enter either completes or is rolled back
+    with every flag as before, and an exit completes its restore before letting the
+    exception through (``docs/architecture.md``, "Interrupts, signals and fork"). A block
+    left open by a thread that ended is restored at the next boundary, and a forked child
+    starts with a usable ledger.
 
     Example:
         >>> import speedflags
@@ -100,8 +109,11 @@ class FlagLedger(LedgerPaths):
         if not _is_positive_int(history_size):
             raise ValueError(f"history_size={history_size!r}: expected a positive int")
         self._history_size = history_size
-        # Levers never call back into the ledger, so a plain (cheaper) lock is enough.
-        self._lock = threading.Lock()
+        # Taken with `with`, which CPython enters without an interrupt check between the
+        # acquire and the block, so no exception can leave it held. Reentrant, so that a
+        # signal handler entering a block while its thread holds it is refused with an error
+        # (LedgerReentryError) instead of waiting forever for itself.
+        self._lock = threading.RLock()
         # domain -> [(frame, index)] (process scope); (domain, thread id) -> ... (thread scope)
         self._stacks: Dict[Hashable, List[Tuple[Frame, int]]] = {}
         # every open frame, of every thread and context, by id (so in order of entry)
@@ -117,7 +129,15 @@ class FlagLedger(LedgerPaths):
         # records kept.
         self._history: Deque[tuple[Any, ...]] = deque(maxlen=history_size)
         self._seq = 0
-        self._frame_ids = itertools.count(1)
+        # the id of the last frame opened: a caller interrupted right after open() returned
+        # finds the frame it opened by it (cancel_open)
+        self._last_id = 0
+        # threads that opened frames (ident -> token), and the tokens of those that ended:
+        # their frames are abandoned, and restored at the next boundary (_drop_abandoned)
+        self._threads: Dict[int, int] = {}
+        self._gone: List[int] = []
+        self._tokens = itertools.count(1)
+        _LEDGERS.add(self)
 
     def note(
         self,
@@ -139,6 +159,7 @@ class FlagLedger(LedgerPaths):
 
     # --- frames: the hot path --------------------------------------------------------------
 
+    @critical
     def open(
         self,
         program: Program,
@@ -151,48 +172,58 @@ class FlagLedger(LedgerPaths):
 
         All levers' states are read and checked first (a mixed TF32 state is refused before
         anything changes); then, in order, each is written and pushed on its domain's stack.
-        If any lever fails, the levers already applied are restored before the error
-        propagates. A :class:`~speedflags.LeverConflictWarning` (another thread's or task's
-        open frame set a shared flag differently) is emitted once the frame is open and the
-        lock released; if it raises (warnings as errors), the frame is closed again first.
+        If anything fails or is interrupted before the frame is complete, every lever already
+        applied is restored before the error propagates: the frame is opened whole or not at
+        all. A :class:`~speedflags.LeverConflictWarning` (another thread's or task's open
+        frame set a shared flag differently) is emitted once the frame is open and the lock
+        released; if it raises (warnings as errors), the frame is closed again first.
+
+        Raises:
+            LedgerReentryError: this thread is inside the ledger already (a signal handler
+                entered a block while its thread was entering or exiting one).
         """
         tid = _get_ident()
+        if tid in _WRITING:
+            self._reentered(label)
+        token = self._threads.get(tid)
+        if token is None:
+            token = self._thread_token(tid)
         loop = _get_running_loop()
         frame = Frame(
             label, owner, where, device, program, tid, _current_thread().name,
-            None if loop is None else _current_task(loop), _rank_source(),
+            None if loop is None else _current_task(loop), _rank_source(), token,
         )  # fmt: skip
         befores = frame.befores
         afters = frame.afters
         stacks = self._stacks
         crowded = False  # a stack held entries already: look for conflicts
-        conflicts = None
-        lock = self._lock
-        # acquire/release, not `with`: this runs every training step under @speedup, and the
-        # with-statement costs ~3x as much here
-        lock.acquire()
-        _WRITING.add(tid)
-        # speedflags.watch(): a boundary where changes made around Python are found
-        watched = None if _own_writes.WATCHER is None else _own_writes.enter(self, label, where)
-        try:
-            frame.id = fid = next(self._frame_ids)
-            seen = program.seen
-            for i, lever, check in program.reads:
-                state = lever.read()
-                # The same state as last time: pass on the object read then. Levers key
-                # caches on states (the TF32 family's write plans); an object seen before
-                # hashes and compares by identity, a fresh one of 12 strings costs ~0.5 µs.
-                last = seen[i]
-                if state == last:
-                    state = last
-                else:
-                    seen[i] = state
-                befores[i] = state
-                if check:
-                    lever.check(state)  # may refuse: nothing has changed yet
-            i = 0
+        notices: Optional[List[Notice]] = None
+        context = self._frames
+        with self._lock:
+            _WRITING.add(tid)
+            watched = None
             try:
-                for i, lever, value, p, key, domain, hook in program.rows:
+                if self._gone:
+                    notices = self._drop_abandoned(where)
+                # speedflags.watch(): a boundary where changes made around Python are found
+                if _own_writes.WATCHER is not None:
+                    watched = _own_writes.enter(self, label, where)
+                self._last_id = fid = frame.id = self._last_id + 1
+                seen = program.seen
+                for i, lever, check in program.reads:
+                    state = lever.read()
+                    # The same state as last time: pass on the object read then. Levers key
+                    # caches on states (the TF32 family's write plans); an object seen before
+                    # hashes and compares by identity, a fresh one of 12 strings costs ~0.5 µs.
+                    last = seen[i]
+                    if state == last:
+                        state = last
+                    else:
+                        seen[i] = state
+                    befores[i] = state
+                    if check:
+                        lever.check(state)  # may refuse: nothing has changed yet
+                for i, lever, value, p, key, domain in program.rows:
                     before = befores[i] = befores[i] if p < 0 else afters[p]
                     if key is None:
                         key = (domain, tid)
@@ -201,46 +232,48 @@ class FlagLedger(LedgerPaths):
                         stack = self._new_stack(key)
                     elif stack:
                         crowded = True
-                    # Pushed before writing, so a write that fails half-way is rolled back too.
-                    stack.append((frame, i))
+                    # Counted, then pushed, then written: a roll-back after any of the three
+                    # restores (a no-op before the write), and unlinks what was pushed.
                     frame.applied = i + 1
+                    stack.append((frame, i))
                     afters[i] = lever.apply(value, before)
-                    if hook:
-                        lever.opened()
-            except BaseException as exc:
-                error = self._roll_back(frame, i, exc, where)
+                n = program.n
+                self._seq = seq = self._seq + n
+                self._history.append(
+                    (SET, seq - n + 1, now(), label, fid, frame.thread, frame.rank, where,
+                     program.lever_keys, program.reasons, tuple(befores), tuple(afters))
+                )  # fmt: skip
+                if program.skipped:
+                    self._skips(frame, where)
+                self._open[fid] = frame
+                if crowded:
+                    conflicts = self._conflicts(frame)
+                    if conflicts:
+                        notices = conflicts if notices is None else notices + conflicts
+                frames = context.get()
+                while frames and frames[-1].closed:  # left there by close(), which sets nothing
+                    frames = frames[:-1]
+                context.set(frames + (frame,))  # noqa: RUF005 - 3x faster than (*frames, frame)
+                if watched is not None:
+                    watched.__exit__(None, None, None)
+            except BaseException as exc:  # a failure, or an exception that interrupted us
+                error = self._abort_open(frame, exc, where, watched)
                 if error is not None:
-                    raise error  # noqa: B904 - its cause is set; raised as the lock is released
+                    raise error  # noqa: B904 - its cause is set
                 raise
-            n = program.n
-            self._seq = seq = self._seq + n
-            self._history.append(
-                (SET, seq - n + 1, now(), label, fid, frame.thread, frame.rank, where,
-                 program.lever_keys, program.reasons, tuple(befores), tuple(afters))
-            )  # fmt: skip
-            if program.skipped:
-                self._skips(frame, where)
-            self._open[fid] = frame
-            if crowded:
-                conflicts = self._conflicts(frame)
-        finally:
-            if watched is not None:
-                watched.__exit__(None, None, None)
-            _WRITING.discard(tid)
-            lock.release()
-        context = self._frames
-        frames = context.get()
-        while frames and frames[-1].closed:  # left there by close(), which sets nothing
-            frames = frames[:-1]
-        context.set(frames + (frame,))  # noqa: RUF005 - 3x faster than (*frames, frame)
-        if conflicts:
+            finally:
+                _WRITING.discard(tid)
+        if notices or PENDING:
             try:
-                _notices.speak(conflicts)
-            except BaseException:  # a warning turned into an error: nothing stays entered
-                self.close(frame, where)
+                if notices:
+                    _notices.speak(notices)
+                deliver_pending()  # signal_safe handlers that came while entering
+            except BaseException:  # a warning turned into an error, or a handler's exception:
+                self.close(frame, where)  # nothing stays entered
                 raise
         return frame
 
+    @critical
     def close_innermost(self, owner: object, where: Where = None) -> None:
         """``close(innermost(owner), where)``: what a ``with`` block's exit does."""
         frames = self._frames.get()
@@ -250,11 +283,13 @@ class FlagLedger(LedgerPaths):
                 return self.close(frame, where)
         return self.close(self.innermost(owner), where)
 
+    @critical
     def close(self, frame: Frame, where: Where = None) -> None:
         """Restore every lever of ``frame`` (in reverse order, trying each one) and close it.
 
         Every lever is restored first; warnings (drift) and errors come after, once the
-        frame is off every stack and the ledger's lock is released.
+        frame is off every stack and the ledger's lock is released. An exception that
+        interrupts the exit (Ctrl-C) is raised once the exit is complete.
 
         Raises:
             LedgerOrderError: the frame is closed already, belongs to another thread, or is
@@ -264,92 +299,87 @@ class FlagLedger(LedgerPaths):
             RestoreError: several levers could not be restored; its message names those
                 restored and those not (with what they read now). A single failure is
                 raised as itself.
+            LedgerReentryError: this thread is inside the ledger already (a signal handler).
         """
         tid = _get_ident()
+        if tid in _WRITING:
+            self._reentered(frame.label)
         failures: Optional[List[Failure]] = None
         notices: Optional[List[Notice]] = None
-        lock = self._lock
-        watched = None
-        lock.acquire()
-        try:
-            if frame.closed:
-                raise LedgerOrderError(f"frame {frame.label!r} ({frame.where}) is already closed")
-            if frame.thread_id != tid:
-                raise LedgerOrderError(
-                    f"frame {frame.label!r} was entered in thread {frame.thread!r} and cannot be "
-                    f"exited from thread {_current_thread().name!r}; nothing was restored"
-                )
+        pending: Optional[BaseException] = None  # an interruption, raised once the exit is done
+        with self._lock:
+            if frame.closed or frame.thread_id != tid:
+                raise self._not_closable(frame)
             _WRITING.add(tid)
-            if _own_writes.WATCHER is not None:
-                watched = _own_writes.enter(self, frame.label, where)
+            watched = None
             program = frame.program
-            befores = frame.befores
-            afters = frame.afters
-            stacks = self._stacks
             n = frame.applied
             found: List[Any] = [None] * n
             restored: List[Any] = [None] * n
             notes: Optional[List[str]] = None
-            rows = program.rows
-            for k in range(n - 1, -1, -1):
-                i, lever, _, _, key, domain, hook = rows[k]
-                try:
-                    if key is None:
-                        key = (domain, tid)
-                    stack = stacks[key]
-                    top = stack[-1]
-                    current = lever.read()
-                    after = afters[i]
-                    if current == after:
-                        current = after  # the object the lever returned: cheap in its caches
-                    found[i] = current
-                    if top[0] is frame and top[1] == i:
-                        stack.pop()  # an emptied stack stays for the next frame (_new_stack)
-                        before = befores[i]
-                        try:
+            try:
+                if self._gone:
+                    notices = self._drop_abandoned(where)
+                if _own_writes.WATCHER is not None:
+                    watched = _own_writes.enter(self, frame.label, where)
+                befores = frame.befores
+                afters = frame.afters
+                stacks = self._stacks
+                rows = program.rows
+                for k in range(n - 1, -1, -1):
+                    i, lever, _, _, key, domain = rows[k]
+                    try:
+                        if key is None:
+                            key = (domain, tid)
+                        stack = stacks[key]
+                        top = stack[-1]
+                        current = lever.read()
+                        after = afters[i]
+                        if current == after:
+                            current = after  # the object the lever returned: cheap in its caches
+                        found[i] = current
+                        if top[0] is frame and top[1] == i:
+                            stack.pop()  # an emptied stack stays for the next frame (_new_stack)
+                            before = befores[i]
                             restored[i] = (
                                 lever.restore(before, current) if current != before else current
                             )
-                        finally:
-                            if hook:
-                                lever.closed()
-                        if current is not after:
-                            if notes is None:
-                                notes = [""] * n
+                            if current is not after:
+                                if notes is None:
+                                    notes = [""] * n
+                                if notices is None:
+                                    notices = []
+                                notes[i], notice = _notices.drift(
+                                    lever, current, after, before, frame
+                                )
+                                notices.append(notice)
+                        else:  # under later frames (or off its stack: an interrupted exit's)
                             if notices is None:
                                 notices = []
-                            notes[i], notice = _notices.drift(lever, current, after, before, frame)
-                            notices.append(notice)
-                    else:
-                        if notices is None:
-                            notices = []
-                        restored[i] = self._close_buried(frame, i, current, where, notices)
+                            restored[i] = self._finish_lever(frame, i, where, notices)
+                            if notes is None:
+                                notes = [""] * n
+                            notes[i] = (
+                                "closed under frames entered later; see the records around it"
+                            )
+                    except BaseException as exc:  # every lever is restored even if one fails
                         if notes is None:
                             notes = [""] * n
-                        notes[i] = "closed under frames entered later; see the records around it"
-                except BaseException as exc:  # every lever is restored even if one fails
-                    self._unlink(frame, i)  # no stale entry is left on its stack
-                    if failures is None:
-                        failures = []
-                    failures.append((i, exc))
-                    if notes is None:
-                        notes = [""] * n
-                    notes[i] = f"failed: {type(exc).__name__}: {exc}"
-                    restored[i] = lever.read()
-            frame.closed = True
-            frame.task = None  # a frame kept by the caller must not keep its task alive
-            self._seq = seq = self._seq + n
-            self._history.append(
-                (RESTORE, seq - n + 1, now(), frame.label, frame.id, frame.thread, frame.rank,
-                 where, program.lever_keys[:n], tuple(notes) if notes else None, tuple(found),
-                 tuple(restored))
-            )  # fmt: skip
-            del self._open[frame.id]
-        finally:
-            if watched is not None:
-                watched.__exit__(None, None, None)
-            _WRITING.discard(tid)
-            lock.release()
+                        if failures is None:
+                            failures = []
+                        pending = self._restore_again(frame, i, exc, where, restored, notes,
+                                                      failures, pending)  # fmt: skip
+                frame.closed = True
+                frame.task = None  # a frame kept by the caller must not keep its task alive
+                self._open.pop(frame.id, None)
+                self._record_close(frame, where, found, restored, notes)
+                if watched is not None:
+                    watched.__exit__(None, None, None)
+            except BaseException as exc:  # interrupted in the bookkeeping: finish it first
+                self._finish_close(frame, where, found, restored, notes, watched)
+                pending = pending or exc
+            finally:
+                _WRITING.discard(tid)
         # This context's innermost frame, past those closed already. If it is ``frame``,
         # ``frame`` stays in the tuple, closed, until the next open() drops it: one
         # ContextVar.set per frame instead of two (each allocates; ~0.2 µs a frame).
@@ -360,14 +390,48 @@ class FlagLedger(LedgerPaths):
         innermost: Optional[Frame] = None
         if k < 0 or frames[k] is not frame:
             innermost = self._leave_context(frames, frame)
-        if notices or failures or innermost is not None:
-            _notices.speak(
-                notices, _notices.close_error(frame, innermost, failures or (), restored)
-            )
+        try:
+            if notices or failures or innermost is not None or pending is not None:
+                error = _notices.close_error(frame, innermost, failures or (), restored)
+                _notices.speak(notices, pending or error)
+        finally:
+            if PENDING:
+                deliver_pending()  # signal_safe handlers that came while exiting
 
 
 def _is_positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# --- fork -----------------------------------------------------------------------------------
+
+_LEDGERS: weakref.WeakSet[FlagLedger] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    # No thread may be half-way through an enter or exit when the process is copied: hold
+    # every ledger's lock across the fork (the forking thread waits for the others' sections).
+    for the_ledger in list(_LEDGERS):
+        the_ledger._lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for the_ledger in list(_LEDGERS):
+        the_ledger._lock.release()
+
+
+def _after_fork_in_child() -> None:
+    _interrupts.forked()
+    for the_ledger in list(_LEDGERS):
+        the_ledger._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 _PROCESS_LEDGER = FlagLedger()

@@ -15,7 +15,7 @@ import threading
 from contextvars import ContextVar
 from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 
-from . import _notices
+from . import _notices, _own_writes
 from ._history import FlagRecord, Where, one_entry, records, to_json
 from ._notices import Failure, Notice
 from ._program import Frame
@@ -75,16 +75,24 @@ class LedgerPaths:
 
     def innermost(self, owner: object) -> Frame:
         """The innermost open frame entered through ``owner`` in this task (or thread)."""
-        for frame in reversed(self._frames.get()):
+        frames = self._frames.get()
+        for frame in reversed(frames):
             if frame.owner is owner and not frame.closed:
                 return frame
         elsewhere = self._innermost_elsewhere(owner, _get_ident())
-        if elsewhere is None:
+        if elsewhere is not None:
+            return elsewhere
+        exited = next((f for f in reversed(frames) if f.owner is owner), None)
+        if exited is not None:
             raise LedgerOrderError(
-                f"{owner!r} is exited but was not entered in this thread "
-                "(each 'with' must exit in the thread that entered it)"
+                f"{owner!r} is exited again: its frame {exited.label!r} (entered at "
+                f"{exited.where} in this thread) was exited already; each block exits once"
             )
-        return elsewhere
+        raise LedgerOrderError(
+            f"{owner!r} is exited but has no open frame in this thread: it was not entered "
+            "here, or was exited already (each 'with' must exit once, in the thread that "
+            "entered it)"
+        )
 
     # --- history -----------------------------------------------------------------------
 
@@ -132,32 +140,39 @@ class LedgerPaths:
                     found.append(_notices.conflict(frame, i, other, j))
         return found
 
-    def _roll_back(
-        self, frame: Frame, failed: int, exc: BaseException, where: Where
+    def _abort_open(
+        self, frame: Frame, exc: BaseException, where: Where, watched: Any
     ) -> Optional[BaseException]:
-        # Every applied lever is tried; what failed is returned, not raised, so that the
-        # caller raises it only once the lock is released.
+        # Whatever failed or interrupted an open, undo all of it: restore every lever written
+        # (each tried, and tried again if an exception interrupts its restore), take the
+        # frame off its stacks, out of the open frames and out of this context. What failed
+        # is returned, not raised, so that the caller raises it once the lock is released.
         failures: List[Failure] = []
         program = frame.program
         applied = frame.applied
         states: List[Any] = [None] * applied
+        reason = f"rolled back: entering failed with {type(exc).__name__}"
         for i in range(applied - 1, -1, -1):
             lever = program.levers[i]
-            try:
-                current = lever.read()
-                before = frame.befores[i]
-                restored = lever.restore(before, current) if current != before else current
-                reason = f"rolled back: entering failed with {type(exc).__name__}"
-                self._frame_one(frame, where, i, "restore", reason, current, restored)
-            except BaseException as err:  # keep rolling back the others
-                failures.append((i, err))
-                states[i] = lever.read()
-            finally:
-                self._unlink(frame, i)
-                if program.hooks[i] and i != failed:
-                    lever.closed()
+            for attempt in (1, 2):
+                try:
+                    current = lever.read()
+                    before = frame.befores[i]
+                    restored = lever.restore(before, current) if current != before else current
+                    self._frame_one(frame, where, i, "restore", reason, current, restored)
+                    break
+                except BaseException as err:  # keep rolling back the others
+                    if attempt == 2:
+                        failures.append((i, err))
+                        states[i] = lever.read()
+            self._unlink(frame, i)
         frame.applied = 0
         frame.closed = True
+        self._open.pop(frame.id, None)
+        frames = self._frames.get()
+        if frames and frames[-1] is frame:
+            self._frames.set(frames[:-1])
+        _own_writes.leave(watched)
         if not failures:
             return None
         interrupts = [e for _, e in failures if not isinstance(e, Exception)]
@@ -201,11 +216,7 @@ class LedgerPaths:
         lever = frame.program.levers[i]
         top_frame, top_i = later[-1]
         del stack[position]
-        try:
-            state = lever.restore(frame.befores[i], current)
-        finally:
-            if frame.program.hooks[i]:
-                lever.closed()
+        state = lever.restore(frame.befores[i], current)
         if current != top_frame.afters[top_i]:
             expected = top_frame.afters[top_i]
             notices.append(_notices.drift(lever, current, expected, frame.befores[i], frame)[1])

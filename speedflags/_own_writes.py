@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Optional, Protocol, Set, Tuple
 
@@ -70,12 +71,6 @@ class Watcher(Protocol):
     def settled(self, label: str, where: Where) -> None:
         """After speedflags wrote: remember the state it left (not an external change)."""
 
-    def acquire(self) -> None:
-        """Hold off Python writes of other threads while speedflags writes."""
-
-    def release(self) -> None:
-        """Let them go again."""
-
 
 # Set and cleared by speedflags._watcher with the ledger's lock held, so that no section is
 # half-way through when watching starts or stops.
@@ -96,16 +91,19 @@ _IDLE = _Idle()
 
 
 class _Watched:
-    __slots__ = ("added", "label", "ledger", "watcher", "where")
+    """A watched section; the caller holds the ledger's lock (which is the watcher's)."""
+
+    __slots__ = ("added", "exited", "label", "ledger", "watcher", "where")
 
     def __init__(self, watcher: Watcher, ledger: Any, label: str, where: Where) -> None:
         self.watcher = watcher
         self.ledger = ledger
         self.label = label
         self.where = where
+        self.added = False
+        self.exited = False  # set once __exit__ completed (an interrupted ledger checks it)
 
     def __enter__(self) -> None:
-        self.watcher.acquire()
         tid = _get_ident()
         self.added = tid not in _WRITING  # the ledger may have marked the thread already
         _WRITING.add(tid)
@@ -113,7 +111,6 @@ class _Watched:
             self.watcher.boundary(self.ledger, self.label, self.where)
         except BaseException:
             self._unmark()
-            self.watcher.release()
             raise
 
     def __exit__(self, *exc: object) -> None:
@@ -121,7 +118,7 @@ class _Watched:
             self.watcher.settled(self.label, self.where)
         finally:
             self._unmark()
-            self.watcher.release()
+            self.exited = True
 
     def _unmark(self) -> None:
         if self.added:
@@ -136,6 +133,17 @@ def enter(ledger: Any, label: str, where: Where) -> Any:
     watched = _Watched(watcher, ledger, label, where)
     watched.__enter__()
     return watched
+
+
+def leave(watched: Any) -> None:
+    """Exit ``watched`` (what :func:`enter` returned) unless it is exited already.
+
+    The ledger calls it on its interrupted paths, where the watcher's own error must not hide
+    the one being handled.
+    """
+    if watched is not None and not watched.exited:
+        with contextlib.suppress(Exception):
+            watched.__exit__(None, None, None)
 
 
 def section(ledger: Any, label: str, where: Where) -> Any:

@@ -26,7 +26,6 @@ class Program:
     __slots__ = (
         "checks",
         "domains",
-        "hooks",
         "keys",
         "lever_keys",
         "levers",
@@ -58,22 +57,11 @@ class Program:
         self.checks: Tuple[bool, ...] = tuple(
             bool(getattr(lever, "checks_state", True)) for lever in self.levers
         )
-        self.hooks: Tuple[bool, ...] = tuple(
-            bool(getattr(lever, "has_hooks", True)) for lever in self.levers
-        )
         self.skipped: Tuple[Tuple[str, str], ...] = tuple(skipped)
         self.n = len(self.levers)
-        # What open() iterates over, precomputed: (index, lever, value, prev, key, domain, hook)
+        # What open() iterates over, precomputed: (index, lever, value, prev, key, domain)
         self.rows = tuple(
-            zip(
-                range(self.n),
-                self.levers,
-                self.values,
-                self.prev,
-                self.keys,
-                self.domains,
-                self.hooks,
-            )
+            zip(range(self.n), self.levers, self.values, self.prev, self.keys, self.domains)
         )
         # The levers whose state must be read (first of their domain), and whether to check it
         self.reads = tuple(
@@ -116,6 +104,7 @@ class Frame:
         "task",
         "thread",
         "thread_id",
+        "token",
     )
 
     def __init__(
@@ -129,12 +118,14 @@ class Frame:
         thread: str,
         task: object,
         rank: Optional[int],
+        token: int = 0,
     ) -> None:
         self.id = 0  # given by the ledger when the frame opens
         self.label = label
         self.owner = owner
         self.thread_id = thread_id
         self.thread = thread
+        self.token = token  # the thread's token in the ledger: dropped if the thread ends
         self.task = task  # the asyncio task that entered it, or None
         self._where = where
         self.device = device

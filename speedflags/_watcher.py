@@ -70,9 +70,10 @@ class _Watcher:
         self.count = 0  # started watches
         self.ever = False
         self._start_lock = threading.Lock()
-        # Held while speedflags writes (a ledger section) and around each watched write, so
-        # that one is never mistaken for the other across threads.
-        self._lock = threading.RLock()
+        # The ledger's own lock, held by its sections while speedflags writes, and here around
+        # each watched write: so one is never mistaken for the other across threads. One
+        # lock, taken only with `with`, so that no interruption can leave it held.
+        self._lock = ledger()._lock
         self._patches: List[Tuple[Any, str, Any]] = []
         self._expected: Dict[str, Hashable] = {}
         self._local = threading.local()
@@ -249,12 +250,6 @@ class _Watcher:
         return {d.key: d.lever.read() for d in self.domains if d.thread == thread}
 
     # --- ledger boundaries (speedflags._own_writes.Watcher) ----------------------------------
-
-    def acquire(self) -> None:
-        self._lock.acquire()
-
-    def release(self) -> None:
-        self._lock.release()
 
     def boundary(self, the_ledger: Any, label: str, where: Where) -> None:
         """Changes since the last boundary that no watched write explains: recorded as unknown."""

@@ -18,11 +18,13 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 __all__ = [
+    "AbandonedFrameWarning",
     "CompileFallbackWarning",
     "DriftWarning",
     "InvalidTypeError",
     "InvalidValueError",
     "LedgerOrderError",
+    "LedgerReentryError",
     "LeverConflictWarning",
     "LeverUnavailableError",
     "MixedTF32APIError",
@@ -77,6 +79,22 @@ class LedgerOrderError(SpeedflagsError, RuntimeError):
     """A frame was exited out of order, twice, or from a thread other than its own."""
 
 
+class LedgerReentryError(SpeedflagsError, RuntimeError):
+    """A block was entered or exited while the same thread was inside speedflags' ledger.
+
+    Only code that interrupts the thread can do that: a signal handler that runs while the
+    thread is entering or exiting another block. The ledger refuses (it would otherwise
+    wait forever on the lock its own thread holds) and changes nothing. Wrapping the handler
+    with :func:`speedflags.signal_safe` makes it run just after the ledger returns, where
+    its block nests normally.
+
+    Example:
+        >>> import speedflags
+        >>> issubclass(speedflags.LedgerReentryError, RuntimeError)
+        True
+    """
+
+
 class StateMismatchError(SpeedflagsError, RuntimeError):
     """A write left PyTorch in a different state than the one speedflags asked for.
 
@@ -128,6 +146,21 @@ class SpeedflagsWarning(UserWarning):
 
 class DriftWarning(SpeedflagsWarning):
     """Code inside a block changed a lever the block had set; the exit restores it anyway."""
+
+
+class AbandonedFrameWarning(SpeedflagsWarning):
+    """A block was left open by a thread that ended (or does not exist after a fork).
+
+    No thread can exit it any more, so the ledger restores its process-wide levers at the
+    next boundary (any block entered or exited, in any thread) and says so, naming the
+    block, where it was entered and its thread. Its thread-local levers (autocast) ended
+    with the thread.
+
+    Example:
+        >>> import speedflags
+        >>> issubclass(speedflags.AbandonedFrameWarning, speedflags.SpeedflagsWarning)
+        True
+    """
 
 
 class LeverConflictWarning(SpeedflagsWarning):

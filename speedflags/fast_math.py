@@ -26,10 +26,11 @@ import torch
 
 from . import _warn
 from ._decorate import decorate
+from ._interrupts import critical, deliver_pending
 from ._ledger import Frame, LeverItem, Program, Where, ledger
 from ._sentinel import UNSET
 from ._short_repr import short_repr
-from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
+from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
 from .levers.autocast import AUTO
 from .levers.registry import check_levers, document_levers, lever_spec, shown_levers
@@ -219,23 +220,59 @@ class FastMath:
             rank_check(label, lambda: _LEDGER.close(frame, where))
         return frame
 
+    # An exception can interrupt a `with` between the ledger's open and __enter__'s return,
+    # or between __exit__'s start and the ledger's close: the except clauses below close
+    # the frame that was opened, or that the exit never reached. __exit__ is critical code:
+    # a speedflags.signal_safe handler called at its very first instruction, where no
+    # except clause can catch anything yet, waits until the ledger's close is done.
+
     def __enter__(self) -> Frame:
         caller = sys._getframe(1)
-        return self._open(self._label, (caller.f_code.co_filename, caller.f_lineno))
+        where = (caller.f_code.co_filename, caller.f_lineno)
+        mark = _LEDGER._last_id
+        try:
+            return self._open(self._label, where)
+        except BaseException:
+            _LEDGER.cancel_open(self, mark, where)
+            raise
 
+    @critical
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        caller = sys._getframe(1)
-        _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
+        try:  # first: no exception may land between the exit's start and its try
+            caller = sys._getframe(1)
+            _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
+        except SpeedflagsError:
+            deliver_pending()  # a handler deferred here, if the close never began
+            raise
+        except BaseException:
+            _LEDGER.finish_exit(self)
+            raise
 
     # ``async with``: the same frame, entered and exited in the running task's context (a
     # plain ``with`` inside a coroutine is the same thing; this spelling reads as what it is).
+    # The bodies repeat __enter__'s and __exit__'s: a call between them would be one more
+    # place for an exception to land outside the except clauses.
     async def __aenter__(self) -> Frame:
         caller = sys._getframe(1)
-        return self._open(self._label, (caller.f_code.co_filename, caller.f_lineno))
+        where = (caller.f_code.co_filename, caller.f_lineno)
+        mark = _LEDGER._last_id
+        try:
+            return self._open(self._label, where)
+        except BaseException:
+            _LEDGER.cancel_open(self, mark, where)
+            raise
 
+    @critical
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        caller = sys._getframe(1)
-        _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
+        try:  # first: no exception may land between the exit's start and its try
+            caller = sys._getframe(1)
+            _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
+        except SpeedflagsError:
+            deliver_pending()  # a handler deferred here, if the close never began
+            raise
+        except BaseException:
+            _LEDGER.finish_exit(self)
+            raise
 
     # --- decorator -----------------------------------------------------------------------
 
@@ -250,7 +287,7 @@ class FastMath:
         def close_frame(frame: Frame, where: Any) -> None:
             the_ledger.close(frame, where)
 
-        return decorate(func, open_frame, close_frame, "fast_math")
+        return decorate(func, open_frame, close_frame, "fast_math", self)
 
 
 def _resolve_auto(device: torch.device) -> Tuple[Optional[torch.dtype], str]:

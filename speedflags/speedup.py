@@ -19,7 +19,7 @@ from ._compile import COMPILED, GuardedCompile, compile_options
 from ._decorate import decorate
 from ._ledger import Frame, ledger
 from ._short_repr import short_repr
-from .errors import InvalidTypeError, InvalidValueError
+from .errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from .fast_math import FastMath
 from .hardware import DeviceLike
 from .levers.registry import document_levers, shown_levers
@@ -204,20 +204,38 @@ class _Speedup:
         if self._inference:
             target = _in_inference_mode(target)
         # FastMath._open: the plan, the ledger frame, and check_ranks at the first entry
-        open_frame = self._fast._open
-        close_frame = _LEDGER.close
+        fast = self._fast
+        open_frame = fast._open
+        the_ledger = _LEDGER
+        close_frame = the_ledger.close
         getframe = sys._getframe
 
+        # An exception that lands between the ledger's open and the try, or before the
+        # ledger's close begins, is caught too (as in fast_math's decorator).
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             caller = getframe(1)
             where = (caller.f_code.co_filename, caller.f_lineno)
             stats.calls += 1
-            frame = open_frame(label, where)
+            mark = the_ledger._last_id
+            frame = None
             try:
+                frame = open_frame(label, where)
                 return target(*args, **kwargs)
             finally:
-                close_frame(frame, where)
+                try:
+                    if frame is None:
+                        the_ledger.cancel_open(fast, mark, where)
+                    else:
+                        close_frame(frame, where)
+                except SpeedflagsError:
+                    raise
+                except BaseException:
+                    if frame is None:
+                        the_ledger.cancel_open(fast, mark, where)
+                    elif not frame.closed:
+                        close_frame(frame, where)
+                    raise
 
         return wrapper
 
@@ -243,7 +261,7 @@ class _Speedup:
             finally:
                 _LEDGER.close(frame, where)
 
-        return decorate(func, open_frame, close_frame, "speedup")
+        return decorate(func, open_frame, close_frame, "speedup", fast)
 
 
 def _never(*args: Any) -> Any:  # pragma: no cover - decorate refuses before calling it

@@ -32,6 +32,7 @@ def test_baseline_frame_sets_fp32_even_if_the_process_had_fast_paths_on() -> Non
         assert torch.is_autocast_enabled("cpu") is True
 
 
+@pytest.mark.usefixtures("fresh_history")  # a full ring keeps its length
 def test_configuration_frame_nests_inside_the_baseline_and_restores() -> None:
     before = speedflags.snapshot()
     history = len(speedflags.ledger().history)

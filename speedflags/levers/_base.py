@@ -92,11 +92,6 @@ class Lever(Protocol):
         """True if check() can refuse (the ledger skips the call otherwise)."""
         ...
 
-    @property
-    def has_hooks(self) -> bool:
-        """True if opened()/closed() do something (the ledger skips the calls otherwise)."""
-        ...
-
     def read(self) -> Hashable:
         """The current state. Never raises."""
         ...
@@ -125,14 +120,6 @@ class Lever(Protocol):
         """Whether ``value`` has an effect on ``device``, with the reason."""
         ...
 
-    def opened(self) -> None:
-        """Called once when a frame entry for this lever opens (autocast nesting)."""
-        ...
-
-    def closed(self) -> None:
-        """Called once when that entry closes."""
-        ...
-
 
 class SimpleLever:
     """Shared defaults for levers whose state is one plain value."""
@@ -141,15 +128,8 @@ class SimpleLever:
     scope: Scope = "process"
     domain: str = ""
     checks_state: bool = False
-    has_hooks: bool = False
 
     def check(self, state: Any) -> None:
-        return None
-
-    def opened(self) -> None:
-        return None
-
-    def closed(self) -> None:
         return None
 
     def describe(self, state: Any) -> Any:

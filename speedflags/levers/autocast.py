@@ -1,8 +1,12 @@
 """The ``amp`` lever: autocast on one device type, in the calling thread only.
 
-Written the way ``torch.autocast`` writes it (enabled flag, dtype, nesting counter, cast
-cache cleared when the outermost autocast exits), so the two nest freely. Like
-``torch.autocast``, the state is thread-local: other threads, including threads started
+It writes the enabled flag and the dtype that ``torch.autocast`` writes, and clears the
+autocast cast cache whenever it changes them (entering, or restoring on exit), so that casts
+cached under one setting (of weights an optimizer step has since changed, or in another
+dtype) are never reused under the next. It leaves ``torch.autocast``'s nesting counter
+alone, so the two nest freely: that counter has no getter, and one the ledger moved could not
+be put back exactly after an interruption, whereas clearing the cache is harmless to repeat.
+Like ``torch.autocast``, the state is thread-local: other threads, including threads started
 inside a block, keep their own autocast state.
 """
 
@@ -83,12 +87,11 @@ class AutocastLever(SimpleLever):
     """``amp=...`` on one device type (``"cpu"`` or ``"cuda"``).
 
     Scope: thread. Restores the calling thread's autocast enabled flag and dtype for the
-    device type, and clears the autocast cast cache when the outermost autocast exits.
+    device type, and clears the thread's autocast cast cache whenever it changes them.
     """
 
     name = "amp"
     scope = "thread"
-    has_hooks = True  # autocast nesting counter and cast cache
 
     def __init__(self, device_type: str) -> None:
         self.device_type = device_type
@@ -111,17 +114,17 @@ class AutocastLever(SimpleLever):
         return target
 
     def _write(self, target: AutocastState, current: AutocastState) -> None:
+        changed = False
         if target[1] is not current[1]:  # dtypes are singletons; == on them is slow
             _set_dtype(self.device_type, target[1])
+            changed = True
         if target[0] != current[0]:
             _set_enabled(self.device_type, target[0])
-
-    def opened(self) -> None:
-        torch.autocast_increment_nesting()
-
-    def closed(self) -> None:
-        # as torch.autocast does: cached casts (of weights) live until the outermost exit
-        if torch.autocast_decrement_nesting() == 0:
+            changed = True
+        if changed:
+            # The cache is keyed by the source tensor alone (not the dtype), and lives until
+            # cleared: a weight cast before an optimizer step, or to another dtype, must not
+            # be reused after this write.
             torch.clear_autocast_cache()
 
     def describe(self, state: AutocastState) -> Any:

@@ -1,0 +1,82 @@
+"""Enter+exit overhead of two versions of speedflags, measured side by side in one run.
+
+Each round runs ``overhead_interleaved.py`` once under each version, alternating, in fresh
+processes (each version is a tree on disk: a git revision exported for the run, or this
+working tree), so both see the same machine at the same time. The table gives, per version
+and variant, the median over the rounds of each run's median per call, and its ratio to
+plain torch measured in the same run:
+
+    .venv/bin/python benchmarks/overhead_ab.py --base 115d6cd [--rounds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+LINE = re.compile(r"^(.+?)\s+min\s+([\d.]+) us .*median\s+([\d.]+) us")
+
+
+def export(revision: str, into: Path) -> Path:
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", revision], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into)  # noqa: S202 - our own repository's archive
+    return into
+
+
+def run_once(tree: Path, rounds: int, calls: int) -> Dict[str, float]:
+    """Median per call (µs) of each variant in one run of the interleaved script."""
+    out = subprocess.run(
+        [sys.executable, "benchmarks/overhead_interleaved.py", "--rounds", str(rounds),
+         "--calls", str(calls)],
+        cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    medians = {}
+    for line in out.splitlines():
+        match = LINE.match(line)
+        if match:
+            medians[match.group(1).strip()] = float(match.group(3))
+    return medians
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="the git revision to compare with")
+    parser.add_argument("--rounds", type=int, default=8, help="alternating runs of each (8)")
+    parser.add_argument("--inner-rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=1000)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {args.base: export(args.base, Path(tmp)), "working tree": ROOT}
+        runs: Dict[str, List[Dict[str, float]]] = {name: [] for name in trees}
+        for _ in range(args.rounds):
+            for name, tree in trees.items():
+                runs[name].append(run_once(tree, args.inner_rounds, args.calls))
+    print(f"{args.rounds} alternating runs each ({args.inner_rounds} x {args.calls} calls):")
+    for name, results in runs.items():
+        print(f"{name}:")
+        for variant in results[0]:
+            values = [r[variant] for r in results]
+            ratios = [r[variant] / r["plain-torch"] for r in results]
+            print(
+                f"  {variant:12s} {statistics.median(values):6.2f} us "
+                f"({statistics.median(ratios):.2f}x plain torch; runs "
+                f"{min(ratios):.2f}-{max(ratios):.2f}x)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
