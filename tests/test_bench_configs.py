@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from conftest import autocast_enabled
 
 import speedflags
 from speedflags.bench.configs import BASELINE_LEVERS, Config
@@ -25,10 +26,10 @@ def test_baseline_frame_sets_fp32_even_if_the_process_had_fast_paths_on() -> Non
         with BY_NAME["fp32"].frames(CPU):
             assert torch.get_float32_matmul_precision() == "highest"
             assert torch.backends.cuda.matmul.allow_tf32 is False
-            assert torch.is_autocast_enabled("cpu") is False
+            assert autocast_enabled("cpu") is False
             assert torch.backends.cudnn.benchmark is False
         assert torch.get_float32_matmul_precision() == "medium"
-        assert torch.is_autocast_enabled("cpu") is True
+        assert autocast_enabled("cpu") is True
 
 
 def test_configuration_frame_nests_inside_the_baseline_and_restores() -> None:
@@ -48,7 +49,7 @@ def test_configuration_frame_nests_inside_the_baseline_and_restores() -> None:
 def test_frames_restore_on_keyboard_interrupt() -> None:
     before = speedflags.snapshot()
     with pytest.raises(KeyboardInterrupt), BY_NAME["amp-bf16"].frames(CPU):
-        assert torch.is_autocast_enabled("cpu")
+        assert autocast_enabled("cpu")
         raise KeyboardInterrupt
     assert speedflags.snapshot() == before
     assert not speedflags.ledger().open_frames()

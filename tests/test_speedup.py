@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch._functorch.config as functorch_config
+from conftest import autocast_dtype, autocast_enabled
 from torch._dynamo.backends.common import aot_autograd
 
 import speedflags
@@ -72,7 +73,7 @@ def compile_records() -> list:
 def test_bf16_autocast_inside_and_snapshot_unchanged_after_every_call() -> None:
     @speedup(amp="bf16", device="cpu")
     def step(x: torch.Tensor) -> tuple:
-        return (x @ x).dtype, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+        return (x @ x).dtype, autocast_enabled("cpu"), autocast_dtype("cpu")
 
     before = speedflags.snapshot()
     for _ in range(3):
@@ -85,7 +86,7 @@ def test_bf16_autocast_inside_and_snapshot_unchanged_after_every_call() -> None:
 def test_snapshot_unchanged_when_the_step_raises() -> None:
     @speedup(amp="bf16", device="cpu", cudnn_benchmark=True)
     def step() -> None:
-        assert torch.is_autocast_enabled("cpu") and torch.backends.cudnn.benchmark
+        assert autocast_enabled("cpu") and torch.backends.cudnn.benchmark
         raise KeyError("inside the step")
 
     before = speedflags.snapshot()

@@ -97,7 +97,13 @@ def candidates(
             levers: Levers = ((spec.name, value),)
             effect = spec.lever(device.type).available(value, device)
             if effect.slow or not effect.effective:
-                why = "slower" if effect.slow else "no effect"
+                why = (
+                    "slower"
+                    if effect.slow
+                    else "unsupported"
+                    if effect.unsupported
+                    else "no effect"
+                )
                 skipped.append(Row(plain_levers(levers), note=f"skipped ({why}): {effect.reason}"))
             elif _calls_none(spec.ops, calls):
                 functions = "/".join(spec.ops)
