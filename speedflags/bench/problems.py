@@ -10,7 +10,7 @@ are measured, at which sizes and with which configurations, is
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -289,23 +289,41 @@ class SdpaProblem(Problem):
 
 
 def _kernel_refuses(name: str, inputs: Inputs) -> Optional[str]:
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # PyTorch < 2.3: no way to ask one kernel alone
-        return None
-    backend = getattr(SDPBackend, _SDPA_KERNELS[name], None)
-    if backend is None:
+    alone = _kernel_alone(name)
+    if alone is None:
         return f"PyTorch {torch.__version__} has no {name!r} SDPA kernel"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PyTorch warns why each kernel refuses; we say it below
         try:
             q, k, v = inputs
-            with sdpa_kernel([backend]), torch.no_grad():
+            with alone, torch.no_grad():
                 F.scaled_dot_product_attention(q, k, v)
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return f"the {name!r} SDPA kernel refuses these inputs: {first}"
     return None
+
+
+def _kernel_alone(name: str) -> Optional[ContextManager[Any]]:
+    """A context that enables the ``name`` SDPA kernel alone, or None if torch has none."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # PyTorch 2.1: torch.backends.cuda.sdp_kernel, one flag per kernel
+        flag = _SDP_KERNEL_FLAGS.get(name)
+        sdp_kernel = getattr(torch.backends.cuda, "sdp_kernel", None)
+        if flag is None or sdp_kernel is None:
+            return None
+        flags = dict.fromkeys(_SDP_KERNEL_FLAGS.values(), False)
+        return sdp_kernel(**{**flags, flag: True})  # type: ignore[no-any-return]
+    backend = getattr(SDPBackend, _SDPA_KERNELS[name], None)
+    return None if backend is None else sdpa_kernel([backend])
+
+
+_SDP_KERNEL_FLAGS = {
+    "flash": "enable_flash",
+    "efficient": "enable_mem_efficient",
+    "math": "enable_math",
+}
 
 
 class ConvProblem(Problem):
