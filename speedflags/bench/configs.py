@@ -46,8 +46,8 @@ class Config:
         >>> amp.describe(), amp.precision
         ("fast_math(amp='bf16')", 'bf16')
         >>> with amp.frames(torch.device("cpu")):
-        ...     torch.is_autocast_enabled("cpu")
-        True
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype  # autocast on
+        torch.bfloat16
     """
 
     name: str

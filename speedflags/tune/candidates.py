@@ -78,13 +78,14 @@ def candidates(
     Example:
         >>> import torch
         >>> from speedflags.tune.candidates import candidates
-        >>> tried, skipped = candidates(
-        ...     torch.device("cpu"), {"tf32": [True], "sdpa": ["flash"], "amp": ["bf16"]},
-        ...     calls=frozenset({"linear", "relu"}))
-        >>> [row.levers for row in skipped]
-        [{'tf32': True}, {'sdpa': ['flash']}]
-        >>> skipped[1].note
-        'skipped (not called): the step calls no scaled_dot_product function'
+        >>> wanted = {"tf32": [True], "sdpa": ["flash"]}
+        >>> calls = frozenset({"linear", "scaled_dot_product_attention"})
+        >>> tried, skipped = candidates(torch.device("cpu"), wanted, calls=calls)
+        >>> tried, [row.levers for row in skipped]
+        ([(('sdpa', ('flash',)),)], [{'tf32': True}])
+        >>> tried, skipped = candidates(torch.device("cpu"), wanted, calls=frozenset({"linear"}))
+        >>> tried, skipped[1].note
+        ([], 'skipped (not called): the step calls no scaled_dot_product function')
     """
     tried: List[Levers] = []
     skipped: List[Row] = []

@@ -157,8 +157,8 @@ def load_levers(path: PathLike) -> Dict[str, Any]:
         >>> levers
         {'amp': 'bf16'}
         >>> with speedflags.fast_math(**levers, device="cpu"):
-        ...     torch.is_autocast_enabled("cpu")
-        True
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype  # autocast on
+        torch.bfloat16
     """
     call = f"load_levers({os.fspath(path)!r})"
     data = read_file(path)
