@@ -30,6 +30,8 @@ needs_new_api = pytest.mark.skipif(
     reason=f"PyTorch {torch.__version__} has no fp32_precision API (added in 2.9)",
 )
 
+# PyTorch's own answer: can oneDNN run bf16 matmuls on this CPU (AVX-512 or AMX)
+ONEDNN_BF16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 needs_sdpa_kernel = pytest.mark.skipif(
     importlib.util.find_spec("torch.nn.attention") is None,
     reason=f"PyTorch {torch.__version__} has no torch.nn.attention (sdpa_kernel, SDPBackend)",

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import (
     CPU_AUTOCAST_FP16,
+    ONEDNN_BF16,
     autocast_dtype,
     autocast_enabled,
     autocast_nesting,
@@ -104,8 +105,7 @@ def test_amp_fp16_that_cpu_autocast_refuses_is_skipped_and_strict_refuses() -> N
     skip = [r for r in speedflags.ledger().history if r.lever == "amp"][-1]
     assert skip.action == "skip"  # not "restore": nothing was set
     assert skip.reason == (
-        f"amp='float16': PyTorch {torch.__version__}'s CPU autocast runs bf16 only: "
-        "it refuses fp16"
+        f"amp='float16': PyTorch {torch.__version__}'s CPU autocast runs bf16 only: it refuses fp16"
     )
     with pytest.raises(LeverUnavailableError, match=r"amp='float16': PyTorch .* refuses fp16"):
         with speedflags.autocast("fp16", device="cpu", strict=True):
@@ -164,8 +164,19 @@ def test_no_effect_here_is_applied_recorded_and_strict_refuses(kwargs: dict) -> 
 
 
 def test_strict_accepts_what_works_on_this_device() -> None:
-    with fast_math(matmul_precision="medium", sdpa="flash", device="cpu", strict=True):
-        assert torch.get_float32_matmul_precision() == "medium"
+    levers = dict(sdpa="flash")  # PyTorch's CPU flash kernel: any CPU
+    if ONEDNN_BF16:  # oneDNN bf16 matmuls: AVX-512 and AMX CPUs
+        levers["matmul_precision"] = "medium"
+    with fast_math(device="cpu", strict=True, **levers):
+        assert torch.backends.cuda.flash_sdp_enabled()
+        assert torch.get_float32_matmul_precision() == levers.get("matmul_precision", "highest")
+
+
+@pytest.mark.skipif(ONEDNN_BF16, reason="oneDNN runs bf16 matmuls on this CPU")
+def test_strict_refuses_medium_where_onednn_has_no_bf16_matmul() -> None:
+    with pytest.raises(LeverUnavailableError, match="oneDNN bf16 matmul is not available here"):
+        with fast_math(matmul_precision="medium", device="cpu", strict=True):
+            pytest.fail("strict must refuse")
 
 
 def test_tf32_is_effective_on_an_ampere_gpu(fake_gpu) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from conftest import autocast_enabled
+from conftest import CPU_AUTOCAST_FP16, ONEDNN_BF16, autocast_enabled
 
 import speedflags
 from speedflags.bench.configs import BASELINE_LEVERS, Config
@@ -91,9 +91,15 @@ def test_cpu_skips_with_reasons() -> None:
     assert reasons["fp32"] is None
     assert "TF32 is a tensor-core mode" in str(reasons["tf32"])
     assert "'high' only enables TF32" in str(reasons["precision-high"])
-    assert "fp16 is not native on cpu" in str(reasons["amp-fp16"])
+    if CPU_AUTOCAST_FP16:
+        assert "fp16 is not native on cpu" in str(reasons["amp-fp16"])
+    else:  # PyTorch 2.1's CPU autocast refuses fp16
+        assert "CPU autocast runs bf16 only: it refuses fp16" in str(reasons["amp-fp16"])
     assert "no native fp16" in str(reasons["pure-fp16"])
-    assert reasons["precision-medium"] is None  # oneDNN routing works on any AVX-512 CPU here
+    if ONEDNN_BF16:  # oneDNN routing works on any AVX-512 CPU
+        assert reasons["precision-medium"] is None
+    else:
+        assert "oneDNN bf16 matmul is not available here" in str(reasons["precision-medium"])
     bf16 = speedflags.capabilities("cpu").bf16
     assert (reasons["amp-bf16"] is None) == bf16.supported
     assert (reasons["pure-bf16"] is None) == bf16.supported

@@ -111,6 +111,8 @@ def test_ctrl_c_between_measurements_keeps_the_results_so_far() -> None:
             done.append(event.config)
             if len(done) == 3:
                 raise KeyboardInterrupt
+        elif event.kind == "start" and event.config in done:  # or before the second pass (a
+            raise KeyboardInterrupt  # CPU without bf16 runs fewer than 3 matmul configurations)
 
     result = run(tiny(workloads=("matmul", "sdpa")), progress)
     assert result.interrupted
