@@ -160,7 +160,8 @@ class FlagLedger(LedgerPaths):
         loop = _get_running_loop()
         frame = Frame(
             label, owner, where, device, program, tid, _current_thread().name,
-            None if loop is None else _current_task(loop), _rank_source(),
+            # mypy < 2 (Python 3.9's) types _get_running_loop without None: "always false"
+            None if loop is None else _current_task(loop), _rank_source(),  # type: ignore[redundant-expr, unused-ignore]
         )  # fmt: skip
         befores = frame.befores
         afters = frame.afters
