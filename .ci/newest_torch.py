@@ -6,13 +6,14 @@ Used by `make test-newest` and .ci/run:
     python3 .ci/newest_torch.py exec CMD...   run CMD with the newest leg's pip settings
 
 Why the newest leg needs its own pip settings: a machine's pip configuration may carry a
-constraints file (`pip config list` shows `global.constraint`) that caps torch at the newest
-release on its local disk. Under that cap `torch==<newest>` cannot resolve. For this leg's pip
-calls only, the cap is lifted: every configuration file is skipped (`PIP_CONFIG_FILE` set to
-os.devnull, the one value pip reads as "load no file") and each setting they held is passed
-back as a `PIP_*` environment variable, except the constraint. The indexes, certificates and
-find-links stay, so the registry is reached exactly as before; the other legs never see this
-and keep using the machine's configuration and its on-disk wheels.
+constraints file (`pip config list` shows `global.constraint`, from a site-wide file such as
+/etc/xdg/pip/pip.conf, a user file or a virtualenv's) that caps torch at the newest release on
+its local disk. Under that cap `torch==<newest>` cannot resolve. For this leg's pip calls only,
+the cap is lifted by one environment variable, `PIP_CONSTRAINT=/dev/null` (an empty
+constraints file): pip reads environment variables after every configuration file, so it
+replaces whatever constraint the files set and changes nothing else. Every file is still read,
+so the indexes, certificates and find-links stay and the registry is reached exactly as before.
+The other legs never see the variable; the machine's configuration is never edited.
 
 Resolution, neither step installing anything:
 
@@ -40,8 +41,9 @@ from typing import Dict, Iterable, List, Mapping, NoReturn, Tuple
 
 TIMEOUT_S = 300
 
-# Settings that cap what may be installed; the newest leg drops them, and nothing else.
+# Settings that cap what may be installed; the newest leg overrides them, and nothing else.
 LIFTED_KEYS = frozenset({"constraint"})
+CONSTRAINT_VAR = "PIP_CONSTRAINT"
 
 
 def fail(message: str) -> NoReturn:
@@ -68,30 +70,19 @@ def parse_config_list(text: str) -> List[Tuple[str, str, str]]:
     return items
 
 
-def env_var(key: str) -> str:
-    return "PIP_" + key.upper().replace("-", "_")
-
-
 def lifted_pip_env(
     environ: Mapping[str, str], config: Iterable[Tuple[str, str, str]]
 ) -> Tuple[Dict[str, str], List[str]]:
-    """The environment for the newest leg's pip calls, and the settings it lifted.
+    """The environment for the newest leg's pip calls, and the settings it lifts.
 
-    `config` is what `pip config list` reports under `environ`. Every configuration file is
-    skipped; each of its settings except the lifted ones comes back as an environment
-    variable (pip reads those after the files, so the effect is the same). Environment
-    variables the caller already set win, as they do in pip, except a lifted one, which is
-    removed.
+    `config` is what `pip config list` reports under `environ`, files and environment
+    variables alike (variables appear under the section ":env:"). The returned environment is
+    `environ` plus `PIP_CONSTRAINT` pointing at an empty file: it overrides every constraint
+    the configuration sets (a caller's own `PIP_CONSTRAINT` too) and nothing else.
     """
     env = dict(environ)
-    lifted = []
-    for section, key, value in config:
-        if key in LIFTED_KEYS:
-            lifted.append(f"{section}.{key}={value!r}")
-            env.pop(env_var(key), None)
-        elif section != ":env:":
-            env.setdefault(env_var(key), value)
-    env["PIP_CONFIG_FILE"] = os.devnull
+    env[CONSTRAINT_VAR] = os.devnull
+    lifted = [f"{section}.{key}={value!r}" for section, key, value in config if key in LIFTED_KEYS]
     return env, lifted
 
 

@@ -69,13 +69,65 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def seconds_per_step(step: Callable[[], Any], steps: int, device: torch.device) -> float:
-    """One warm-up step, then the mean time of ``steps`` steps (synchronised on CUDA)."""
+# Progress lines come at most this often (seconds): a full-size run on a CPU takes minutes.
+PROGRESS_EVERY_S = 10.0
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+class Progress:
+    """What a long run prints: after its first step, how long it should take; then, every
+    ``PROGRESS_EVERY_S`` seconds, the step, the loss (when known), the time elapsed and an
+    estimate of what is left.
+
+    ``runs`` counts this run and those still to come, which take about as long.
+    """
+
+    def __init__(self, name: str, runs: int = 1) -> None:
+        self.name = name
+        self.runs = runs
+        self.start = self.last = time.perf_counter()
+
+    def first(self, seconds: float, steps: int) -> None:
+        """The first (warm-up) step took ``seconds``; ``steps`` more follow."""
+        more = f"; about {_duration(seconds * steps * self.runs)} for the {self.runs} runs"
+        print(
+            f"{self.name}: first step took {_duration(seconds)}; {steps} more steps: about "
+            f"{_duration(seconds * steps)}{more if self.runs > 1 else ''} (estimated from it)",
+            flush=True,
+        )
+        self.start = self.last = time.perf_counter()
+
+    def step(self, done: int, steps: int, loss: Any = None) -> None:
+        """``done`` of ``steps`` steps since :meth:`first`; ``loss`` is read only if printed."""
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_EVERY_S or done >= steps or done <= 0:
+            return
+        elapsed = now - self.start
+        shown = f", loss {float(loss):.4f}" if loss is not None else ""
+        print(
+            f"{self.name}: step {done}/{steps}{shown}, {_duration(elapsed)} elapsed, about "
+            f"{_duration(elapsed / done * (steps - done))} left",
+            flush=True,
+        )
+        self.last = now
+
+
+def seconds_per_step(
+    step: Callable[[], Any], steps: int, device: torch.device, name: str = "", runs: int = 1
+) -> float:
+    """One warm-up step, then the mean time of ``steps`` steps (synchronised on CUDA), with
+    :class:`Progress` lines (``step`` may return its loss, read only when printed)."""
+    progress = Progress(name, runs)
+    start = time.perf_counter()
     step()
     sync(device)
+    progress.first(time.perf_counter() - start, steps)
     start = time.perf_counter()
-    for _ in range(steps):
-        step()
+    for i in range(1, steps + 1):
+        progress.step(i, steps, step())
     sync(device)
     return (time.perf_counter() - start) / max(steps, 1)
 

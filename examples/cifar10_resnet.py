@@ -97,11 +97,11 @@ def batches(data: Optional[Path], batch: int, count: int, device: torch.device) 
 
 def make_step(
     model: nn.Module, amp: Any, device: torch.device, data: Iterator[Batch]
-) -> Callable[[], None]:
+) -> Callable[[], torch.Tensor]:
     optimizer = speedflags.fast_optimizer(torch.optim.SGD, model.parameters(), lr=0.1, momentum=0.9)
     scaler = speedflags.grad_scaler(amp, device=device)  # enabled for fp16 only
 
-    def step() -> None:
+    def step() -> torch.Tensor:
         images, labels = next(data)
         logits = model(images.contiguous(memory_format=torch.channels_last))
         loss = nn.functional.cross_entropy(logits.float(), labels)
@@ -109,6 +109,7 @@ def make_step(
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
+        return loss.detach()  # read (a device sync) only when progress is printed
 
     return step
 
@@ -125,15 +126,21 @@ def main() -> None:
     levers = common.chosen_levers(args.levers, device, cudnn_benchmark=True)
     data = batches(args.data, batch, steps + 1, device)
     print(f"device: {speedflags.capabilities(device).device}; data: {args.data or 'synthetic'}")
+    print(
+        f"{steps} steps in fp32, then {steps} with the levers: each run says how long it will "
+        "take after its warm-up step (full size: minutes on a CPU, seconds on a GPU)",
+        flush=True,
+    )
 
     with common.flags_as_found():
         times = {}
-        for name, setting in (("fp32", common.FP32), ("speedflags", levers)):
+        runs = (("fp32", common.FP32), ("speedflags", levers))
+        for k, (name, setting) in enumerate(runs):
             torch.manual_seed(0)
             model = ResNet(width).to(device).to(memory_format=torch.channels_last)
             step = make_step(model, setting.get("amp", False), device, iter(data))
             with speedflags.fast_math(device=device, **setting):
-                times[name] = common.seconds_per_step(step, steps, device)
+                times[name] = common.seconds_per_step(step, steps, device, name, len(runs) - k)
         common.print_speedup(
             "CIFAR-10 ResNet", times["fp32"], times["speedflags"], levers, args.smoke
         )

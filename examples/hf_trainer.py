@@ -43,11 +43,13 @@ class Tokens(torch.utils.data.Dataset):
 
 
 class StepTimer(TrainerCallback):
-    """Time per optimizer step, the first one excluded. Added after SpeedFlagsCallback, so it
-    starts after the levers are applied and stops after they are restored."""
+    """Time per optimizer step, the first one excluded, with progress lines. Added after
+    SpeedFlagsCallback, so it starts after the levers are applied and stops after they are
+    restored."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, progress: common.Progress) -> None:
         self.device = device
+        self.progress = progress
         self.times: List[float] = []
         self.start = 0.0
 
@@ -58,6 +60,10 @@ class StepTimer(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         common.sync(self.device)
         self.times.append(time.perf_counter() - self.start)
+        if len(self.times) == 1:
+            self.progress.first(self.times[0], state.max_steps - 1)
+        else:
+            self.progress.step(len(self.times) - 1, state.max_steps - 1)
 
     @property
     def seconds(self) -> float:
@@ -82,15 +88,21 @@ def main() -> None:
     )  # fmt: skip
     data = Tokens(size["batch"] * size["steps"], size["seq"], size["vocab"])
     print(f"device: {speedflags.capabilities(device).device}; GPT-2 {size}")
+    print(
+        f"{size['steps']} Trainer steps in fp32, then with the levers: each run says how long "
+        "it will take after its first step",
+        flush=True,
+    )
 
     with common.flags_as_found(), tempfile.TemporaryDirectory() as out:
         torch.manual_seed(0)
         start = GPT2LMHeadModel(config).state_dict()
         times = {}
-        for name, train in (("fp32", common.FP32), ("speedflags", levers or common.FP32)):
+        runs = (("fp32", common.FP32), ("speedflags", levers or common.FP32))
+        for k, (name, train) in enumerate(runs):
             model = GPT2LMHeadModel(config)
             model.load_state_dict(start)
-            timer = StepTimer(device)
+            timer = StepTimer(device, common.Progress(name, len(runs) - k))
             trainer = Trainer(
                 model=model,
                 args=TrainingArguments(

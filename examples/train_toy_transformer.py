@@ -73,10 +73,16 @@ def main() -> None:
     steps = args.steps or size["steps"]
     levers = common.chosen_levers(args.levers, device)
     print(f"device: {speedflags.capabilities(device).device}; torch {torch.__version__}")
+    print(
+        f"{steps} steps in fp32, then {steps} with the levers: each run says how long it will "
+        "take after its warm-up step (full size: about 10 min on a 2-core CPU, seconds on a GPU)",
+        flush=True,
+    )
 
     with common.flags_as_found():
         times = {}
-        for name, setting in (("fp32", common.FP32), ("speedflags", levers)):
+        runs = (("fp32", common.FP32), ("speedflags", levers))
+        for k, (name, setting) in enumerate(runs):
             torch.manual_seed(0)
             model = ToyLM(size["vocab"], size["width"], size["depth"], size["heads"], size["seq"])
             model = model.to(device)
@@ -85,7 +91,7 @@ def main() -> None:
             )
             # fast_math() with no levers means "the recommended ones": pass the empty case as FP32
             with speedflags.fast_math(device=device, **(setting or common.FP32)):
-                times[name] = common.seconds_per_step(step, steps, device)
+                times[name] = common.seconds_per_step(step, steps, device, name, len(runs) - k)
         common.print_speedup(
             "toy transformer LM", times["fp32"], times["speedflags"], levers, args.smoke
         )

@@ -13,6 +13,27 @@ Example:
     torch.bfloat16
 """
 
+import sys as _sys
+import warnings as _warnings
+from importlib.util import find_spec as _find_spec
+
+
+def _numpy_missing() -> bool:
+    try:
+        return _find_spec("numpy") is None
+    except (ImportError, ValueError):  # a None in sys.modules: imports of numpy fail
+        return True
+
+
+if "torch" not in _sys.modules and _numpy_missing():
+    # Without NumPy, importing torch warns "Failed to initialize NumPy". speedflags never
+    # uses NumPy, and the warning would open the output of every `speedflags` command (which
+    # imports torch through this package). Only that warning, only when NumPy is absent: a
+    # NumPy that is there but broken keeps its warning.
+    with _warnings.catch_warnings():
+        _warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
+        import torch  # noqa: F401
+
 from . import errors
 from ._ledger import FlagLedger, FlagRecord, Frame, ledger
 from ._sentinel import UNSET
@@ -77,7 +98,7 @@ for _name in __all__:
     _obj = globals()[_name]
     if isinstance(_obj, type):
         _obj.__module__ = __name__
-del _name, _obj
+del _name, _obj, _numpy_missing
 
 # SPEEDFLAGS_WATCH=1: watch from the first import on, for the whole process
 _start_from_env()

@@ -91,8 +91,10 @@ def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; return the exit status.
 
-    0: ok; 1: ``--restore`` was not exact, or the ranks of a distributed job disagree;
-    2: bad usage; 130: ``bench`` or ``tune`` stopped with Ctrl-C.
+    0: ok; 1: ``--restore`` was not exact, the ranks of a distributed job disagree, or a
+    flag did not read as before a ``bench`` run; 2: bad usage (one line naming the option,
+    before anything is measured); 3: the step ``tune`` measures raised (its traceback is
+    shown); 130: ``bench`` or ``tune`` stopped with Ctrl-C.
     """
     parser, bench_parser = _parser()
     args = parser.parse_args(argv)

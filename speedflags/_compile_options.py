@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["BACKEND_KEYS", "compile_options"]
@@ -45,7 +46,7 @@ def compile_options(value: object, call: str = "speedup") -> Optional[Dict[str, 
         return None
     if value is True:
         return {}
-    shown = f"{call}(compile={value!r})"
+    shown = f"{call}(compile={short_repr(value)})"
     if not isinstance(value, dict):
         raise InvalidTypeError(
             f"{shown}: expected True, False or a dict of torch.compile options, "
@@ -56,13 +57,14 @@ def compile_options(value: object, call: str = "speedup") -> Optional[Dict[str, 
     for key, option in options.items():
         if key not in known:
             raise InvalidValueError(
-                f"{shown}: unknown torch.compile option {key!r}; valid: {', '.join(known)}"
+                f"{shown}: unknown torch.compile option {short_repr(key)}; "
+                f"valid: {', '.join(known)}"
             )
         if key in _OPTION_TYPES:
             types, expected = _OPTION_TYPES[key]
             if not isinstance(option, types):
                 raise InvalidTypeError(
-                    f"{shown}: {key!r} must be {expected}, got {type(option).__name__}"
+                    f"{shown}: {short_repr(key)} must be {expected}, got {type(option).__name__}"
                 )
     if options.get("mode") is not None and options.get("options") is not None:
         raise InvalidValueError(
@@ -79,7 +81,7 @@ def compile_options(value: object, call: str = "speedup") -> Optional[Dict[str, 
         registered = _registered_backends()
         if registered is not None and backend not in registered:
             raise InvalidValueError(
-                f"{shown}: torch.compile has no backend {backend!r}; registered: "
+                f"{shown}: torch.compile has no backend {short_repr(backend)}; registered: "
                 f"{', '.join(registered)}"
             )
     return options

@@ -15,6 +15,7 @@ import inspect
 import sys
 from typing import Any, AsyncGenerator, Callable, Generator, Optional, Tuple, TypeVar
 
+from ._short_repr import short_repr
 from .errors import InvalidTypeError
 
 if sys.version_info >= (3, 10):
@@ -47,7 +48,7 @@ def decorate(func: F, open_frame: OpenFrame, close_frame: CloseFrame, what: str)
     if isinstance(func, (staticmethod, classmethod)):
         return type(func)(decorate(func.__func__, open_frame, close_frame, what))
     if not callable(func):
-        raise InvalidTypeError(f"{what} can only decorate a callable, got {func!r}")
+        raise InvalidTypeError(f"{what} can only decorate a callable, got {short_repr(func)}")
 
     if inspect.isasyncgenfunction(func):
 

@@ -37,6 +37,7 @@ from ._rank_exchange import AVAILABLE as AVAILABLE
 from ._rank_exchange import current_rank as current_rank
 from ._rank_exchange import gather as gather
 from ._rank_exchange import process_group as process_group
+from ._short_repr import short_repr
 from .errors import InvalidTypeError, RankMismatchError
 
 __all__ = ["RankSnapshot", "check_ranks"]
@@ -143,8 +144,8 @@ def check_ranks(group: Any = None, *, label: str = "check_ranks()") -> RankSnaps
     """
     if group is not None and (not AVAILABLE or not isinstance(group, _dist.ProcessGroup)):
         raise InvalidTypeError(
-            f"check_ranks(group={group!r}): expected a torch.distributed ProcessGroup or None "
-            "(None: the default group)"
+            f"check_ranks(group={short_repr(group)}): expected a torch.distributed ProcessGroup "
+            "or None (None: the default group)"
         )
     where = caller_where(2)
     state = rank_state()

@@ -28,6 +28,7 @@ from . import _warn
 from ._decorate import decorate
 from ._ledger import Frame, LeverItem, Program, Where, ledger
 from ._sentinel import UNSET
+from ._short_repr import short_repr
 from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
 from .levers.autocast import AUTO
@@ -109,13 +110,14 @@ class FastMath:
         requested = check_levers("fast_math", levers)
         if not isinstance(strict, bool):
             raise InvalidTypeError(
-                f"fast_math(strict={strict!r}): expected True or False, got {type(strict).__name__}"
+                f"fast_math(strict={short_repr(strict)}): expected True or False, "
+                f"got {type(strict).__name__}"
             )
         if label is not None and not isinstance(label, str):
-            raise InvalidTypeError(f"fast_math(label={label!r}): expected a str")
+            raise InvalidTypeError(f"fast_math(label={short_repr(label)}): expected a str")
         if not isinstance(check_ranks, bool):
             raise InvalidTypeError(
-                f"fast_math(check_ranks={check_ranks!r}): expected True or False, got "
+                f"fast_math(check_ranks={short_repr(check_ranks)}): expected True or False, got "
                 f"{type(check_ranks).__name__}"
             )
         self._requested: Tuple[Tuple[str, Any], ...] = requested
@@ -345,8 +347,8 @@ def fast_math(
         return spec
     if not callable(func):
         raise InvalidTypeError(
-            f"fast_math({func!r}): takes keyword arguments only (fast_math(tf32=True)) or a "
-            "function to decorate"
+            f"fast_math({short_repr(func)}): takes keyword arguments only "
+            "(fast_math(tf32=True)) or a function to decorate"
         )
     return spec(func)
 

@@ -15,6 +15,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
+from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Capabilities", "Capability", "capabilities", "default_device", "resolve_device"]
@@ -81,7 +82,7 @@ def normalize_device(value: DeviceLike, call: str = "device") -> Optional[torch.
     """
     if value is None:
         return None
-    shown = f"{call}(device={value!r})"
+    shown = f"{call}(device={short_repr(value)})"
     if isinstance(value, torch.device):
         device = value
     elif isinstance(value, str):
@@ -116,6 +117,25 @@ def resolve_device(device: DeviceLike, call: str = "device") -> torch.device:
     """The device a ``device=None`` (or string) argument stands for."""
     normalized = normalize_device(device, call)
     return default_device() if normalized is None else normalized
+
+
+def missing_cuda(device: torch.device) -> Optional[str]:
+    """Why ``device`` cannot be used here (no CUDA, or no GPU of that index), or None.
+
+    Example:
+        >>> import torch
+        >>> from speedflags.hardware import missing_cuda
+        >>> missing_cuda(torch.device("cpu")) is None
+        True
+    """
+    if device.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return "CUDA is not available here"
+    count = torch.cuda.device_count()
+    if (device.index or 0) >= count:  # index None: the current device, which exists
+        return f"this machine has {count} CUDA device{'s' if count != 1 else ''} (cuda:0 and up)"
+    return None
 
 
 _cache: dict[str, Capabilities] = {}

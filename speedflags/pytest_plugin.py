@@ -48,6 +48,7 @@ from _pytest.runner import runtestprotocol
 
 from ._ledger import ledger
 from ._own_writes import section
+from ._short_repr import short_repr
 from ._watch import watch
 from ._watch_torch import Domain, Write, domains, flatten
 from ._watcher import _watcher
@@ -109,7 +110,8 @@ def _mode(config: pytest.Config) -> str:
     value = str(config.getini("speedflags_leaks") or "off").strip()
     if value not in CHOICES:
         raise pytest.UsageError(
-            f"ini option speedflags_leaks = {value!r}: expected one of {', '.join(CHOICES)}"
+            f"ini option speedflags_leaks = {short_repr(value)}: expected one of "
+            f"{', '.join(CHOICES)}"
         )
     return value
 
@@ -137,8 +139,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in reversed(marks):  # the closest mark (the function's) wins
         if mark.args:
             raise TypeError(
-                f"@pytest.mark.speedflags{mark.args!r}: takes lever keyword arguments only, "
-                "as speedflags.fast_math does (e.g. tf32=True)"
+                f"@pytest.mark.speedflags{short_repr(mark.args)}: takes lever keyword arguments "
+                "only, as speedflags.fast_math does (e.g. tf32=True)"
             )
         levers.update(mark.kwargs)
     levers.setdefault("label", f"@pytest.mark.speedflags on {item.nodeid}")

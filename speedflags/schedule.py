@@ -12,9 +12,10 @@ import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ._ledger import Frame, ledger
+from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import FastMath
-from .hardware import DeviceLike
+from .hardware import DeviceLike, normalize_device
 from .levers.registry import lever_spec
 
 __all__ = ["Schedule", "TF32Schedule"]
@@ -31,7 +32,8 @@ class Schedule:
     ``with schedule:`` block, restores what was there before the schedule started.
 
     Every entry is validated when the schedule is built: epochs must be non-negative
-    ints, lever names those of :func:`speedflags.fast_math`, values valid for their lever.
+    ints, lever names those of :func:`speedflags.fast_math`, values valid for their lever;
+    so are ``device`` and ``strict``, even when every entry is empty.
 
     Args:
         schedule: epoch -> ``fast_math`` keyword arguments (``tf32``, ``matmul_precision``,
@@ -68,11 +70,18 @@ class Schedule:
     ) -> None:
         if not isinstance(schedule, Mapping):
             raise InvalidTypeError(
-                f"{self._name}({schedule!r}): expected a dict of epoch -> settings, "
+                f"{self._name}({short_repr(schedule)}): expected a dict of epoch -> settings, "
                 f"got {type(schedule).__name__}"
             )
         if not schedule:
             raise InvalidValueError(f"{self._name}({{}}): needs at least one epoch")
+        # checked here, not only by the entries' FastMath: an empty entry builds none
+        normalize_device(device, self._name)
+        if not isinstance(strict, bool):
+            raise InvalidTypeError(
+                f"{self._name}(strict={short_repr(strict)}): expected True or False, "
+                f"got {type(strict).__name__}"
+            )
         entries = []
         for epoch in sorted(schedule, key=_epoch_order):
             _check_epoch(self._name, epoch)
@@ -80,7 +89,7 @@ class Schedule:
             if not isinstance(settings, Mapping):
                 raise InvalidTypeError(
                     f"{self._name}: epoch {epoch}: expected a dict of fast_math arguments, "
-                    f"got {settings!r}"
+                    f"got {short_repr(settings)}"
                 )
             for name in settings:
                 lever_spec(name, f"{self._name}: epoch {epoch}")  # refuses unknown names
@@ -215,13 +224,14 @@ class TF32Schedule(Schedule):
     ) -> None:
         if not isinstance(schedule, Mapping):
             raise InvalidTypeError(
-                f"TF32Schedule({schedule!r}): expected a dict of epoch -> True/False, "
+                f"TF32Schedule({short_repr(schedule)}): expected a dict of epoch -> True/False, "
                 f"got {type(schedule).__name__}"
             )
         for epoch, value in schedule.items():
             if not isinstance(value, bool):
                 raise InvalidTypeError(
-                    f"TF32Schedule: epoch {epoch!r}: expected True or False, got {value!r}"
+                    f"TF32Schedule: epoch {short_repr(epoch)}: expected True or False, "
+                    f"got {short_repr(value)}"
                 )
         super().__init__(
             {epoch: {"tf32": value} for epoch, value in schedule.items()},
@@ -240,7 +250,8 @@ def _epoch_order(epoch: object) -> Tuple[int, Any]:
 def _check_epoch(where: str, epoch: object) -> None:
     if isinstance(epoch, bool) or not isinstance(epoch, int):
         raise InvalidTypeError(
-            f"{where}: epoch {epoch!r}: expected a non-negative int, got {type(epoch).__name__}"
+            f"{where}: epoch {short_repr(epoch)}: expected a non-negative int, "
+            f"got {type(epoch).__name__}"
         )
     if epoch < 0:
-        raise InvalidValueError(f"{where}: epoch {epoch!r}: expected a non-negative int")
+        raise InvalidValueError(f"{where}: epoch {epoch}: expected a non-negative int")

@@ -18,6 +18,7 @@ import torch
 from ._compile import COMPILED, GuardedCompile, compile_options
 from ._decorate import decorate
 from ._ledger import Frame, ledger
+from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import FastMath
 from .hardware import DeviceLike
@@ -128,7 +129,7 @@ class _Speedup:
         options = compile_options(compile)
         if not isinstance(inference, bool):
             raise InvalidTypeError(
-                f"speedup(inference={inference!r}): expected True or False, "
+                f"speedup(inference={short_repr(inference)}): expected True or False, "
                 f"got {type(inference).__name__}"
             )
         shown = shown_levers(levers)
@@ -355,7 +356,7 @@ def speedup(
         return spec
     if not callable(func):
         raise InvalidTypeError(
-            f"speedup({func!r}): takes keyword arguments only (speedup(amp='bf16')) or a "
+            f"speedup({short_repr(func)}): takes keyword arguments only (speedup(amp='bf16')) or a "
             "function to decorate"
         )
     return spec(func)

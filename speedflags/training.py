@@ -17,6 +17,7 @@ from torch.optim.optimizer import Optimizer  # the public path; 2.4's stubs lack
 
 from ._decorate import caller_where
 from ._ledger import ledger
+from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import AmpArg, _resolve_auto
 from .hardware import DeviceLike, capabilities, resolve_device
@@ -148,7 +149,7 @@ def fast_optimizer(cls: type[Opt], params: Iterable[Any], **kwargs: Any) -> Opt:
     given: Any = cls
     if not (isinstance(given, type) and issubclass(given, Optimizer)):
         raise InvalidTypeError(
-            f"fast_optimizer(cls={cls!r}): expected a torch.optim.Optimizer subclass"
+            f"fast_optimizer(cls={short_repr(cls)}): expected a torch.optim.Optimizer subclass"
         )
     build: Callable[..., Opt] = cls  # the subclass takes fused/foreach; Optimizer does not
     params = list(params)

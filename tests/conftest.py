@@ -240,5 +240,27 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
 
 
 @pytest.fixture
+def cpu_with_bf16(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Pretend the host CPU has bf16 instructions (AVX512-BF16), for tests of what speedflags
+    decides on such a CPU (which levers have an effect, what tune tries).
+
+    Whether the machine running the tests has them varies (CI machines include AVX2-only
+    EPYCs), and a CPU cannot show instructions it lacks, so only the capability answers are
+    faked: speedflags.hardware's host check and the oneDNN bf16 probe that
+    matmul_precision="medium" asks. Every flag is PyTorch's real one, and so is the bf16
+    arithmetic (emulated where the instructions are missing: slower, same results).
+    """
+    from speedflags.levers import precision
+
+    monkeypatch.setattr(
+        hardware, "_host_cpu_bf16", lambda: hardware.Capability(True, "faked for a test")
+    )
+    monkeypatch.setattr(precision, "_onednn_bf16", lambda: True)
+    hardware._clear_cache()
+    yield
+    hardware._clear_cache()
+
+
+@pytest.fixture
 def fresh_history() -> None:
     ledger().clear_history()

@@ -164,12 +164,15 @@ def test_no_effect_here_is_applied_recorded_and_strict_refuses(kwargs: dict) -> 
 
 
 def test_strict_accepts_what_works_on_this_device() -> None:
-    levers = dict(sdpa="flash")  # PyTorch's CPU flash kernel: any CPU
-    if ONEDNN_BF16:  # oneDNN bf16 matmuls: AVX-512 and AMX CPUs
-        levers["matmul_precision"] = "medium"
-    with fast_math(device="cpu", strict=True, **levers):
-        assert torch.backends.cuda.flash_sdp_enabled()
-        assert torch.get_float32_matmul_precision() == levers.get("matmul_precision", "highest")
+    with fast_math(sdpa="flash", device="cpu", strict=True):  # the CPU flash kernel runs anywhere
+        sdpa = speedflags.snapshot()["sdpa"]
+        assert sdpa["flash"] and sdpa["math"] and not sdpa["efficient"]
+
+
+@pytest.mark.usefixtures("cpu_with_bf16")
+def test_strict_accepts_medium_precision_on_a_cpu_with_bf16() -> None:
+    with fast_math(matmul_precision="medium", sdpa="flash", device="cpu", strict=True):
+        assert torch.get_float32_matmul_precision() == "medium"
 
 
 @pytest.mark.skipif(ONEDNN_BF16, reason="oneDNN runs bf16 matmuls on this CPU")

@@ -14,6 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Dict, List, Mapping, Tuple
 
 import pytest
 
@@ -52,21 +53,28 @@ def test_capped_config_lifts_the_constraint_and_keeps_everything_else() -> None:
         "global.constraint='/etc/pip/torch-cap.txt'",
         ":env:.constraint='/etc/pip/my-cap.txt'",
     ]
-    assert env["PIP_CONFIG_FILE"] == os.devnull  # pip then loads no configuration file
-    assert "PIP_CONSTRAINT" not in env
-    assert env["PIP_CERT"] == "/etc/ssl/certs/ca-certificates.crt"
-    assert env["PIP_EXTRA_INDEX_URL"] == "file:///opt/pypi/simple file:///opt/pypi-more/simple"
-    assert env["PIP_FIND_LINKS"] == "/opt/wheels"
+    # one variable, read by pip after every file, replaces every constraint with an empty file
+    assert env == {**environ, "PIP_CONSTRAINT": os.devnull}
     assert environ["PIP_CONSTRAINT"] == "/etc/pip/my-cap.txt"  # the caller's mapping is left alone
 
 
-def test_uncapped_config_lifts_nothing() -> None:
+def test_uncapped_config_lifts_nothing_and_keeps_the_environment() -> None:
     env, lifted = newest_torch.lifted_pip_env(
         {"PIP_CERT": "/mine.pem"}, newest_torch.parse_config_list(UNCAPPED)
     )
     assert lifted == []
-    assert env["PIP_CERT"] == "/mine.pem"  # an environment variable wins, as in pip
-    assert env["PIP_EXTRA_INDEX_URL"].startswith("file:///opt/pypi/simple")
+    assert env == {"PIP_CERT": "/mine.pem", "PIP_CONSTRAINT": os.devnull}
+
+
+def test_config_list_lines_of_every_pip_layout_are_read() -> None:
+    # pip >= 26 lists each file's values (a key may appear once per file); older pips one
+    # merged line per key. Both read the same way, and values keep their quotes' contents.
+    listed = "global.constraint='/a.txt'\nglobal.constraint='/b.txt'\n:env:.find-links='/w'\n"
+    assert newest_torch.parse_config_list(listed) == [
+        ("global", "constraint", "/a.txt"),
+        ("global", "constraint", "/b.txt"),
+        (":env:", "find-links", "/w"),
+    ]
 
 
 def _report(version: str, url: str) -> dict[str, object]:
@@ -130,63 +138,111 @@ def _fake_torch_wheel(folder: Path, version: str) -> None:
         whl.writestr(f"{dist}/RECORD", "")
 
 
-def test_real_pip_resolves_the_newest_only_with_the_cap_lifted(tmp_path: Path) -> None:
+def _pip(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def _listed(env: Mapping[str, str]) -> List[Tuple[str, str, str]]:
+    """What pip itself says its configuration is under ``env``."""
+    result = _pip(env, "config", "list")
+    assert result.returncode == 0, result.stderr
+    return newest_torch.parse_config_list(result.stdout)
+
+
+def _capped_by(listed: List[Tuple[str, str, str]]) -> List[str]:
+    return [value for _, key, value in listed if key == "constraint"]
+
+
+def _machine(tmp_path: Path, layout: str, cap: Path) -> Dict[str, str]:
+    """An environment whose pip configuration has ``layout``.
+
+    "as-is" is this machine's own configuration, untouched (on a fresh machine here its
+    site-wide files cap torch). The others replace the site-wide and user folders that pip
+    reads on Linux (XDG_CONFIG_DIRS, XDG_CONFIG_HOME and HOME) with folders of the test's
+    own, holding a file that caps torch in the site-wide or the user folder, or none; pip's
+    /etc/pip.conf is read in every layout and is whatever the machine has.
+    """
+    env = dict(os.environ)
+    if env.get("PIP_CONSTRAINT") == os.devnull:
+        del env["PIP_CONSTRAINT"]  # the newest leg's own lift, inherited by this test run
+    if layout == "as-is":
+        return env
+    env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
+    site, home = tmp_path / "site", tmp_path / "home"
+    folder = {"site-wide": site / "pip", "user": home / ".config" / "pip"}.get(layout)
+    for path in (site, home / ".config"):
+        path.mkdir(parents=True)
+    if folder is not None:
+        folder.mkdir(parents=True)
+        (folder / "pip.conf").write_text(f"[global]\nconstraint = {cap}\n")
+    env.update(XDG_CONFIG_DIRS=str(site), XDG_CONFIG_HOME=str(home / ".config"), HOME=str(home))
+    return env
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the layouts are pip's Linux folders")
+@pytest.mark.parametrize("layout", ["as-is", "site-wide", "user", "none"])
+def test_real_pip_resolves_the_newest_only_with_the_cap_lifted(tmp_path: Path, layout: str) -> None:
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     for version in ("2.14.1", "2.15.0"):
         _fake_torch_wheel(wheels, version)
     cap = tmp_path / "cap.txt"
     cap.write_text("torch<=2.14.1\n")
-    config = tmp_path / "pip.conf"
-    config.write_text(f"[global]\nno-index = true\nfind-links = {wheels}\nconstraint = {cap}\n")
-    machine = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    machine["PIP_CONFIG_FILE"] = str(config)
+    machine = _machine(tmp_path, layout, cap)
 
-    def pip(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "pip", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-
-    def dry_run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    def dry_run(env: Mapping[str, str]) -> Tuple[int, str, Dict[str, Any]]:
         report = tmp_path / "report.json"
         report.unlink(missing_ok=True)
-        args = ("install", "--dry-run", "--no-deps", "--ignore-installed", "--report", str(report))
-        result = pip(env, *args, "torch==2.15.0")
-        result.stdout = report.read_text() if report.exists() else ""
-        return result
+        result = _pip(
+            env, "install", "--dry-run", "--no-deps", "--ignore-installed", "--no-index",
+            "--find-links", str(wheels), "--report", str(report), "torch==2.15.0",
+        )  # fmt: skip
+        parsed = json.loads(report.read_text()) if report.exists() else {}
+        return result.returncode, result.stderr, parsed
 
-    capped = dry_run(machine)
-    assert capped.returncode != 0
-    assert "torch<=2.14.1" in capped.stderr or "ResolutionImpossible" in capped.stderr
+    before = _listed(machine)
+    if layout in ("site-wide", "user"):
+        assert str(cap) in _capped_by(before), before  # pip reads the test's file...
+        code, stderr, _ = dry_run(machine)
+        assert code != 0  # ...and the cap holds
+        assert "torch<=2.14.1" in stderr or "ResolutionImpossible" in stderr
+    if layout == "none":
+        assert str(cap) not in _capped_by(before)
 
-    listed = pip(machine, "config", "list")
-    env, lifted = newest_torch.lifted_pip_env(
-        machine, newest_torch.parse_config_list(listed.stdout)
-    )
-    assert lifted == [f"global.constraint={str(cap)!r}"]
-    lifted_run = dry_run(env)
-    assert lifted_run.returncode == 0, lifted_run.stderr
-    report = json.loads(lifted_run.stdout)
+    env, lifted = newest_torch.lifted_pip_env(machine, before)
+    # what is lifted is what pip says caps it, wherever it was set
+    assert [entry.partition("=")[2] for entry in lifted] == [repr(c) for c in _capped_by(before)]
+    after = _listed(env)
+    # pip's own answer: every setting of every file is still read, and one variable is added
+    assert set(after) - set(before) == {(":env:", "constraint", os.devnull)}
+    assert set(before) - set(after) <= {
+        e for e in before if e[0] == ":env:" and e[1] == "constraint"
+    }
+    code, stderr, report = dry_run(env)
+    assert code == 0, stderr
     assert report["install"][0]["metadata"]["version"] == "2.15.0"
     # The stand-in wheel is on disk, so the leg's own check refuses it: no silent local torch.
     with pytest.raises(SystemExit):
         newest_torch.check_resolution("2.15.0", report)
+    assert _listed(machine) == before  # nothing outside the leg's own calls changed
 
 
-def test_torch_source_keeps_the_report_of_the_install_that_happened(tmp_path: Path) -> None:
-    import json
-
-    kept = tmp_path / "report.json"
-    kept.write_text(json.dumps(_report("2.13.0+cpu", "file:///opt/wheels/t.whl")))
-    new = tmp_path / "report.json.new"
-    new.write_text(json.dumps({"install": []}))  # torch was already there: pip installs nothing
-    torch_source.keep(str(new), str(kept))
-    assert not new.exists()
-    assert "from disk" in torch_source.describe(json.loads(kept.read_text()))
-    new.write_text(json.dumps(_report("2.15.0", "https://x/t.whl")))
-    torch_source.keep(str(new), str(kept))
-    assert "2.15.0" in torch_source.describe(json.loads(kept.read_text()))
+def test_exec_lifts_the_cap_for_the_command_it_runs_only() -> None:
+    show = "import os; print(os.environ.get('PIP_CONSTRAINT'))"
+    parent = {k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "newest_torch.py"), "exec", sys.executable, "-c", show],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env=parent,
+    )
+    assert result.stdout.strip() == os.devnull

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -78,3 +79,26 @@ def test_example_runs_with_smoke(script: str, launched: Dict[str, Any]) -> None:
     assert "speedup vs fp32:" in output
     assert "flags as found at the start: yes" in output
     assert not list(cwd.iterdir()), "the example left files in its working directory"
+
+
+def test_long_runs_say_how_long_they_take_and_where_they_are(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import _common
+
+    monkeypatch.setattr(_common, "PROGRESS_EVERY_S", 0.0)  # a line at every step
+    losses = iter([9.0, 3.0, 2.0, 1.0])
+    mean = _common.seconds_per_step(
+        lambda: torch.tensor(next(losses)), 3, torch.device("cpu"), "fp32", runs=2
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert mean >= 0
+    assert lines[0].startswith("fp32: first step took ")
+    assert "3 more steps: about" in lines[0] and "for the 2 runs" in lines[0]
+    # the last step prints nothing: the speedup line follows it
+    assert [line.split(",")[:2] for line in lines[1:]] == [
+        ["fp32: step 1/3", " loss 3.0000"],
+        ["fp32: step 2/3", " loss 2.0000"],
+    ]
+    assert all("elapsed, about" in line and line.endswith(" left") for line in lines[1:])

@@ -154,3 +154,21 @@ def test_step_refuses_a_bad_epoch() -> None:
     with pytest.raises(InvalidValueError, match=r"^TF32Schedule.step: epoch -1"):
         sched.step(-1)
     assert not tf32_on()
+
+
+@pytest.mark.parametrize("schedule", [{0: {}}, {0: {}, 10: {}}], ids=["one", "two"])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(device=object()), InvalidTypeError, "Schedule(device=<object object at "),
+        (dict(device="gpu"), InvalidValueError, "Schedule(device='gpu'): not a device"),
+        (dict(strict="x"), InvalidTypeError, "Schedule(strict='x'): expected True or False"),
+    ],
+)
+def test_device_and_strict_are_checked_even_when_every_entry_is_empty(
+    schedule: Any, kwargs: Any, error: type, message: str
+) -> None:
+    # an empty entry builds no fast_math, which used to be the only place they were checked
+    with pytest.raises(error) as excinfo:
+        Schedule(schedule, **kwargs)
+    assert str(excinfo.value).startswith(message)

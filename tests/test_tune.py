@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 import torch
-from _tune_helpers import QUICK, bf16_candidates, row, ticking  # noqa: F401 - fixture
+from _tune_helpers import QUICK, row, ticking
 from conftest import CPU_AUTOCAST_FP16, autocast_enabled
 
 import speedflags
@@ -28,8 +28,6 @@ from speedflags.tune.state import error_against, reference_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_COMPILE = list(LEVER_NAMES)  # every registry lever, without torch.compile (too slow here)
-# the search needs amp='bf16' and matmul_precision='medium' tried: see bf16_candidates
-pytestmark = pytest.mark.usefixtures("bf16_candidates")
 
 
 class CostClock:
@@ -94,6 +92,7 @@ def test_a_step_returning_something_else_is_refused() -> None:
         run(lambda: torch.tensor(math.nan), (), {}, levers=["amp"], clock=ticking(), plan=QUICK)
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_candidate_with_non_finite_output_is_rejected_and_never_timed() -> None:
     def step(x: torch.Tensor) -> torch.Tensor:
         # stands for an fp16 overflow: non-finite only under autocast
@@ -109,6 +108,7 @@ def test_a_candidate_with_non_finite_output_is_rejected_and_never_timed() -> Non
     assert result.best == {}
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_candidate_over_the_budget_is_rejected() -> None:
     result = fake_tune(lambda amp, medium: 0.5 if amp else 1.0, budget=1e-6)
     amp = row(result, amp="bf16")
@@ -120,6 +120,7 @@ def test_a_candidate_over_the_budget_is_rejected() -> None:
 # --- the choice (injected clock) -----------------------------------------------------------
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_lever_faster_beyond_the_noise_is_chosen() -> None:
     result = fake_tune(lambda amp, medium: 0.5 if amp else 1.0, budget=5e-2)
     assert result.best == {"amp": "bf16"}
@@ -130,6 +131,7 @@ def test_a_lever_faster_beyond_the_noise_is_chosen() -> None:
     assert result.chosen is amp
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_gain_under_the_minimum_is_not_taken() -> None:
     gain = MIN_GAIN / 2
     result = fake_tune(lambda amp, medium: 1.0 / (1 + gain) if medium else 1.0, budget=5e-2)
@@ -137,6 +139,7 @@ def test_a_gain_under_the_minimum_is_not_taken() -> None:
     assert row(result, matmul_precision="medium").speedup == pytest.approx(1 + gain)
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_noisy_gain_is_not_taken() -> None:
     jitter = itertools.cycle([0.3, 1.6, 0.5, 1.5, 0.4, 1.7, 0.6])
     result = fake_tune(lambda amp, medium: next(jitter) if amp else 1.0, budget=5e-2)
@@ -145,6 +148,7 @@ def test_a_noisy_gain_is_not_taken() -> None:
     assert not amp.accepted and result.best == {}
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_two_levers_that_both_help_are_combined() -> None:
     result = fake_tune(lambda amp, medium: (0.5 if amp else 1.0) * (0.8 if medium else 1.0))
     assert result.best == {"matmul_precision": "medium", "amp": "bf16"}
@@ -152,6 +156,7 @@ def test_two_levers_that_both_help_are_combined() -> None:
     assert combo.stage == "combination" and combo.speedup == pytest.approx(2.5)
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_lever_that_adds_nothing_to_the_choice_is_left_out() -> None:
     # medium helps alone, but not on top of amp (autocast already runs the matmuls in bf16)
     result = fake_tune(lambda amp, medium: 0.5 if amp else (0.8 if medium else 1.0))
@@ -160,6 +165,7 @@ def test_a_lever_that_adds_nothing_to_the_choice_is_left_out() -> None:
     assert combo.accepted and "not faster than amp='bf16'" in combo.note
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_halving_drops_what_is_slower_than_fp32() -> None:
     result = fake_tune(lambda amp, medium: 2.0 if medium else (0.5 if amp else 1.0))
     medium = row(result, matmul_precision="medium")
@@ -167,6 +173,7 @@ def test_halving_drops_what_is_slower_than_fp32() -> None:
     assert row(result, amp="bf16").rounds > QUICK.short_rounds  # went on to the long timing
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_levers_without_effect_are_skipped_with_the_reason() -> None:
     linear = torch.nn.Linear(4, 4)
     result = run(linear, (torch.ones(2, 4),), {}, levers=NO_COMPILE, clock=ticking(), plan=QUICK)
@@ -183,6 +190,7 @@ def test_levers_without_effect_are_skipped_with_the_reason() -> None:
     assert row(result, amp="bf16").error is not None  # a matmul: tried
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")
 def test_a_step_without_matmuls_tries_no_lever() -> None:
     result = run(torch.sin, (torch.ones(4),), {}, levers=NO_COMPILE, clock=ticking(), plan=QUICK)
     assert result.best == {} and all(r.note.startswith("skipped") for r in result.rows)
@@ -242,6 +250,25 @@ def test_bad_arguments_are_refused_before_anything_runs() -> None:
         speedflags.tune("step", torch.ones(2))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("levers", [[], (), {}, {"compile": False}, {"amp": []}])
+def test_levers_naming_nothing_to_try_are_refused(levers: Any) -> None:
+    # nothing would be measured, and "plain fp32 wins" would be a claim never tested
+    calls: List[int] = []
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return x @ x
+
+    with pytest.raises(InvalidValueError) as excinfo:
+        speedflags.tune(step, torch.ones(2, 2), levers=levers)
+    message = str(excinfo.value)
+    assert message.startswith("tune(levers=") and "to try" in message
+    assert (
+        "'bf16'" in message if levers == {"amp": []} else "amp, compile, cudnn_benchmark" in message
+    )
+    assert calls == []
+
+
 def test_other_keyword_arguments_go_to_the_step() -> None:
     seen: List[Dict[str, Any]] = []
 
@@ -249,7 +276,8 @@ def test_other_keyword_arguments_go_to_the_step() -> None:
         seen.append({"scale": scale})
         return x * scale
 
-    run(step, (torch.ones(2),), {"scale": 3.0}, levers=[], clock=ticking(), plan=QUICK)
+    # tf32: no effect on a CPU and no matmul in the step, so no candidate is called
+    run(step, (torch.ones(2),), {"scale": 3.0}, levers=["tf32"], clock=ticking(), plan=QUICK)
     assert seen == [{"scale": 3.0}] * 2  # the priming call and the reference
 
 

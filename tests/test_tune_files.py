@@ -204,3 +204,29 @@ def test_cli_tunes_saves_and_prints_json(steps: Path, tmp_path: Path) -> None:
     assert data["levers"] == speedflags.load_levers(out)
     assert {"levers", "tune", "rows"} <= set(data)
     assert "tune: reference: plain fp32" in result.stderr  # progress goes to stderr
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml", ".yaml"])
+def test_load_levers_names_the_file_when_its_nesting_is_too_deep(
+    tmp_path: Path, suffix: str
+) -> None:
+    if suffix == ".yaml":
+        pytest.importorskip("yaml")
+    deep = "[" * 100_000 + "]" * 100_000  # each parser recurses once per level
+    path = tmp_path / f"deep{suffix}"
+    path.write_text("levers = " + deep if suffix == ".toml" else deep)
+    with pytest.raises(InvalidValueError) as excinfo:
+        speedflags.load_levers(path)
+    message = str(excinfo.value)
+    assert message.startswith(f"load_levers({str(path)!r}): not valid ")
+    assert "nested too deeply" in message
+
+
+@pytest.mark.parametrize("path", [None, 5, b"levers.json"])
+def test_load_levers_refuses_an_argument_that_is_not_a_path(path: Any) -> None:
+    with pytest.raises(InvalidTypeError) as excinfo:
+        speedflags.load_levers(path)
+    assert str(excinfo.value) == (
+        f"load_levers(path={path!r}): expected a str or os.PathLike path to a .json, .toml or "
+        f".yaml file, got {type(path).__name__}"
+    )

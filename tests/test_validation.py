@@ -1,19 +1,22 @@
 """Behaviour 4: bad input fails at construction.
 
-The message names the argument, shows the value and lists the valid choices.
+The message names the argument, shows the value (at most ~200 characters of it: one helper,
+``short_repr``, shortens every quoted value) and lists the valid choices.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
 
 import speedflags
 from speedflags import InvalidTypeError, InvalidValueError, fast_math
+from speedflags._short_repr import SHOWN_CHARS, short_repr
 
 # (kwargs, error type, fragments the message must contain)
 BAD: Dict[str, Tuple[Dict[str, Any], type, Tuple[str, ...]]] = {
@@ -150,3 +153,67 @@ def test_spec_repr_and_levers() -> None:
     assert repr(spec) == "<speedflags fast_math(tf32=True, amp='bf16')>"
     assert spec.levers == {"tf32": True, "amp": "bfloat16"}
     assert fast_math().levers == {}
+
+
+# --- a huge bad value is quoted short ---------------------------------------------------------
+
+HUGE = ["flash"] * 1_000_000
+LONG = "x" * 1_000_000
+
+# (the call, a fragment its message must hold): each quotes the bad value, shortened
+QUOTED: Dict[str, Tuple[Callable[[], Any], str]] = {
+    "fast_math sdpa": (lambda: fast_math(sdpa=HUGE), "fast_math(sdpa=['flash', 'flash', "),
+    "fast_math amp": (lambda: fast_math(amp=LONG), "fast_math(amp='xxxx"),
+    "fast_math keyword": (lambda: fast_math(**{LONG: True}), "unexpected keyword argument 'xx"),
+    "fast_math device": (lambda: fast_math(device=LONG), "fast_math(device='xxxx"),
+    "fast_math strict": (lambda: fast_math(strict=HUGE), "fast_math(strict=['flash', "),
+    "sdpa_backend": (lambda: speedflags.sdpa_backend(LONG), "unknown backend 'xxxx"),
+    "Schedule entry": (lambda: speedflags.Schedule({0: {"sdpa": HUGE}}), "sdpa=['flash', "),
+    "Schedule type": (lambda: speedflags.Schedule(HUGE), "Schedule(['flash', "),  # type: ignore
+    "speedup compile": (
+        lambda: speedflags.speedup(compile={LONG: 1}),
+        "unknown torch.compile option 'xxxx",
+    ),
+    "tune levers": (
+        lambda: speedflags.tune(torch.sin, torch.ones(1), levers=[LONG]),
+        "unknown lever 'xxxx",
+    ),
+    "tune budget": (
+        lambda: speedflags.tune(torch.sin, torch.ones(1), budget=HUGE),  # type: ignore
+        "tune(budget=['flash', ",
+    ),
+    "load_levers": (lambda: speedflags.load_levers(LONG + ".ini"), "load_levers('xxxx"),
+}
+
+
+@pytest.mark.parametrize("case", list(QUOTED), ids=list(QUOTED))
+def test_a_huge_bad_value_is_quoted_in_at_most_about_200_characters(case: str) -> None:
+    call, fragment = QUOTED[case]
+    with pytest.raises(speedflags.SpeedflagsError) as excinfo:
+        call()
+    message = str(excinfo.value)
+    assert fragment in message, message[:300]
+    assert len(message) < 800, f"{len(message)} characters: {message[:300]}..."
+    assert re.search(r"\(100000\d (items|characters)\)", message), message[:300]
+
+
+class _BrokenRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr today")
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["bf17", 3, 1.5, None, torch.float32, ["flash", "math"], ("flash",), {"amp": "bf16", 0: []}],
+)
+def test_short_repr_is_repr_for_the_values_messages_usually_quote(value: Any) -> None:
+    assert short_repr(value) == repr(value)
+
+
+def test_short_repr_is_bounded_and_never_raises() -> None:
+    deep: List[Any] = []
+    for _ in range(10_000):  # deeper than repr() can go
+        deep = [deep]
+    for value in (deep, HUGE, LONG, dict.fromkeys(range(100), LONG), 10**10_000, _BrokenRepr()):
+        assert len(short_repr(value)) <= SHOWN_CHARS + len(" (1000000 characters)")
+    assert short_repr(_BrokenRepr()).startswith("<_BrokenRepr ")

@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/_common.py
-from _common import FP32, flags_as_found, print_speedup, sync
+from _common import FP32, Progress, flags_as_found, print_speedup, sync
 
 import speedflags
 from speedflags.integrations.lightning import SpeedFlagsCallback
@@ -92,10 +92,12 @@ class ToyData(pl.LightningDataModule):
 
 class BatchTimer(pl.Callback):
     """Time per training batch (forward, backward, optimizer step), from the second epoch on
-    (the first pays one-time costs)."""
+    (the first pays one-time costs), with progress lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
         self.times: List[float] = []
+        self.batches = 0
         self.start = 0.0
 
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
@@ -106,8 +108,16 @@ class BatchTimer(pl.Callback):
         self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         sync(module.device)
+        seconds = time.perf_counter() - self.start
         if trainer.current_epoch > 0 or trainer.max_epochs == 1:
-            self.times.append(time.perf_counter() - self.start)
+            self.times.append(seconds)
+        self.batches += 1
+        total = int(trainer.estimated_stepping_batches)
+        if self.batches == 1:
+            self.progress.first(seconds, total - 1)
+        else:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            self.progress.step(self.batches - 1, total - 1, loss)
 
     @property
     def seconds(self) -> float:
@@ -129,7 +139,10 @@ def main() -> None:
 
     with flags_as_found():
         start = copy.deepcopy(cli.model.state_dict())
-        fp32_timer, fast_timer = BatchTimer(), BatchTimer()
+        fp32_timer, fast_timer = (
+            BatchTimer(Progress("fp32", 2)),
+            BatchTimer(Progress("speedflags")),
+        )
         plain = SpeedFlagsCallback(train=FP32, validate=FP32)
         cli.instantiate_trainer(callbacks=[plain, fp32_timer]).fit(
             cli.model, datamodule=cli.datamodule

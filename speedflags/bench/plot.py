@@ -11,11 +11,15 @@ import os
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Sequence, Union
 
+from .._output_paths import make_parent_folder
 from .results import BenchRun, Result, describe_source
 
-__all__ = ["MISSING", "have_matplotlib", "plot", "speedup_axes"]
+__all__ = ["MISSING", "PLOT_SUFFIXES", "have_matplotlib", "plot", "speedup_axes"]
 
 MISSING = "--plot needs matplotlib, an optional extra of speedflags: pip install 'speedflags[plot]'"
+# The file types a plot is written as (matplotlib picks the format by the suffix; without
+# one it would write "PATH.png" while the command reported PATH).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def have_matplotlib() -> bool:
@@ -49,7 +53,8 @@ def speedup_axes(
     """The axes of a speedup-against-error PNG (``bench --plot`` and ``TuneResult.plot``).
 
     The body draws the points; on leaving, the 1x line, the log error axis, the labels and
-    the grid are added and the figure is written to ``path``. The figure is closed either way.
+    the grid are added and the figure is written to ``path`` (its folder is created if
+    missing). The figure is closed either way.
 
     Raises:
         ImportError: matplotlib is not installed, with the message ``missing``.
@@ -78,6 +83,7 @@ def speedup_axes(
             ax.legend(fontsize=7, loc="best")
         ax.grid(True, which="both", alpha=0.3)
         fig.tight_layout()
+        make_parent_folder(path)
         fig.savefig(os.fspath(path))
     finally:
         pyplot.close(fig)

@@ -101,6 +101,12 @@ class Problem:
         self.sets = 1
         self._reference: Optional[torch.Tensor] = None
 
+    @staticmethod
+    def memory(size: int, device_type: str) -> int:
+        """Bytes the problem holds at once at ``size``, at least: its inputs, its outputs,
+        its float64 reference (``bench --sizes`` refuses a size the device cannot hold)."""
+        raise NotImplementedError
+
     def runner(self, config: Config) -> Runner:
         raise NotImplementedError
 
@@ -153,6 +159,12 @@ class MatmulProblem(Problem):
 
     def runner(self, config: Config) -> Runner:
         return Runner(_cast(self._sets, config.dtype), torch.mm)
+
+    @staticmethod
+    def memory(size: int, device_type: str) -> int:
+        # a, b and a @ b in fp32; their float64 copies for the reference; the pure bf16 and
+        # fp16 configurations' copies of a and b
+        return (3 * 4 + 3 * 8 + 2 * 2 * 2) * size * size
 
     def _compute_reference(self) -> torch.Tensor:
         a, b = self._sets[0]
@@ -224,6 +236,14 @@ class MlpTrainProblem(Problem):
 
         return Runner(_cast(self._sets, config.dtype), step, lambda: self._gradient(dtype))
 
+    @staticmethod
+    def memory(size: int, device_type: str) -> int:
+        # per weight element: the initial copy (4 bytes); two fp32 configurations, each a
+        # model, its gradients and AdamW's two moments (2 x 16); the float64 reference's
+        # model and gradients (16); the inputs, batch x d, are small beside them
+        weights = MlpTrainProblem.layers * size * size
+        return (4 + 2 * 16 + 16) * weights + 2 * 4 * min(512, size) * size
+
     def _gradient(self, dtype: torch.dtype) -> torch.Tensor:
         model = self._model(dtype)
         x, y = (t.to(dtype) for t in self._sets[0])
@@ -253,14 +273,14 @@ class SdpaProblem(Problem):
     """
 
     workload = "sdpa"
+    shapes = ((2, 8, 64), (4, 16, 128))  # batch, heads, head dim: on a CPU, on CUDA
 
     def __init__(self, size: int, device: torch.device) -> None:
         super().__init__(size, device)
+        batch, heads, dim = self.shapes[device.type == "cuda"]
         if device.type == "cuda":
-            batch, heads, dim = 4, 16, 128
             dtype = torch.bfloat16 if capabilities(device).bf16 else torch.float16
         else:
-            batch, heads, dim = 2, 8, 64
             dtype = torch.float32
         self.input_precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
         shape = (batch, heads, size, dim)
@@ -283,6 +303,15 @@ class SdpaProblem(Problem):
         # refuses these inputs would silently time math instead: ask the kernel alone first.
         name = backends if isinstance(backends, str) else backends[0]
         return _kernel_refuses(name, self._sets[0])
+
+    @staticmethod
+    def memory(size: int, device_type: str) -> int:
+        batch, heads, dim = SdpaProblem.shapes[device_type == "cuda"]
+        item = 2 if device_type == "cuda" else 4
+        # the reference's scores and their softmax in float64; the math kernel's, in the
+        # inputs' dtype; q, k, v and their float64 copies
+        scores = batch * heads * size * size * (2 * 8 + 2 * item)
+        return scores + 3 * batch * heads * size * dim * (item + 8)
 
     def _compute_reference(self) -> torch.Tensor:
         q, k, v = (t.double() for t in self._sets[0])
@@ -336,10 +365,11 @@ class ConvProblem(Problem):
     """
 
     workload = "conv"
+    shapes = ((8, 64), (32, 128))  # batch, channels: on a CPU, on CUDA
 
     def __init__(self, size: int, device: torch.device) -> None:
         super().__init__(size, device)
-        batch, channels = (32, 128) if device.type == "cuda" else (8, 64)
+        batch, channels = self.shapes[device.type == "cuda"]
         self.shape = f"conv2d 3x3, input ({batch}, {channels}, {size}, {size})"
         self.flops = 2.0 * batch * channels * size * size * channels * 9
         gen = _generator(device)
@@ -353,6 +383,12 @@ class ConvProblem(Problem):
             return F.conv2d(x, weight, padding=1)
 
         return Runner(_cast(self._sets, config.dtype), conv)
+
+    @staticmethod
+    def memory(size: int, device_type: str) -> int:
+        batch, channels = ConvProblem.shapes[device_type == "cuda"]
+        # input and output in fp32, and both again in float64 for the reference
+        return batch * channels * size * size * 2 * (4 + 8)
 
     def _compute_reference(self) -> torch.Tensor:
         (x,) = self._sets[0]

@@ -21,6 +21,7 @@ import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 from .._ledger import json_default
+from .._output_paths import make_parent_folder
 from .._version import __version__
 from ..hardware import capabilities, cudnn_version_or_none
 from ..status import snapshot
@@ -219,26 +220,32 @@ class BenchRun:
 
     def save(self, path: str) -> None:
         """Write the run as JSON to ``path`` (its folder is created if needed)."""
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
+        make_parent_folder(path)
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(self.to_dict(), fh, indent=2, default=json_default)
             fh.write("\n")
 
     @classmethod
     def load(cls, path: str) -> BenchRun:
-        """Read a file written by :meth:`save`; ``ValueError`` if it is not one."""
+        """Read a file written by :meth:`save`; ``ValueError`` if it is not one (any parse
+        failure, nesting too deep for the parser and rows that are not results included)."""
         with open(path, encoding="utf-8") as fh:
             try:
                 data = json.load(fh)
-            except json.JSONDecodeError as exc:
+            except ValueError as exc:  # JSONDecodeError, or text that is not UTF-8
                 raise ValueError(f"{path}: not JSON ({exc})") from None
+            except RecursionError:
+                raise ValueError(f"{path}: not JSON it can read (nested too deeply)") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{path}: not a speedflags bench result file (format {FORMAT!r})")
+        try:
+            results = [Result.from_dict(r) for r in data.get("results", [])]
+        except (TypeError, AttributeError) as exc:  # a row that is not a result's table
+            raise ValueError(f"{path}: not a speedflags bench result file (a row: {exc})") from None
         return cls(
             environment=data.get("environment", {}),
             settings=data.get("settings", {}),
-            results=[Result.from_dict(r) for r in data.get("results", [])],
+            results=results,
             interrupted=bool(data.get("interrupted", False)),
             flags_restored=bool(data.get("flags_restored", True)),
         )

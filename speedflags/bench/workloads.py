@@ -16,8 +16,9 @@ count, float64 reference, one :class:`~speedflags.bench.problems.Runner` per con
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -32,7 +33,7 @@ from .problems import Problem as Problem
 from .problems import Runner as Runner
 from .problems import SdpaProblem as SdpaProblem
 
-__all__ = ["WORKLOADS", "Problem", "Runner", "Workload"]
+__all__ = ["WORKLOADS", "Problem", "Runner", "Workload", "memory_bytes"]
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,43 @@ class Workload:
                 return config
         raise KeyError(f"{self.name} has no configuration {name!r}")
 
+    def memory(self, size: int, device_type: str) -> int:
+        """Bytes the problem holds at once at ``size``, at least (0: not estimated).
+
+        Example:
+            >>> from speedflags.bench.workloads import WORKLOADS
+            >>> WORKLOADS["matmul"].memory(1024, "cpu") // 2**20  # MiB
+            44
+        """
+        estimate: Optional[Callable[[int, str], int]] = getattr(self.build, "memory", None)
+        return estimate(size, device_type) if estimate is not None else 0
+
     def unavailable(self, device: torch.device) -> Optional[str]:
         """Why this workload cannot run on ``device``, or None."""
         if device.type not in self.devices:
             return f"{self.name} runs on {', '.join(self.devices)} only: {self.why_only}"
         if device.type == "cuda" and not torch.cuda.is_available():
             return f"{device}: {capabilities(device).bf16.reason}"
+        return None
+
+
+def memory_bytes(device: torch.device) -> Optional[int]:
+    """The memory ``device`` has: the GPU's, or the machine's RAM; None where unknown.
+
+    Total, not free: a size is refused only when it could never fit.
+
+    Example:
+        >>> import torch
+        >>> from speedflags.bench.workloads import memory_bytes
+        >>> memory_bytes(torch.device("cpu")) > 2**20
+        True
+    """
+    if device.type == "cuda":
+        properties: Any = torch.cuda.get_device_properties(device)  # untyped in 2.1's stubs
+        return int(properties.total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):  # not POSIX, or the system does not say
         return None
 
 

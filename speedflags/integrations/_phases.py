@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 
 from .._ledger import Frame, ledger
+from .._short_repr import short_repr
 from .._warn import user_stacklevel
 from ..errors import InvalidTypeError, InvalidValueError, SpeedflagsError, SpeedflagsWarning
 from ..fast_math import FastMath
@@ -54,23 +55,23 @@ def phase_levers(owner: str, argument: str, given: object) -> Levers:
         return {}
     if not isinstance(given, Mapping):
         raise InvalidTypeError(
-            f"{owner}({argument}={given!r}): expected a dict of fast_math arguments (for "
+            f"{owner}({argument}={short_repr(given)}): expected a dict of fast_math arguments (for "
             f"example {{'tf32': True, 'amp': 'bf16'}}) or None, got {type(given).__name__}"
         )
     levers = dict(given)
-    _check(owner, f"{argument}={levers!r}", levers)
+    _check(owner, f"{argument}={short_repr(levers)}", levers)
     return {name: value for name, value in levers.items() if value is not None}
 
 
 def _epoch(owner: str, key: object) -> int:
-    shown = f"{owner}(schedule={{{key!r}: ...}})"
+    shown = f"{owner}(schedule={{{short_repr(key)}: ...}})"
     if isinstance(key, int) and not isinstance(key, bool):
         epoch = key
     elif isinstance(key, str):  # YAML and JSON configs may give the epochs as strings
         try:
             epoch = int(key)
         except ValueError:
-            raise InvalidValueError(f"{shown}: epoch {key!r} is not an integer") from None
+            raise InvalidValueError(f"{shown}: epoch {short_repr(key)} is not an integer") from None
     else:
         raise InvalidTypeError(
             f"{shown}: expected a non-negative int epoch (or its string, as YAML may give), "
@@ -92,17 +93,18 @@ def schedule_entries(owner: str, schedule: object, train: Levers) -> Tuple[Entry
         return ()
     if not isinstance(schedule, Mapping):
         raise InvalidTypeError(
-            f"{owner}(schedule={schedule!r}): expected a dict of epoch -> fast_math arguments "
-            f"(or True/False for TF32), got {type(schedule).__name__}"
+            f"{owner}(schedule={short_repr(schedule)}): expected a dict of epoch -> "
+            f"fast_math arguments (or True/False for TF32), got {type(schedule).__name__}"
         )
     entries: Dict[int, Levers] = {}
     for key, value in schedule.items():
         epoch = _epoch(owner, key)
         if epoch in entries:
             raise InvalidValueError(
-                f"{owner}(schedule=...): epoch {epoch} is given twice ({key!r} and another key)"
+                f"{owner}(schedule=...): epoch {epoch} is given twice ({short_repr(key)} and "
+                "another key)"
             )
-        shown = f"schedule={{{key!r}: {value!r}}}"
+        shown = f"schedule={{{short_repr(key)}: {short_repr(value)}}}"
         if isinstance(value, bool):
             entry: Levers = {"tf32": value}
         elif value is None:
@@ -119,7 +121,8 @@ def schedule_entries(owner: str, schedule: object, train: Levers) -> Tuple[Entry
     out = []
     for epoch in sorted(entries):
         merged = {k: v for k, v in {**train, **entries[epoch]}.items() if v is not None}
-        _check(owner, f"schedule={{{epoch}: {entries[epoch]!r}}} over train={train!r}", merged)
+        shown = f"schedule={{{epoch}: {short_repr(entries[epoch])}}} over train={short_repr(train)}"
+        _check(owner, shown, merged)
         out.append((epoch, entries[epoch], merged))
     return tuple(out)
 

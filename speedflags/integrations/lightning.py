@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
 
 import torch
 
+from .._short_repr import short_repr
 from ..errors import InvalidTypeError
 from ._phases import (
     PhaseFrames,
@@ -135,7 +136,7 @@ class SpeedFlagsCallback(_Callback):
         phases = {phase: phase_levers(owner, phase, given[phase]) for phase in PHASES}
         if not isinstance(check_ranks, bool):
             raise InvalidTypeError(
-                f"{owner}(check_ranks={check_ranks!r}): expected True or False, got "
+                f"{owner}(check_ranks={short_repr(check_ranks)}): expected True or False, got "
                 f"{type(check_ranks).__name__}"
             )
         entries = schedule_entries(owner, schedule, phases["train"])
@@ -151,7 +152,7 @@ class SpeedFlagsCallback(_Callback):
         """The ``fast_math`` arguments ``phase`` applies (``train``: at ``epoch``)."""
         if phase not in PHASES:
             raise InvalidTypeError(
-                f"SpeedFlagsCallback.levers(phase={phase!r}): expected one of {PHASES}"
+                f"SpeedFlagsCallback.levers(phase={short_repr(phase)}): expected one of {PHASES}"
             )
         return self._phases.levers(phase, epoch)
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 import torch
 
+from .._short_repr import short_repr
 from .._warn import user_stacklevel
 from ..errors import InvalidTypeError, SpeedflagsWarning
 from ._phases import (
@@ -114,7 +115,7 @@ class SpeedFlagsCallback(_TrainerCallback):
         }
         if not isinstance(check_ranks, bool):
             raise InvalidTypeError(
-                f"{OWNER}(check_ranks={check_ranks!r}): expected True or False, got "
+                f"{OWNER}(check_ranks={short_repr(check_ranks)}): expected True or False, got "
                 f"{type(check_ranks).__name__}"
             )
         self._phases = PhaseFrames(OWNER, phases, check_ranks=check_ranks)
@@ -128,7 +129,7 @@ class SpeedFlagsCallback(_TrainerCallback):
         """The ``fast_math`` arguments of ``phase`` (``"train"`` or ``"evaluate"``)."""
         if phase not in ("train", "evaluate"):
             raise InvalidTypeError(
-                f"{OWNER}.levers(phase={phase!r}): expected 'train' or 'evaluate'"
+                f"{OWNER}.levers(phase={short_repr(phase)}): expected 'train' or 'evaluate'"
             )
         return self._phases.levers(phase)
 
@@ -151,7 +152,7 @@ class SpeedFlagsCallback(_TrainerCallback):
         handler = getattr(trainer, "callback_handler", None)
         if handler is None or not callable(getattr(trainer, "train", None)):
             raise InvalidTypeError(
-                f"{OWNER}.attach({trainer!r}): expected a transformers.Trainer, got "
+                f"{OWNER}.attach({short_repr(trainer)}): expected a transformers.Trainer, got "
                 f"{type(trainer).__name__}"
             )
         if getattr(trainer.train, _WRAPPED, None) is self:

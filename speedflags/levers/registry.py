@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -28,6 +29,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Unio
 import torch
 
 from .._sentinel import UNSET
+from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Lever, Scope
 from .autocast import AUTO, AutocastLever, validate_amp
@@ -97,9 +99,9 @@ class LeverSpec:
         try:
             return self.validate(value)
         except InvalidValueError as exc:
-            raise InvalidValueError(f"{call}({shown}={value!r}): {exc}") from None
+            raise InvalidValueError(f"{call}({shown}={short_repr(value)}): {exc}") from None
         except InvalidTypeError as exc:
-            raise InvalidTypeError(f"{call}({shown}={value!r}): {exc}") from None
+            raise InvalidTypeError(f"{call}({shown}={short_repr(value)}): {exc}") from None
 
     def describe_value(self, value: Any) -> Any:
         """A JSON-friendly view of a validated value (``torch.bfloat16`` -> ``"bfloat16"``)."""
@@ -243,7 +245,7 @@ def lever_spec(name: object, call: str = "speedflags") -> LeverSpec:
     """
     spec = _BY_NAME.get(name) if isinstance(name, str) else None
     if spec is None:
-        raise InvalidValueError(f"{call}: unknown lever {name!r}; valid: {valid_names()}")
+        raise InvalidValueError(f"{call}: unknown lever {short_repr(name)}; valid: {valid_names()}")
     return spec
 
 
@@ -269,7 +271,7 @@ def check_levers(call: str, given: Mapping[str, object]) -> Tuple[Tuple[str, Any
     unknown = [name for name in given if name not in _BY_NAME]
     if unknown:
         raise InvalidTypeError(
-            f"{call}() got an unexpected keyword argument {unknown[0]!r}; the levers are "
+            f"{call}() got an unexpected keyword argument {short_repr(unknown[0])}; the levers are "
             f"{valid_names()}, and the other arguments are keyword-only"
         )
     checked = tuple(
@@ -354,8 +356,14 @@ def document_levers(func: Callable[..., Any]) -> None:
     params = given[:first] + levers + given[first:]
     func.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     if func.__doc__ and "{levers}" in func.__doc__:
-        lines = []
-        for spec in REGISTRY:
-            lines.append(f"    {spec.name}: {spec.summary}. Accepts {spec.values}.")
-            lines.append(f"        Scope: {spec.scope}. Accuracy: {spec.accuracy}.")
-        func.__doc__ = func.__doc__.replace("    {levers}", "\n".join(lines))
+        # The entries go one level under the placeholder's own indentation, which Python 3.13
+        # strips from docstrings at compile time and older Pythons keep.
+        def entries(placeholder: re.Match[str]) -> str:
+            indent = placeholder.group(1) + "    "
+            lines = []
+            for spec in REGISTRY:
+                lines.append(f"{indent}{spec.name}: {spec.summary}. Accepts {spec.values}.")
+                lines.append(f"{indent}    Scope: {spec.scope}. Accuracy: {spec.accuracy}.")
+            return "\n".join(lines)
+
+        func.__doc__ = re.sub(r"^([ \t]*)\{levers\}$", entries, func.__doc__, flags=re.MULTILINE)

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence, Tuple
 import torch
 import torch._C as torch_C
 
+from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import capabilities
 from ._base import Effect, SimpleLever, verified
@@ -89,9 +90,11 @@ class SdpaLever(SimpleLever):
             elif isinstance(item, str):
                 name = item
             else:
-                raise InvalidTypeError(f"{item!r} is not a backend name; valid: {choices}")
+                raise InvalidTypeError(
+                    f"{short_repr(item)} is not a backend name; valid: {choices}"
+                )
             if name not in BACKENDS:
-                raise InvalidValueError(f"unknown backend {item!r}; valid: {choices}")
+                raise InvalidValueError(f"unknown backend {short_repr(item)}; valid: {choices}")
             if name in names:
                 raise InvalidValueError(f"backend {name!r} is listed twice")
             names.append(name)

@@ -16,8 +16,9 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, T
 
 import torch
 
+from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
-from ..hardware import DeviceLike, default_device, normalize_device
+from ..hardware import DeviceLike, default_device, missing_cuda, normalize_device
 from ..levers.registry import LEVER_NAMES, lever_spec
 from .compare import Plan
 from .files import load_levers
@@ -71,7 +72,9 @@ def tune(
             interrupted).
         levers: which levers to try: ``None`` for all (and ``"compile"``), a list of names
             (``["amp", "matmul_precision"]``, ``"compile"`` included or not), or a dict of
-            name to the values to try (``{"amp": ["bf16"], "sdpa": ["flash"]}``).
+            name to the values to try (``{"amp": ["bf16"], "sdpa": ["flash"]}``). One that
+            names nothing to try (``[]``, ``{}``, ``{"amp": []}``) is refused: nothing
+            would be measured, and "plain fp32 wins" would be a claim never tested.
         device: the device the levers target (default: the device of the first tensor
             found in the arguments or the modules, else CUDA if available, else CPU).
 
@@ -81,8 +84,10 @@ def tune(
         ``.plot()``.
 
     Raises:
-        InvalidValueError, InvalidTypeError: a bad argument (before anything runs), or a
-            reference that returns no tensor or a non-finite one.
+        InvalidValueError, InvalidTypeError: a bad argument (before anything runs; the
+            message names the argument, quotes at most ~200 characters of its value and
+            lists the valid choices), or a reference that returns no tensor or a non-finite
+            one.
 
     Scope: every call runs inside ``fast_math`` frames: the process-wide levers and the
     calling thread's autocast, each restored when the frame closes; after ``tune``
@@ -117,7 +122,7 @@ def run(
     """:func:`tune` with the step's arguments given apart, a progress callback (one line
     per step), and, for tests, another clock and timing plan."""
     if not callable(fn):
-        raise InvalidTypeError(f"tune(fn={fn!r}): expected the step to tune, a callable")
+        raise InvalidTypeError(f"tune(fn={short_repr(fn)}): expected the step to tune, a callable")
     budget = _positive("budget", budget)
     if seconds is not None:
         seconds = _positive("seconds", seconds)
@@ -142,11 +147,14 @@ def run(
 def _positive(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidTypeError(
-            f"tune({name}={value!r}): expected a positive number, got {type(value).__name__}"
+            f"tune({name}={short_repr(value)}): expected a positive number, "
+            f"got {type(value).__name__}"
         )
     number = float(value)
     if not (math.isfinite(number) and number > 0):
-        raise InvalidValueError(f"tune({name}={value!r}): expected a positive, finite number")
+        raise InvalidValueError(
+            f"tune({name}={short_repr(value)}): expected a positive, finite number"
+        )
     return number
 
 
@@ -162,7 +170,7 @@ def _wanted(levers: LeversArg) -> Tuple[Optional[Dict[str, Sequence[Any]]], bool
         items = [(name, None) for name in levers]
     else:
         raise InvalidTypeError(
-            f"tune(levers={levers!r}): expected None, a list of lever names or a dict of "
+            f"tune(levers={short_repr(levers)}): expected None, a list of lever names or a dict of "
             f"name to values; names: {_CHOICES}"
         )
     wanted: Dict[str, Sequence[Any]] = {}
@@ -172,7 +180,9 @@ def _wanted(levers: LeversArg) -> Tuple[Optional[Dict[str, Sequence[Any]]], bool
             try_compile = values is None or bool(values)
             continue
         if not isinstance(name, str) or name not in LEVER_NAMES:
-            raise InvalidValueError(f"tune(levers=...): unknown lever {name!r}; valid: {_CHOICES}")
+            raise InvalidValueError(
+                f"tune(levers=...): unknown lever {short_repr(name)}; valid: {_CHOICES}"
+            )
         spec = lever_spec(name, "tune")
         if values is None:
             wanted[name] = spec.candidates
@@ -180,8 +190,18 @@ def _wanted(levers: LeversArg) -> Tuple[Optional[Dict[str, Sequence[Any]]], bool
             wanted[name] = tuple(values)
         else:
             wanted[name] = (values,)
+        if not wanted[name]:
+            raise InvalidValueError(
+                f"tune(levers={{{name!r}: {short_repr(values)}}}): no value to try; give one "
+                f"or more of {spec.values}, or leave {name!r} out"
+            )
         for value in wanted[name]:  # refuse a bad value now, not after the reference ran
             spec.check("tune", value, f"levers[{name!r}]")
+    if not wanted and not try_compile:  # nothing would be measured, yet fp32 would "win"
+        raise InvalidValueError(
+            f"tune(levers={short_repr(levers)}): names nothing to try; give one or more of "
+            f"{_CHOICES}, or None for all"
+        )
     return wanted, try_compile
 
 
@@ -198,8 +218,9 @@ def _device(
                 if given is not None:
                     break
     target = given or default_device()
-    if target.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidValueError(f"tune(device={str(target)!r}): CUDA is not available here")
+    missing = missing_cuda(target)
+    if missing is not None:
+        raise InvalidValueError(f"tune(device={str(target)!r}): {missing}")
     return target
 
 

@@ -5,9 +5,23 @@
 stdout and its progress on stderr, and can save the choice (``--out``) and a plot
 (``--plot``).
 
-Exit status: 0 done; 2 bad usage: a missing file, a factory that does not exist, fails or
-returns the wrong shape, a budget or time bound that is not a positive number, an output
-file type that cannot be written; 130 stopped with Ctrl-C.
+Exit status:
+
+- 0: done.
+- 2: bad usage, refused before anything is measured, in one line naming the option: a
+  missing file, a factory that does not exist, fails or returns the wrong shape, a budget
+  or time bound that is not a positive finite number, ``--levers`` naming no lever or an
+  unknown one, an output (``--out``, ``--plot``) of the wrong file type or in a place that
+  cannot be written. Also an output that could not be written after all (the results are
+  printed first).
+- 3: the step itself raised (in the plain fp32 reference, or while fp32 was timed): its
+  traceback is printed, as it is the user's code that failed. A candidate whose call
+  raises is only rejected, with the reason in its row.
+- 130: stopped with Ctrl-C; every flag is restored.
+
+Output files: ``--out`` and ``--plot`` are checked before the run (their file type, and
+that the file can be written); a missing folder is created, with its parents, when the
+file is written, as ``bench --json`` and ``bench --plot`` do.
 """
 
 from __future__ import annotations
@@ -18,10 +32,17 @@ import json
 import math
 import os
 import sys
+import traceback
 from types import ModuleType
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
+from .._short_repr import short_repr
+from ..levers.registry import LEVER_NAMES
+from .search import COMPILE
+
 __all__ = ["add_parser", "command", "load_factory"]
+
+STEP_RAISED = 3  # the exit status when the user's own step raises
 
 EXAMPLE = """\
 example (steps.py):
@@ -49,9 +70,9 @@ def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a number") from None
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a positive number")
+        raise argparse.ArgumentTypeError(f"{short_repr(text)}: must be a positive, finite number")
     return value
 
 
@@ -76,25 +97,36 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--levers",
         default=None,
-        help="comma-separated levers to try (default: all, and compile)",
+        help="comma-separated levers to try, at least one (default: all, and compile): "
+        + ", ".join(sorted((*LEVER_NAMES, COMPILE))),
     )
     parser.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: the arguments' device)"
     )
-    parser.add_argument("--out", metavar="PATH", help="save the choice (.json, .toml, .yaml)")
-    parser.add_argument("--plot", metavar="PATH", help="write a speed-against-error PNG")
+    parser.add_argument(
+        "--out",
+        metavar="PATH",
+        help="save the choice (.json, .toml, .yaml); checked before the run, a missing "
+        "folder is created",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a speed-against-error plot (.png, .svg, .pdf; needs matplotlib); checked "
+        "before the run, a missing folder is created",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return parser
 
 
 def _import_file(path: str) -> ModuleType:
     if not os.path.isfile(path):
-        raise UsageError(f"no such file: {path!r}")
+        raise UsageError(f"no such file: {short_repr(path)}")
     stem = os.path.splitext(os.path.basename(path))[0]
     name = f"_speedflags_tune_{stem}" if stem.isidentifier() else "_speedflags_tune_target"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise UsageError(f"{path!r} is not a Python file")
+        raise UsageError(f"{short_repr(path)} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look the module up by name
     folder = os.path.dirname(os.path.abspath(path))
@@ -118,13 +150,15 @@ def load_factory(target: str) -> Tuple[Callable[..., Any], Tuple[Any, ...], Dict
     """
     path, _, factory = target.rpartition(":")
     if not path or not factory.isidentifier():
-        raise UsageError(f"{target!r}: expected FILE.py:FACTORY, such as steps.py:make_step")
+        raise UsageError(
+            f"{short_repr(target)}: expected FILE.py:FACTORY, such as steps.py:make_step"
+        )
     module = _import_file(path)
     make = getattr(module, factory, None)
     if make is None:
         found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
         raise UsageError(
-            f"{path} has no {factory!r}; its callables: {', '.join(found) or '(none)'}"
+            f"{path} has no {short_repr(factory)}; its callables: {', '.join(found) or '(none)'}"
         )
     if not callable(make):
         raise UsageError(f"{path}:{factory} is a {type(make).__name__}, not a function")
@@ -146,20 +180,65 @@ def load_factory(target: str) -> Tuple[Callable[..., Any], Tuple[Any, ...], Dict
     return fn, tuple(args), dict(kwargs)
 
 
+def _lever_names(text: Optional[str]) -> Optional[Sequence[str]]:
+    """``--levers a,b`` as names, refused now (not after the factory ran) if it names none
+    or an unknown one."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    valid = sorted((*LEVER_NAMES, COMPILE))
+    shown = f"--levers {short_repr(text)}"
+    if not names:
+        raise UsageError(f"{shown}: names no lever to try; valid: {', '.join(valid)}")
+    unknown = [name for name in names if name not in valid]
+    if unknown:
+        raise UsageError(
+            f"{shown}: unknown lever {short_repr(unknown[0])}; valid: {', '.join(valid)}"
+        )
+    return names
+
+
+def _check_device(text: Optional[str]) -> None:
+    from ..hardware import missing_cuda, normalize_device
+
+    device = normalize_device(text, "tune")
+    missing = None if device is None else missing_cuda(device)
+    if missing is not None:
+        raise UsageError(f"--device {short_repr(text)}: {missing}")
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse an output that cannot be written before the run, not after it."""
+    from .._output_paths import check_output
+    from ..bench.plot import PLOT_SUFFIXES
     from .files import FORMATS, YAML_MISSING
 
     if args.out:
+        check_output(args.out, "--out", FORMATS)
         suffix = os.path.splitext(args.out)[1].lower()
-        if suffix not in FORMATS:
-            raise UsageError(f"--out {args.out!r}: unknown file type; valid: {', '.join(FORMATS)}")
         if suffix in (".yaml", ".yml") and importlib.util.find_spec("yaml") is None:
-            raise UsageError(f"--out {args.out!r}: {YAML_MISSING}")
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        from .result import PLOT_MISSING
+            raise UsageError(f"--out {short_repr(args.out)}: {YAML_MISSING}")
+    if args.plot:
+        if importlib.util.find_spec("matplotlib") is None:
+            from .result import PLOT_MISSING
 
-        raise UsageError(f"--plot: {PLOT_MISSING}")
+            raise UsageError(f"--plot: {PLOT_MISSING}")
+        check_output(args.plot, "--plot", PLOT_SUFFIXES)
+
+
+def _write_outputs(args: argparse.Namespace, result: Any) -> int:
+    """Save and plot as asked; 2 if a file could not be written after all (checked before)."""
+    try:
+        if args.out:
+            result.save(args.out)
+            print(f"tune: levers saved to {args.out}", file=sys.stderr)
+        if args.plot:
+            points = result.plot(args.plot)
+            print(f"tune: plot {args.plot} ({points} points)", file=sys.stderr)
+    except OSError as exc:
+        print(f"speedflags tune: could not write an output: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def command(args: argparse.Namespace) -> int:
@@ -170,12 +249,15 @@ def command(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"tune: {line}", file=sys.stderr, flush=True)
 
-    levers: Optional[Sequence[str]] = None
-    if args.levers is not None:
-        levers = [name.strip() for name in args.levers.split(",") if name.strip()]
-    try:
+    try:  # everything the command line says is checked before the user's file is imported
+        levers = _lever_names(args.levers)
+        _check_device(args.device)
         _check_outputs(args)
         fn, fn_args, fn_kwargs = load_factory(args.target)
+    except (UsageError, SpeedflagsError) as exc:
+        print(f"speedflags tune: {exc}", file=sys.stderr)
+        return 2
+    try:
         result = run(
             fn,
             fn_args,
@@ -192,11 +274,13 @@ def command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("speedflags tune: interrupted (Ctrl-C); every flag is restored", file=sys.stderr)
         return 130
+    except Exception as exc:  # the user's step raised: its traceback is theirs to read
+        traceback.print_exc()
+        print(
+            f"speedflags tune: the step raised {type(exc).__name__} (traceback above); "
+            "every flag is restored",
+            file=sys.stderr,
+        )
+        return STEP_RAISED
     print(json.dumps(result.to_dict(), indent=2) if args.json else result)
-    if args.out:
-        result.save(args.out)
-        print(f"tune: levers saved to {args.out}", file=sys.stderr)
-    if args.plot:
-        points = result.plot(args.plot)
-        print(f"tune: plot {args.plot} ({points} points)", file=sys.stderr)
-    return 0
+    return _write_outputs(args, result)

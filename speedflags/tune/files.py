@@ -21,6 +21,8 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 import torch
 
+from .._output_paths import make_parent_folder
+from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ..levers.autocast import _BY_NAME as _AMP_NAMES
 from ..levers.registry import LEVER_NAMES, check_levers, lever_spec
@@ -67,11 +69,22 @@ def plain_levers(checked: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
     return {name: plain_value(name, value) for name, value in checked}
 
 
-def _suffix(path: PathLike, call: str) -> str:
-    suffix = os.path.splitext(os.fspath(path))[1].lower()
+def _text_path(path: object, call: str) -> str:
+    """``path`` as a str, or ``InvalidTypeError`` naming ``call`` and its ``path`` argument."""
+    given = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(given, str):
+        raise InvalidTypeError(
+            f"{call}(path={short_repr(path)}): expected a str or os.PathLike path to a "
+            f".json, .toml or .yaml file, got {type(path).__name__}"
+        )
+    return given
+
+
+def _suffix(path: str, call: str) -> str:
+    suffix = os.path.splitext(path)[1].lower()
     if suffix not in FORMATS:
         raise InvalidValueError(
-            f"{call}({os.fspath(path)!r}): unknown file type {suffix or '(none)'!r}; "
+            f"{call}({short_repr(path)}): unknown file type {short_repr(suffix or '(none)')}; "
             f"valid: {', '.join(FORMATS)}"
         )
     return suffix
@@ -85,31 +98,47 @@ def _yaml() -> Any:
 
 
 def write_file(path: PathLike, data: Mapping[str, Any]) -> None:
-    """Write ``data`` (tables of scalars, lists and flat tables) as JSON, TOML or YAML."""
-    suffix = _suffix(path, "TuneResult.save")
+    """Write ``data`` (tables of scalars, lists and flat tables) as JSON, TOML or YAML.
+
+    A missing folder is created, with its parents, as ``bench --json`` does.
+    """
+    suffix = _suffix(_text_path(path, "TuneResult.save"), "TuneResult.save")
     if suffix == ".json":
         text = json.dumps(data, indent=2) + "\n"
     elif suffix == ".toml":
         text = to_toml(data)
     else:
         text = _yaml().safe_dump(dict(data), sort_keys=False)
+    make_parent_folder(path)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
 
 
 def read_file(path: PathLike, call: str = "load_levers") -> Dict[str, Any]:
-    """The mapping a JSON, TOML or YAML file holds."""
-    suffix = _suffix(path, call)
-    shown = f"{call}({os.fspath(path)!r})"
+    """The mapping a JSON, TOML or YAML file holds.
+
+    Every parse failure is an ``InvalidValueError`` naming the file: a syntax error, text
+    that is not UTF-8, a number too long to convert, nesting too deep for the parser.
+    """
+    text_path = _text_path(path, call)
+    suffix = _suffix(text_path, call)
+    shown = f"{call}({short_repr(text_path)})"
+    kind = "YAML" if suffix in (".yaml", ".yml") else suffix[1:].upper()
     try:
         if suffix == ".toml":
-            with open(path, "rb") as fb:
+            with open(text_path, "rb") as fb:
                 data = _tomllib().load(fb)
         else:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh) if suffix == ".json" else _yaml().safe_load(fh)
-    except ValueError as exc:  # JSON and TOML decode errors are ValueErrors
-        raise InvalidValueError(f"{shown}: not valid {suffix[1:].upper()}: {exc}") from None
+            loader = json.load if suffix == ".json" else _yaml().safe_load
+            with open(text_path, encoding="utf-8") as fh:
+                data = loader(fh)
+    except ValueError as exc:  # JSON and TOML decode errors, bad UTF-8, too long an int
+        raise InvalidValueError(f"{shown}: not valid {kind}: {exc}") from None
+    except RecursionError:  # each parser recurses once per nesting level
+        raise InvalidValueError(
+            f"{shown}: not valid {kind}: nested too deeply to read (a lever file is two "
+            "tables deep)"
+        ) from None
     except Exception as exc:
         if type(exc).__module__.startswith("yaml"):
             raise InvalidValueError(f"{shown}: not valid YAML: {exc}") from None
@@ -142,9 +171,12 @@ def load_levers(path: PathLike) -> Dict[str, Any]:
     Scope: reads a file; changes and restores no flag.
 
     Raises:
-        InvalidValueError: an unknown suffix, a file that does not parse, or a bad value
-            (the message names the file, the lever and the valid values).
-        InvalidTypeError: a name that is not a lever.
+        InvalidValueError: an unknown suffix, a file that does not parse (any parse
+            failure, nesting too deep for the parser included), or a bad value (the
+            message names the file, the lever and the valid values).
+        InvalidTypeError: a name that is not a lever, or a ``path`` that is not a str or
+            ``os.PathLike`` (``load_levers(path=None): expected a str or os.PathLike path
+            to a .json, .toml or .yaml file, got NoneType``).
         FileNotFoundError: no such file.
         ImportError: a ``.yaml`` file without PyYAML.
 
@@ -160,15 +192,17 @@ def load_levers(path: PathLike) -> Dict[str, Any]:
         ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype  # autocast on
         torch.bfloat16
     """
-    call = f"load_levers({os.fspath(path)!r})"
-    data = read_file(path)
+    text_path = _text_path(path, "load_levers")
+    call = f"load_levers({short_repr(text_path)})"
+    data = read_file(text_path)
     levers = data.get("levers", data if "tune" not in data else {})
     if not isinstance(levers, dict):
         raise InvalidValueError(f"{call}: 'levers' must be a table, got {type(levers).__name__}")
     unknown = [name for name in levers if name not in LEVER_NAMES]
     if unknown:
         raise InvalidTypeError(
-            f"{call}: {unknown[0]!r} is not a lever; valid: {', '.join(sorted(LEVER_NAMES))}"
+            f"{call}: {short_repr(unknown[0])} is not a lever; "
+            f"valid: {', '.join(sorted(LEVER_NAMES))}"
         )
     return plain_levers(check_levers(call, levers))
 
@@ -200,7 +234,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, Mapping):
         items = (f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None)
         return "{" + ", ".join(items) + "}"
-    raise InvalidTypeError(f"TOML cannot hold {type(value).__name__} ({value!r})")
+    raise InvalidTypeError(f"TOML cannot hold {type(value).__name__} ({short_repr(value)})")
 
 
 def to_toml(data: Mapping[str, Any]) -> str:

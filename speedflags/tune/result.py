@@ -142,11 +142,13 @@ class TuneResult:
         """Write the choice and the rows to ``path``: ``.json``, ``.toml`` or ``.yaml``.
 
         :func:`speedflags.load_levers` reads the choice back. YAML needs PyYAML
-        (``pip install 'speedflags[yaml]'``), imported only here.
+        (``pip install 'speedflags[yaml]'``), imported only here. A missing folder is
+        created, with its parents.
 
         Raises:
             InvalidValueError: another suffix (the message lists the valid ones).
             ImportError: ``.yaml`` without PyYAML.
+            OSError: the file cannot be written.
         """
         write_file(path, self.to_dict())
 
@@ -155,7 +157,8 @@ class TuneResult:
 
         One point per measured candidate (the chosen one highlighted), fp32 at (0, 1x), the
         budget as a vertical line. matplotlib is an optional extra
-        (``pip install 'speedflags[plot]'``), imported only here.
+        (``pip install 'speedflags[plot]'``), imported only here. A missing folder is
+        created, with its parents.
 
         Raises:
             ImportError: matplotlib is not installed (the message says how to install it).

@@ -1,0 +1,94 @@
+"""``short_repr``: a user's value quoted in an error message, at most ~200 characters.
+
+Every validation message that quotes the value it refuses goes through :func:`short_repr`,
+so that ``fast_math(sdpa=["flash"] * 1_000_000)`` says what is wrong in one line instead of
+building a 9 MB message. The work is bounded too: containers are walked through ``reprlib``
+(a few dozen items, a few levels deep), never ``repr()``'d whole.
+
+Torch-free and free of speedflags imports: ``errors``, the levers and the command line all
+use it.
+
+Example:
+    >>> from speedflags._short_repr import short_repr
+    >>> short_repr("bf17"), short_repr({"amp": "bf16", "tf32": True})
+    ("'bf17'", "{'amp': 'bf16', 'tf32': True}")
+    >>> shown = short_repr(["flash"] * 1_000_000)
+    >>> len(shown) <= 240, shown.endswith("(1000000 items)")
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import reprlib
+from itertools import islice
+from typing import Any
+
+__all__ = ["SHOWN_CHARS", "short_repr"]
+
+SHOWN_CHARS = 200  # of a value quoted in a message (a length note may follow)
+_ITEMS = 24  # items of a list, tuple, set or dict shown before "..."
+
+
+class _Bounded(reprlib.Repr):
+    """``reprlib.Repr`` with generous limits and dicts in their own order (not sorted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 4
+        self.maxtuple = self.maxlist = self.maxarray = self.maxdeque = _ITEMS
+        self.maxset = self.maxfrozenset = _ITEMS
+        self.maxdict = _ITEMS
+        self.maxstring = self.maxlong = self.maxother = SHOWN_CHARS
+
+    def repr_dict(self, x: Any, level: int) -> str:
+        # reprlib sorts the keys; a message should show the dict as the user wrote it
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [
+            f"{self.repr1(key, level - 1)}: {self.repr1(x[key], level - 1)}"
+            for key in islice(x, self.maxdict)
+        ]
+        more = ", ..." if len(x) > self.maxdict else ""
+        return "{" + ", ".join(items) + more + "}"
+
+
+_REPR = _Bounded()
+
+
+def short_repr(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` cut to at most ``limit`` characters, with the length of a long value.
+
+    Equal to ``repr(value)`` for the values a message usually quotes (strings, numbers,
+    short lists and dicts); a longer one is cut with ``...`` and followed by its length
+    (``(1000000 items)``, ``(5000 characters)``). Never raises: a value whose ``repr``
+    fails is shown by its type.
+
+    Example:
+        >>> from speedflags._short_repr import short_repr
+        >>> shown = short_repr("x" * 1000)
+        >>> len(shown) <= 220, shown.endswith("xx' (1000 characters)")
+        (True, True)
+        >>> short_repr(("flash", "flash"))
+        "('flash', 'flash')"
+    """
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a broken __repr__, a too-large int: say what it is, not what it holds
+        return f"<{type(value).__name__} object>"
+    if len(text) > limit:
+        text = text[: max(limit - 3, 0)] + "..."
+    size = _length(value)
+    if isinstance(value, (str, bytes)) and size > limit:
+        text += f" ({size} characters)"
+    elif size > _ITEMS and isinstance(value, (list, tuple, set, frozenset, dict)):
+        text += f" ({size} items)"
+    return text
+
+
+def _length(value: object) -> int:
+    try:
+        return len(value)  # type: ignore[arg-type]
+    except Exception:
+        return 0

@@ -1,0 +1,168 @@
+"""What a user installs: the wheel and the sdist (their files, licence and metadata), the
+README as a package index shows it, and the command line's output where NumPy is absent."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Dict, Iterator, Set
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# What the sdist must carry besides the package: its tests run from it (conftest, helpers,
+# and the files they read), and a user reads the docs and runs the examples.
+SDIST_FOLDERS = ("tests", "docs", "examples", "benchmarks", ".ci")
+SDIST_FILES = ("LICENSE", "README.md", "Makefile", "setup.cfg", "pyproject.toml")
+SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".benchmarks"}
+
+needs_build = pytest.mark.skipif(
+    importlib.util.find_spec("build") is None or importlib.util.find_spec("setuptools") is None,
+    reason="needs the dev extra (build, setuptools): pip install -e '.[dev]'",
+)
+
+
+def _source_files() -> Set[str]:
+    """The repository's files that the sdist must hold, as sdist-relative paths."""
+    found = set(SDIST_FILES)
+    for folder in SDIST_FOLDERS:
+        for path in (ROOT / folder).rglob("*"):
+            relative = path.relative_to(ROOT)
+            skipped = SKIPPED_PARTS & set(relative.parts) or path.suffix in (".pyc", ".pyo")
+            if path.is_file() and not skipped:
+                found.add(relative.as_posix())
+    return found
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+    """The sdist and the wheel `python -m build` makes of this tree (once per session)."""
+    out = tmp_path_factory.mktemp("dist")
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sdists = list(out.glob("*.tar.gz"))
+    wheels = list(out.glob("*.whl"))
+    assert len(sdists) == 1 and len(wheels) == 1, sorted(p.name for p in out.iterdir())
+    return {"sdist": sdists[0], "wheel": wheels[0]}
+
+
+def _sdist_names(sdist: Path) -> Set[str]:
+    with tarfile.open(sdist) as tar:
+        return {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+
+
+@needs_build
+def test_the_sdist_holds_the_licence_readme_docs_examples_and_the_whole_test_suite(
+    dist: Dict[str, Path],
+) -> None:
+    names = _sdist_names(dist["sdist"])
+    missing = sorted(_source_files() - names)
+    assert not missing, f"not in the sdist: {missing}"
+    assert "tests/conftest.py" in names and "speedflags/py.typed" in names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+@needs_build
+def test_the_wheel_holds_the_package_and_the_licence_and_no_tests(
+    dist: Dict[str, Path],
+) -> None:
+    with zipfile.ZipFile(dist["wheel"]) as whl:
+        names = whl.namelist()
+        metadata = next(whl.read(n) for n in names if n.endswith(".dist-info/METADATA"))
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    tops = {n.split("/", 1)[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"speedflags"}
+    package = {n for n in names if n.startswith("speedflags/")}
+    expected = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "speedflags").rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    assert expected | {"speedflags/py.typed"} == package
+    text = metadata.decode()
+    assert re.search(r"^License(-Expression)?: MIT$", text, re.MULTILINE), text[:2000]
+
+
+@needs_build
+def test_the_tests_run_from_the_unpacked_sdist(dist: Dict[str, Path], tmp_path: Path) -> None:
+    with tarfile.open(dist["sdist"]) as tar:
+        # our own freshly built archive; the "data" filter where this Python has it
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(tmp_path, **safe)  # noqa: S202
+    (tree,) = tmp_path.iterdir()
+    # The unpacked package is the one imported there (the current directory comes first).
+    where = subprocess.run(
+        [sys.executable, "-c", "import speedflags; print(speedflags.__file__)"],
+        cwd=tree, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    assert Path(where.stdout.strip()).resolve().is_relative_to(tree.resolve())
+    # Every test module imports (conftest and helpers present), and a few files run whole.
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    collected = subprocess.run(
+        [*run, "--collect-only"], cwd=tree, capture_output=True, text=True, timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
+    assert re.search(r"^\d+ tests collected", collected.stdout, re.MULTILINE)
+    ran = subprocess.run(
+        [*run, "tests/test_package.py", "tests/test_restore.py", "tests/test_fp32_model.py"],
+        cwd=tree, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    assert " passed" in ran.stdout and " failed" not in ran.stdout
+
+
+def _links(markdown: str) -> Iterator[str]:
+    for match in re.finditer(r"\]\(([^)\s]+)\)|<(https?://[^>]+)>|^\[[^\]]+\]:\s*(\S+)",
+                             markdown, re.MULTILINE):  # fmt: skip
+        yield next(group for group in match.groups() if group)
+
+
+def test_the_readme_links_resolve_on_a_package_index_page() -> None:
+    # A package index shows the README alone: a relative link (to a file of the repository)
+    # or an anchor of a heading (#x, which GitHub makes and an index may not) goes nowhere.
+    links = list(_links((ROOT / "README.md").read_text(encoding="utf-8")))
+    assert [link for link in links if not link.startswith(("https://", "http://"))] == []
+
+
+NUMPY_ABSENT = "import sys; sys.modules['numpy'] = None  # every import of numpy fails\n"
+
+
+def _stderr_without_numpy(code: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", NUMPY_ABSENT + code],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stderr
+
+
+def test_without_numpy_torch_itself_warns() -> None:
+    # The check below means something only if the warning is there to be hidden.
+    assert "Failed to initialize NumPy" in _stderr_without_numpy("import torch")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # python -m speedflags report
+        "import runpy; sys.argv = ['speedflags', 'report']; "
+        "runpy.run_module('speedflags', run_name='__main__', alter_sys=True)",
+        # the `speedflags` console script (its entry point)
+        "from speedflags.__main__ import main; sys.argv = ['speedflags', 'report']; main()",
+    ],
+    ids=["python -m speedflags", "console script"],
+)
+def test_the_command_line_prints_no_numpy_warning_without_numpy(code: str) -> None:
+    assert "NumPy" not in _stderr_without_numpy(code)
