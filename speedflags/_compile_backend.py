@@ -51,6 +51,16 @@ class GuardedBackend:
             self._on_failure(exc)
             return gm.forward  # this graph runs eagerly; the rest of the call goes on
 
+    def __eq__(self, other: object) -> bool:
+        # As torch.compile's own backend wrappers: equal when they compile alike. PyTorch 2.1
+        # warns "changing options to `torch.compile()`" whenever a compiled function's
+        # backend differs from the one called before it (two steps compiled alike, say).
+        if not isinstance(other, GuardedBackend):
+            return NotImplemented
+        return bool(self._inner == other._inner) and self._signals == other._signals
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and mutable: as torch's
+
     def reset(self) -> None:
         reset = getattr(self._inner, "reset", None)
         if reset is not None:

@@ -35,8 +35,9 @@ __all__ = ["SuppressedErrors", "backward_compile_failed", "compile_failure", "de
 _DYNAMO_DIR = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "_dynamo") + os.sep
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _CONVERT_FRAME = _DYNAMO_DIR + "convert_frame.py"
-# dynamo's record of a frame it gives up on: "WON'T CONVERT <name> <file> line <first line>"
-_WONT_CONVERT = re.compile(r"WON'T CONVERT (\S+) (.+?) line (\d+)")
+# dynamo's record of a frame it gives up on: "WON'T CONVERT <name> <file> line <first line>";
+# the name of a resume function has spaces in PyTorch 2.1 ("<resume in train>")
+_WONT_CONVERT = re.compile(r"WON'T CONVERT (<[^>]*>|\S+) (.+?) line (\d+)")
 _Where = Tuple[str, str, int]
 
 

@@ -189,9 +189,11 @@ class FlagLedger(LedgerRecovery):
         if token is None:
             token = self._thread_token(tid)
         loop = _get_running_loop()
+        # mypy < 2 (Python 3.9's) types _get_running_loop without None: "always false"
+        task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
         frame = Frame(
             label, owner, where, device, program, tid, _current_thread().name,
-            None if loop is None else _current_task(loop), _rank_source(), token,
+            task, _rank_source(), token,
         )  # fmt: skip
         befores = frame.befores
         afters = frame.afters

@@ -40,6 +40,7 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
 import torch
+import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 from . import _ledger as _ledger_module
 from . import _own_writes, _warn
@@ -119,12 +120,12 @@ class _Watcher:
     def _install(self) -> None:
         wrappers: Dict[int, Tuple[Any, Any]] = {}  # id(original) -> (original, wrapper)
         for setter in SETTERS.values():
-            original = getattr(torch._C, setter.name, None)
+            original = getattr(torch_C, setter.name, None)
             if original is None:
                 continue
             wrapper = self._wrap(original, setter)
             wrappers[id(original)] = (original, wrapper)
-            self._patch(torch._C, setter.name, wrapper)
+            self._patch(torch_C, setter.name, wrapper)
             if getattr(torch, setter.name, None) is original:  # re-exported: torch.set_autocast_*
                 self._patch(torch, setter.name, wrapper)
         # The torch.backends module classes' descriptors (ContextProp) that hold a setter

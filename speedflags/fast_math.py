@@ -197,6 +197,9 @@ class FastMath:
             shown = f"{name}={lever.describe_value(value)!r}"
             if not effect.effective and self._strict:
                 refusals.append(f"{shown}: {effect.reason}")
+            if effect.unsupported:  # this PyTorch would raise: recorded as skipped instead
+                skipped.append((name, f"{shown}: {effect.reason}"))
+                continue
             if effect.slow:
                 slow.append(
                     (
@@ -337,7 +340,9 @@ def fast_math(
             ``None`` or absent leaves the lever unchanged.
         device: the device the levers target (default: CUDA if available, else CPU).
         strict: refuse (``LeverUnavailableError``) a lever with no native effect on the
-            device instead of applying it and recording why it has none.
+            device instead of applying it and recording why it has none. A value this
+            PyTorch refuses on the device (fp16 CPU autocast on PyTorch 2.1) is never
+            applied: without ``strict`` it is recorded as skipped, with the reason.
         label: the frame's name in the ledger's history.
         check_ranks: at the first entry (the first one while a ``torch.distributed``
             process group exists), after applying the levers, check that every rank runs

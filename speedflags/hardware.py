@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional, Tuple, Union
 
 import torch
+import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
@@ -328,7 +329,7 @@ def _cuda_capabilities(device: torch.device) -> Capabilities:
         efficient = Capability(False, f"{name} is {sm}; memory-efficient attention needs sm50+")
 
     cudnn_version = cudnn_version_or_none()
-    if not hasattr(torch._C, "_set_sdp_use_cudnn"):
+    if not hasattr(torch_C, "_set_sdp_use_cudnn"):
         cudnn = Capability(False, f"PyTorch {torch.__version__} has no cuDNN attention backend")
     elif cudnn_version is None or cudnn_version < 90000:
         cudnn = Capability(False, f"cuDNN attention needs cuDNN 9; found {cudnn_version}")
@@ -364,7 +365,8 @@ def cudnn_version_or_none() -> Optional[int]:
 
 
 def _rocm_bf16() -> bool:
+    is_bf16_supported: Any = torch.cuda.is_bf16_supported  # untyped, no argument, in 2.1
     try:
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        return bool(is_bf16_supported(including_emulation=False))
     except TypeError:  # PyTorch before the including_emulation argument
-        return bool(torch.cuda.is_bf16_supported())
+        return bool(is_bf16_supported())

@@ -86,8 +86,8 @@ def autocast(dtype: AmpArg, device: DeviceLike = None, *, strict: bool = False) 
     Example:
         >>> import torch, speedflags
         >>> with speedflags.autocast("bf16", device="cpu"):
-        ...     torch.get_autocast_dtype("cpu"), torch.is_autocast_enabled("cpu")
-        (torch.bfloat16, True)
+        ...     speedflags.snapshot()["amp"]["cpu"], (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+        ({'enabled': True, 'dtype': 'bfloat16'}, torch.bfloat16)
     """
     lever_spec("amp").check("autocast", dtype, "dtype")
     label_device = (

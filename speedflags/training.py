@@ -21,7 +21,7 @@ from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import AmpArg, _resolve_auto
 from .hardware import DeviceLike, capabilities, resolve_device
-from .levers.autocast import AUTO
+from .levers.autocast import AUTO, CPU_FP16_MISSING, cpu_autocast_takes_fp16
 from .levers.registry import lever_spec
 
 __all__ = ["fast_optimizer", "grad_scaler", "to_device"]
@@ -31,6 +31,11 @@ T = TypeVar("T")
 
 
 # --- GradScaler ---------------------------------------------------------------------------
+
+# torch.amp.GradScaler (PyTorch 2.3+) takes the device type; before it, torch.cuda.amp's is the
+# only one (CUDA; a disabled one passes everything through on any device).
+_AMP_SCALER: Any = getattr(torch.amp, "GradScaler", None)
+_CUDA_SCALER: Any = getattr(torch.cuda.amp, "GradScaler", None)
 
 
 def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
@@ -44,7 +49,8 @@ def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
     (``_amp_foreach_non_finite_check_and_unscale_cuda not implemented for 'BFloat16'``).
     No autocast (``amp=False``) needs no scaler either. A disabled scaler's ``scale()``,
     ``step()`` and ``update()`` pass straight through, so one training loop serves every
-    dtype.
+    dtype. fp16 on a CPU gets an enabled scaler from PyTorch 2.3 (``torch.amp.GradScaler``);
+    before, there is none for the CPU (and PyTorch 2.1's CPU autocast runs no fp16 at all).
 
     Args:
         amp: the autocast dtype the loop uses, as ``fast_math``'s ``amp``: ``"bf16"``,
@@ -54,18 +60,21 @@ def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
         **kwargs: passed to ``GradScaler`` (``init_scale``, ``growth_interval``, ...).
 
     Returns:
-        A ``torch.amp.GradScaler`` for ``device``'s type; its choice (enabled or not, and
-        why) is recorded in the ledger's history.
+        A ``torch.amp.GradScaler`` for ``device``'s type (before PyTorch 2.3, which has
+        none for the CPU, a ``torch.cuda.amp.GradScaler``: enabled only for CUDA); its
+        choice (enabled or not, and why) is recorded in the ledger's history.
 
     Raises:
         InvalidValueError, InvalidTypeError: for a bad ``amp`` or ``device``.
 
     Example:
-        >>> import speedflags
-        >>> speedflags.grad_scaler("bf16", device="cpu").is_enabled()
-        False
-        >>> speedflags.grad_scaler("fp16", device="cpu").is_enabled()
-        True
+        >>> import torch, speedflags
+        >>> scaler = speedflags.grad_scaler("bf16", device="cpu")
+        >>> loss = torch.tensor(2.0)
+        >>> scaler.is_enabled(), scaler.scale(loss) is loss
+        (False, True)
+        >>> speedflags.ledger().history[-1].reason
+        "bf16 has float32's exponent range: no loss scaling needed"
     """
     dtype = lever_spec("amp").check("grad_scaler", amp)
     target = resolve_device(device, "grad_scaler")
@@ -80,14 +89,17 @@ def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
         enabled, reason = False, "bf16 has float32's exponent range: no loss scaling needed"
     elif target.type == "cuda" and not torch.cuda.is_available():
         enabled, reason = False, f"fp16 on {target}, but {capabilities(target).fp16.reason}"
+    elif target.type == "cpu" and not cpu_autocast_takes_fp16():
+        enabled, reason = False, f"no fp16 gradients on cpu: {CPU_FP16_MISSING}"
+    elif target.type == "cpu" and _AMP_SCALER is None:
+        enabled, reason = False, f"PyTorch {torch.__version__} has no GradScaler for the CPU"
     else:
         enabled, reason = True, "fp16 gradients underflow without loss scaling"
     reason = f"{why}; {reason}" if why else reason
-    scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
-    if scaler_cls is not None:
-        scaler = scaler_cls(target.type, enabled=enabled, **kwargs)
-    else:  # pragma: no cover - PyTorch before 2.3: the CUDA-only scaler
-        scaler = torch.cuda.amp.GradScaler(enabled=enabled, **kwargs)
+    if _AMP_SCALER is not None:
+        scaler = _AMP_SCALER(target.type, enabled=enabled, **kwargs)
+    else:  # disabled (any device) or CUDA: the CUDA scaler does both
+        scaler = _CUDA_SCALER(enabled=enabled, **kwargs)
     ledger().note(
         "grad_scaler",
         "enabled" if enabled else "disabled",
@@ -128,7 +140,10 @@ def fast_optimizer(cls: type[Opt], params: Iterable[Any], **kwargs: Any) -> Opt:
         >>> import torch, speedflags
         >>> model = torch.nn.Linear(4, 2)
         >>> opt = speedflags.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
-        >>> opt.defaults["fused"]  # CPU fused AdamW, PyTorch 2.4+
+        >>> record = speedflags.ledger().history[-1]  # fused on a CPU from PyTorch 2.4
+        >>> record.lever, record.action in ("fused", "default")
+        ('optimizer', True)
+        >>> bool(opt.defaults["fused"]) == (record.action == "fused")
         True
     """
     given: Any = cls

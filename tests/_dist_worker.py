@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List
 
 import torch
 import torch.distributed as dist
+from conftest import autocast_enabled
 
 import speedflags
 from speedflags import RankMismatchError, fast_math, speedup
@@ -127,7 +128,7 @@ def scenario_ddp(rank: int) -> Dict[str, Any]:
         "dtypes": dtypes,
         "params": [p.detach().tolist() for p in model.parameters()],
         "initial": initial,
-        "autocast_after": torch.is_autocast_enabled("cpu"),
+        "autocast_after": autocast_enabled("cpu"),
         "checks": [r["reason"] for r in rank_records("train_step")],
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, Callable, Dict, Iterator, Tuple
 
@@ -27,6 +28,80 @@ HAS_NEW_API = hasattr(torch.backends, "fp32_precision")
 needs_new_api = pytest.mark.skipif(
     not HAS_NEW_API,
     reason=f"PyTorch {torch.__version__} has no fp32_precision API (added in 2.9)",
+)
+
+# PyTorch's own answer: can oneDNN run bf16 matmuls on this CPU (AVX-512 or AMX)
+ONEDNN_BF16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+needs_sdpa_kernel = pytest.mark.skipif(
+    importlib.util.find_spec("torch.nn.attention") is None,
+    reason=f"PyTorch {torch.__version__} has no torch.nn.attention (sdpa_kernel, SDPBackend)",
+)
+
+
+# Raw autocast accessors, written without speedflags. PyTorch 2.4 made them device-generic
+# (torch.is_autocast_enabled("cpu")); before, each device type had its own functions and the
+# bare names (torch.is_autocast_enabled(), torch.set_autocast_enabled(bool)) meant CUDA.
+HAS_GENERIC_AUTOCAST = hasattr(torch, "get_autocast_dtype")
+# PyTorch < 2.4: (is enabled, get dtype, set enabled, set dtype) per device type
+_PER_DEVICE_AUTOCAST = {
+    "cpu": ("is_autocast_cpu_enabled", "get_autocast_cpu_dtype", "set_autocast_cpu_enabled",
+            "set_autocast_cpu_dtype"),
+    "cuda": ("is_autocast_enabled", "get_autocast_gpu_dtype", "set_autocast_enabled",
+             "set_autocast_gpu_dtype"),
+}  # fmt: skip
+
+
+def _old_autocast(device_type: str, index: int) -> Any:
+    return getattr(torch, _PER_DEVICE_AUTOCAST[device_type][index])
+
+
+def autocast_enabled(device_type: str) -> bool:
+    """``torch.is_autocast_enabled(device_type)``, on every supported PyTorch."""
+    if HAS_GENERIC_AUTOCAST:
+        return bool(torch.is_autocast_enabled(device_type))
+    return bool(_old_autocast(device_type, 0)())
+
+
+def autocast_dtype(device_type: str) -> torch.dtype:
+    """``torch.get_autocast_dtype(device_type)``, on every supported PyTorch."""
+    if HAS_GENERIC_AUTOCAST:
+        return torch.get_autocast_dtype(device_type)
+    return _old_autocast(device_type, 1)()
+
+
+def set_autocast_enabled(device_type: str, enabled: bool) -> None:
+    """``torch.set_autocast_enabled(device_type, enabled)``, on every supported PyTorch."""
+    if HAS_GENERIC_AUTOCAST:
+        torch.set_autocast_enabled(device_type, enabled)
+    else:
+        _old_autocast(device_type, 2)(enabled)
+
+
+def set_autocast_dtype(device_type: str, dtype: torch.dtype) -> None:
+    """``torch.set_autocast_dtype(device_type, dtype)``, on every supported PyTorch."""
+    if HAS_GENERIC_AUTOCAST:
+        torch.set_autocast_dtype(device_type, dtype)
+    else:
+        _old_autocast(device_type, 3)(dtype)
+
+
+def _cpu_autocast_takes_fp16() -> bool:
+    # PyTorch 2.1's CPU dtype setter raises for float16 ("AutocastCPU only support Bfloat16"),
+    # before changing anything; where it accepts it, the dtype is put back.
+    before = autocast_dtype("cpu")
+    try:
+        set_autocast_dtype("cpu", torch.float16)
+    except RuntimeError:
+        return False
+    set_autocast_dtype("cpu", before)
+    return True
+
+
+CPU_AUTOCAST_FP16 = _cpu_autocast_takes_fp16()
+needs_cpu_autocast_fp16 = pytest.mark.skipif(
+    not CPU_AUTOCAST_FP16,
+    reason=f"PyTorch {torch.__version__}'s CPU autocast refuses fp16 (set_autocast_cpu_dtype "
+    "takes bf16 only)",
 )
 
 
@@ -85,10 +160,10 @@ def reset_all() -> None:
         getattr(C, f"_set_sdp_use_{name}")(enabled)
     if hasattr(C, "_set_sdp_priority_order"):
         C._set_sdp_priority_order(PRISTINE_SDP_ORDER)
-    torch.set_autocast_enabled("cpu", False)
-    torch.set_autocast_dtype("cpu", torch.bfloat16)
-    torch.set_autocast_enabled("cuda", False)
-    torch.set_autocast_dtype("cuda", torch.float16)
+    set_autocast_enabled("cpu", False)
+    set_autocast_dtype("cpu", torch.bfloat16)
+    set_autocast_enabled("cuda", False)
+    set_autocast_dtype("cuda", torch.float16)
     while autocast_nesting() > 0:
         torch.autocast_decrement_nesting()
     ledger()._forget_frames()  # a test that left frames open must not poison the next ones

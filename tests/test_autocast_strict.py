@@ -7,7 +7,14 @@ from typing import List
 
 import pytest
 import torch
-from conftest import autocast_nesting
+from conftest import (
+    CPU_AUTOCAST_FP16,
+    ONEDNN_BF16,
+    autocast_dtype,
+    autocast_enabled,
+    autocast_nesting,
+    needs_cpu_autocast_fp16,
+)
 
 import speedflags
 from speedflags import LeverUnavailableError, SlowPathWarning, fast_math
@@ -24,25 +31,25 @@ def test_amp_bf16_on_cpu_is_thread_local() -> None:
 
     def look() -> None:
         x = torch.ones(4, 4)
-        seen.append((torch.is_autocast_enabled("cpu"), (x @ x).dtype))
+        seen.append((autocast_enabled("cpu"), (x @ x).dtype))
 
     with fast_math(amp="bf16", device="cpu"):
-        assert torch.is_autocast_enabled("cpu")
-        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert autocast_enabled("cpu")
+        assert autocast_dtype("cpu") == torch.bfloat16
         worker = threading.Thread(target=look)
         worker.start()
         worker.join()
         look()
     assert seen == [(False, torch.float32), (True, torch.bfloat16)]
-    assert not torch.is_autocast_enabled("cpu")
+    assert not autocast_enabled("cpu")
 
 
 def test_amp_false_turns_autocast_off_inside_torch_autocast() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with fast_math(amp=False, device="cpu"):
-            assert not torch.is_autocast_enabled("cpu")
+            assert not autocast_enabled("cpu")
             assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
-        assert torch.is_autocast_enabled("cpu")
+        assert autocast_enabled("cpu")
 
 
 def test_autocast_nests_with_torch_autocast_and_leaves_its_counter_alone() -> None:
@@ -57,7 +64,7 @@ def test_autocast_nests_with_torch_autocast_and_leaves_its_counter_alone() -> No
             assert autocast_nesting() == 1
             assert linear(x).dtype == torch.bfloat16
         assert autocast_nesting() == 0
-        assert torch.is_autocast_enabled("cpu")
+        assert autocast_enabled("cpu")
     assert autocast_nesting() == 0
 
 
@@ -76,13 +83,14 @@ def test_casts_cached_in_a_block_are_not_reused_after_it() -> None:
         assert not torch.equal(linear(x), first)  # the next block casts the new weight
 
 
+@needs_cpu_autocast_fp16
 def test_amp_fp16_on_cpu_warns_and_strict_refuses() -> None:
     if CPU.fp16:
         pytest.skip("this CPU has native fp16 (AMX-FP16/AVX512-FP16): fp16 autocast is fast here")
     before = speedflags.snapshot()
     with pytest.warns(SlowPathWarning, match="fp16 on this CPU is emulated"):
         with fast_math(amp="fp16", device="cpu"):
-            assert torch.get_autocast_dtype("cpu") == torch.float16
+            assert autocast_dtype("cpu") == torch.float16
     with pytest.raises(LeverUnavailableError, match="amp='float16'") as excinfo:
         with fast_math(amp="fp16", device="cpu", strict=True):
             pytest.fail("strict must refuse before the block runs")
@@ -91,6 +99,7 @@ def test_amp_fp16_on_cpu_warns_and_strict_refuses() -> None:
     assert speedflags.snapshot() == before
 
 
+@needs_cpu_autocast_fp16
 def test_the_slow_path_warning_is_emitted_once() -> None:
     if CPU.fp16:
         pytest.skip("this CPU has native fp16")
@@ -103,11 +112,30 @@ def test_the_slow_path_warning_is_emitted_once() -> None:
     assert len(caught) == 1
 
 
+@pytest.mark.skipif(CPU_AUTOCAST_FP16, reason=f"PyTorch {torch.__version__} runs fp16 on CPU")
+def test_amp_fp16_that_cpu_autocast_refuses_is_skipped_and_strict_refuses() -> None:
+    # PyTorch 2.1's CPU autocast raises for fp16: the lever is not applied, and says why.
+    before = speedflags.snapshot()
+    with fast_math(amp="fp16", device="cpu") as frame:
+        assert frame.levers == ()
+        assert speedflags.snapshot() == before
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    skip = [r for r in speedflags.ledger().history if r.lever == "amp"][-1]
+    assert skip.action == "skip"  # not "restore": nothing was set
+    assert skip.reason == (
+        f"amp='float16': PyTorch {torch.__version__}'s CPU autocast runs bf16 only: it refuses fp16"
+    )
+    with pytest.raises(LeverUnavailableError, match=r"amp='float16': PyTorch .* refuses fp16"):
+        with speedflags.autocast("fp16", device="cpu", strict=True):
+            pytest.fail("strict must refuse before the block runs")
+    assert speedflags.snapshot() == before
+
+
 @needs_cpu_bf16
 def test_amp_auto_picks_bf16_on_this_cpu_and_says_why() -> None:
     with fast_math(amp="auto", device="cpu") as frame:
         assert frame.values == {"amp": "bfloat16"}
-        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert autocast_dtype("cpu") == torch.bfloat16
     record = [r for r in speedflags.ledger().history if r.lever == "amp"][-2]
     assert "amp='auto' chose bfloat16" in record.reason
 
@@ -163,6 +191,13 @@ def test_strict_accepts_what_works_on_this_device() -> None:
 def test_strict_accepts_medium_precision_on_a_cpu_with_bf16() -> None:
     with fast_math(matmul_precision="medium", sdpa="flash", device="cpu", strict=True):
         assert torch.get_float32_matmul_precision() == "medium"
+
+
+@pytest.mark.skipif(ONEDNN_BF16, reason="oneDNN runs bf16 matmuls on this CPU")
+def test_strict_refuses_medium_where_onednn_has_no_bf16_matmul() -> None:
+    with pytest.raises(LeverUnavailableError, match="oneDNN bf16 matmul is not available here"):
+        with fast_math(matmul_precision="medium", device="cpu", strict=True):
+            pytest.fail("strict must refuse")
 
 
 def test_tf32_is_effective_on_an_ampere_gpu(fake_gpu) -> None:

@@ -10,11 +10,11 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from conftest import CPU_AUTOCAST_FP16, ONEDNN_BF16, autocast_enabled
 
 import speedflags
 from speedflags.bench.configs import BASELINE_LEVERS, Config
 from speedflags.bench.workloads import MATMUL_CONFIGS, WORKLOADS
-from speedflags.levers import precision
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -26,10 +26,10 @@ def test_baseline_frame_sets_fp32_even_if_the_process_had_fast_paths_on() -> Non
         with BY_NAME["fp32"].frames(CPU):
             assert torch.get_float32_matmul_precision() == "highest"
             assert torch.backends.cuda.matmul.allow_tf32 is False
-            assert torch.is_autocast_enabled("cpu") is False
+            assert autocast_enabled("cpu") is False
             assert torch.backends.cudnn.benchmark is False
         assert torch.get_float32_matmul_precision() == "medium"
-        assert torch.is_autocast_enabled("cpu") is True
+        assert autocast_enabled("cpu") is True
 
 
 @pytest.mark.usefixtures("fresh_history")  # a full ring keeps its length
@@ -50,7 +50,7 @@ def test_configuration_frame_nests_inside_the_baseline_and_restores() -> None:
 def test_frames_restore_on_keyboard_interrupt() -> None:
     before = speedflags.snapshot()
     with pytest.raises(KeyboardInterrupt), BY_NAME["amp-bf16"].frames(CPU):
-        assert torch.is_autocast_enabled("cpu")
+        assert autocast_enabled("cpu")
         raise KeyboardInterrupt
     assert speedflags.snapshot() == before
     assert not speedflags.ledger().open_frames()
@@ -92,10 +92,15 @@ def test_cpu_skips_with_reasons() -> None:
     assert reasons["fp32"] is None
     assert "TF32 is a tensor-core mode" in str(reasons["tf32"])
     assert "'high' only enables TF32" in str(reasons["precision-high"])
-    assert "fp16 is not native on cpu" in str(reasons["amp-fp16"])
+    if CPU_AUTOCAST_FP16:
+        assert "fp16 is not native on cpu" in str(reasons["amp-fp16"])
+    else:  # PyTorch 2.1's CPU autocast refuses fp16
+        assert "CPU autocast runs bf16 only: it refuses fp16" in str(reasons["amp-fp16"])
     assert "no native fp16" in str(reasons["pure-fp16"])
-    # oneDNN's bf16 routing needs a CPU with bf16 instructions (not every CI machine has them)
-    assert (reasons["precision-medium"] is None) == precision._onednn_bf16()
+    if ONEDNN_BF16:  # oneDNN routing works on any AVX-512 CPU
+        assert reasons["precision-medium"] is None
+    else:
+        assert "oneDNN bf16 matmul is not available here" in str(reasons["precision-medium"])
     bf16 = speedflags.capabilities("cpu").bf16
     assert (reasons["amp-bf16"] is None) == bf16.supported
     assert (reasons["pure-bf16"] is None) == bf16.supported

@@ -9,6 +9,7 @@ from typing import Any, Callable, List
 
 import pytest
 import torch
+from conftest import autocast_enabled
 
 import speedflags
 from speedflags.bench import runner as runner_module
@@ -130,7 +131,7 @@ def test_ctrl_c_inside_a_frame_restores_every_flag(monkeypatch: pytest.MonkeyPat
     real = runner_module.measure_rounds
 
     def interrupted(runner: Any, clock: Any, rounds: int, calls: int) -> List[float]:
-        if torch.is_autocast_enabled("cpu"):  # the amp-bf16 frame is open
+        if autocast_enabled("cpu"):  # the amp-bf16 frame is open
             inside.append(torch.get_float32_matmul_precision() == "highest")
             raise KeyboardInterrupt
         return real(runner, clock, rounds, calls)

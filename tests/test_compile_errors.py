@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch._functorch.config as functorch_config
+from _custom_ops import custom_op
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
@@ -79,6 +80,9 @@ A, BAD, GOOD = torch.ones(2, 3), torch.ones(4, 5), torch.ones(3, 5)
 def test_a_shape_error_is_the_steps_own_and_the_step_stays_compiled(fullgraph: bool) -> None:
     # The issue: dynamo meets the mismatch first (its fake tensors fail), and that was taken
     # for a compiler failure: the step switched to eager for good, with a warning.
+    # PyTorch 2.1 keys compiled code by the code object alone: without a reset, the other
+    # parameter's `matmul` (the same code, compiled by another backend) would be reused.
+    torch._dynamo.reset()
     backend = counting_backend()
     ran: List[bool] = []
 
@@ -149,25 +153,21 @@ def test_an_error_after_a_graph_break_is_the_steps_own_and_nothing_runs_twice() 
 
 # A custom op whose real implementation checks values, which tracing (fake tensors) cannot:
 # its error is raised by the compiled graph at run time, forward or backward.
-@torch.library.custom_op(
-    "speedflags_test::nonnegative", mutates_args=(), schema="(Tensor x) -> Tensor"
-)
-def nonnegative(x: torch.Tensor) -> torch.Tensor:
+def _nonnegative(x: torch.Tensor) -> torch.Tensor:
     if bool((x < 0).any()):
         raise ValueError("nonnegative: got a negative value")
     return x.clone()
 
 
-@nonnegative.register_fake
 def _nonnegative_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
 def _nonnegative_backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-    return nonnegative(grad)  # type: ignore[no-any-return]
+    return nonnegative(grad)
 
 
-nonnegative.register_autograd(_nonnegative_backward)
+nonnegative = custom_op("nonnegative", _nonnegative, _nonnegative_fake, _nonnegative_backward)
 
 
 @pytest.mark.parametrize("lazy_backward", [False, True], ids=["backward-early", "backward-lazy"])
@@ -265,16 +265,11 @@ def test_an_error_dynamo_does_not_suppress_after_part_of_the_step_ran_is_not_ret
     assert step.stats.mode == "fallback"
 
 
-@torch.library.custom_op(
-    "speedflags_test::untraceable", mutates_args=(), schema="(Tensor x) -> Tensor"
-)
-def untraceable(x: torch.Tensor) -> torch.Tensor:
-    return x * 2
-
-
-@untraceable.register_fake
 def _untraceable_fake(x: torch.Tensor) -> torch.Tensor:
     raise RuntimeError("injected tracing failure")
+
+
+untraceable = custom_op("untraceable", lambda x: x * 2, _untraceable_fake)
 
 
 def test_a_compiler_failure_whose_frame_then_raises_is_reported_once_a_call_completes() -> None:

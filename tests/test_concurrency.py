@@ -9,6 +9,7 @@ from typing import Any, List
 
 import pytest
 import torch
+from conftest import autocast_enabled
 
 import speedflags
 from speedflags import LedgerOrderError, LeverConflictWarning, fast_math
@@ -171,7 +172,7 @@ def test_async_with_applies_and_restores() -> None:
     async def main() -> str:
         async with fast_math(cudnn_benchmark=True, amp="bf16", device="cpu") as frame:
             assert torch.backends.cudnn.benchmark is True
-            assert torch.is_autocast_enabled("cpu")
+            assert autocast_enabled("cpu")
             await asyncio.sleep(0)
             assert torch.backends.cudnn.benchmark is True
         assert frame.closed

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import autocast_dtype, autocast_enabled
 
 import speedflags
 from speedflags import InvalidValueError, capabilities, fast_math, recommended
@@ -114,8 +115,8 @@ def test_bare_fast_math_on_an_ampere_gpu_applies_tf32_and_bf16(fake_gpu: Any) ->
     with fast_math(device="cuda") as frame:
         assert frame.values == {"tf32": True, "amp": "bfloat16"}
         assert torch.backends.cuda.matmul.allow_tf32
-        assert torch.is_autocast_enabled("cuda")
-        assert torch.get_autocast_dtype("cuda") == torch.bfloat16
+        assert autocast_enabled("cuda")
+        assert autocast_dtype("cuda") == torch.bfloat16
     assert speedflags.snapshot() == before
     reasons = [r.reason for r in speedflags.ledger().history[-4:-2]]
     assert all(reason.startswith("recommended:") for reason in reasons)

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
+from conftest import autocast_enabled
 from torch.utils.data import DataLoader, TensorDataset
 
 import speedflags
@@ -32,7 +33,7 @@ def seen() -> Dict[str, Any]:
         "precision": torch.get_float32_matmul_precision(),
         "tf32": torch.backends.cuda.matmul.allow_tf32,
         "benchmark": torch.backends.cudnn.benchmark,
-        "amp": torch.is_autocast_enabled("cpu"),
+        "amp": autocast_enabled("cpu"),
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 import torch
-from conftest import needs_new_api
+from conftest import autocast_enabled, needs_new_api
 
 import speedflags
 from speedflags import InvalidValueError, SpeedflagsWarning
@@ -30,7 +30,7 @@ def seen() -> Dict[str, Any]:
     return {
         "precision": torch.get_float32_matmul_precision(),  # raises in a mixed TF32 state
         "benchmark": torch.backends.cudnn.benchmark,
-        "amp": torch.is_autocast_enabled("cpu"),
+        "amp": autocast_enabled("cpu"),
     }
 
 

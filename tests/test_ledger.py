@@ -10,6 +10,7 @@ from typing import Any, List
 
 import pytest
 import torch
+from conftest import autocast_enabled
 
 import speedflags
 from speedflags import (
@@ -193,10 +194,10 @@ def test_process_wide_levers_stack_across_threads_that_exit_in_any_order() -> No
 def test_autocast_is_thread_local() -> None:
     seen: List[bool] = []
     with fast_math(amp="bf16", device="cpu"):
-        worker = threading.Thread(target=lambda: seen.append(torch.is_autocast_enabled("cpu")))
+        worker = threading.Thread(target=lambda: seen.append(autocast_enabled("cpu")))
         worker.start()
         worker.join()
-        assert torch.is_autocast_enabled("cpu")
+        assert autocast_enabled("cpu")
     assert seen == [False]
 
 

@@ -10,7 +10,7 @@ from typing import Any, List
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import C
+from conftest import C, needs_sdpa_kernel
 
 import speedflags
 from speedflags import fast_math
@@ -149,6 +149,7 @@ def test_a_preference_never_becomes_no_available_kernel(preference: Any) -> None
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
+@needs_sdpa_kernel
 def test_an_exclusive_sdpa_kernel_would_crash_where_speedflags_falls_back() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -10,7 +10,7 @@ import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-from conftest import HAS_NEW_API, C, reset_all
+from conftest import HAS_NEW_API, C, reset_all, set_autocast_enabled
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -157,7 +157,7 @@ def drift(kwargs: Dict[str, Any], write: Optional[Tuple[str, Tuple[Any, ...]]]) 
     if write is None or write[0] not in {DRIFT_DOMAIN[name] for name in kwargs}:
         return
     if write[1][0] == "autocast":
-        torch.set_autocast_enabled("cpu", write[1][1])
+        set_autocast_enabled("cpu", write[1][1])
     else:
         apply_raw(write[1])
 

@@ -7,6 +7,7 @@ from typing import Any, List
 
 import pytest
 import torch
+from conftest import autocast_enabled
 
 import speedflags
 from speedflags import InvalidTypeError, InvalidValueError, Schedule, TF32Schedule
@@ -66,7 +67,7 @@ def test_several_levers_and_an_empty_entry() -> None:
         states.append(
             (
                 torch.get_float32_matmul_precision(),
-                torch.is_autocast_enabled("cpu"),
+                autocast_enabled("cpu"),
                 torch.backends.cudnn.benchmark,
             )
         )
@@ -106,12 +107,12 @@ def test_amp_from_a_schedule_is_thread_local() -> None:
     seen: List[bool] = []
     with Schedule({0: dict(amp="bf16")}, device="cpu") as sched:
         sched.step(0)
-        other = threading.Thread(target=lambda: seen.append(torch.is_autocast_enabled("cpu")))
+        other = threading.Thread(target=lambda: seen.append(autocast_enabled("cpu")))
         other.start()
         other.join()
-        assert torch.is_autocast_enabled("cpu")
+        assert autocast_enabled("cpu")
     assert seen == [False]
-    assert not torch.is_autocast_enabled("cpu")
+    assert not autocast_enabled("cpu")
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,8 @@ import pytest
 import torch
 import torch._dynamo
 import torch._functorch.config as functorch_config
+from _custom_ops import custom_op
+from conftest import autocast_dtype, autocast_enabled
 from torch._dynamo.backends.common import aot_autograd
 
 import speedflags
@@ -72,7 +74,7 @@ def compile_records() -> list:
 def test_bf16_autocast_inside_and_snapshot_unchanged_after_every_call() -> None:
     @speedup(amp="bf16", device="cpu")
     def step(x: torch.Tensor) -> tuple:
-        return (x @ x).dtype, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+        return (x @ x).dtype, autocast_enabled("cpu"), autocast_dtype("cpu")
 
     before = speedflags.snapshot()
     for _ in range(3):
@@ -85,7 +87,7 @@ def test_bf16_autocast_inside_and_snapshot_unchanged_after_every_call() -> None:
 def test_snapshot_unchanged_when_the_step_raises() -> None:
     @speedup(amp="bf16", device="cpu", cudnn_benchmark=True)
     def step() -> None:
-        assert torch.is_autocast_enabled("cpu") and torch.backends.cudnn.benchmark
+        assert autocast_enabled("cpu") and torch.backends.cudnn.benchmark
         raise KeyError("inside the step")
 
     before = speedflags.snapshot()
@@ -316,7 +318,11 @@ def test_fullgraph_with_a_graph_break_runs_eagerly_and_warns_once(
         for calls in (2, 3):
             torch.testing.assert_close(step(torch.ones(3)), torch.full((3,), 3.0))
             assert counter == [calls]
-    assert len(warned) == 1
+    # PyTorch 2.1 may warn too: "changing options to `torch.compile()` may require calling
+    # `torch._dynamo.reset()`", when the previous compiled call had another backend
+    reset_hint = "may require calling `torch._dynamo.reset()`"
+    others = [w.category for w in warned if reset_hint not in str(w.message)]
+    assert others == [CompileFallbackWarning]
     assert [r.name for r in caplog.records if r.name == "speedflags"] == ["speedflags"]
     assert step.stats.mode == "fallback" and not step.stats.compiled
     assert step.stats.fallback_reason.startswith("Unsupported")
@@ -437,16 +443,11 @@ def test_backward_compile_failure_is_caught_before_the_step_runs_anything_twice(
     assert step.stats.mode == "fallback"
 
 
-# An explicit schema: this module's annotations are strings (from __future__ import
-# annotations), which PyTorch 2.4's schema inference cannot read.
-@torch.library.custom_op("speedflags_test::twice", mutates_args=(), schema="(Tensor x) -> Tensor")
-def twice(x: torch.Tensor) -> torch.Tensor:
-    return x * 2
-
-
-@twice.register_fake
 def _twice_fake(x: torch.Tensor) -> torch.Tensor:
     raise RuntimeError("injected tracing failure")
+
+
+twice = custom_op("twice", lambda x: x * 2, _twice_fake)
 
 
 def test_tracing_error_after_a_graph_break_runs_that_frame_eagerly() -> None:

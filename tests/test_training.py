@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 from typing import Any, Callable, List, NamedTuple
 
 import pytest
 import torch
+from conftest import CPU_AUTOCAST_FP16
+from torch.utils import _foreach_utils
 
 import speedflags
 from speedflags import InvalidTypeError, InvalidValueError, fast_optimizer, grad_scaler, to_device
@@ -17,19 +20,38 @@ def last_record(lever: str) -> Any:
     return [r for r in speedflags.ledger().history if r.lever == lever][-1]
 
 
+# PyTorch 2.3 added torch.amp.GradScaler (any device type); before, torch.cuda.amp's only
+AMP_SCALER = getattr(torch.amp, "GradScaler", None)
+needs_amp_scaler = pytest.mark.skipif(
+    AMP_SCALER is None, reason=f"PyTorch {torch.__version__} has no torch.amp.GradScaler"
+)
+FUSED_DEVICES = _foreach_utils._get_fused_kernels_supported_devices()
+needs_fused_cpu = pytest.mark.skipif(
+    "cpu" not in FUSED_DEVICES,
+    reason=f"PyTorch {torch.__version__} fuses optimizers on {', '.join(FUSED_DEVICES)} only "
+    "(torch.utils._foreach_utils._get_fused_kernels_supported_devices)",
+)
+needs_fused_sgd = pytest.mark.skipif(
+    "fused" not in inspect.signature(torch.optim.SGD).parameters,
+    reason=f"PyTorch {torch.__version__}'s SGD has no fused= argument",
+)
+
+
 # --- grad_scaler ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("amp", ["bf16", torch.bfloat16, False])
 def test_scaler_is_a_pass_through_without_fp16(amp: Any) -> None:
     scaler = grad_scaler(amp, device="cpu")
-    assert isinstance(scaler, torch.amp.GradScaler)
+    # before torch.amp.GradScaler, the CUDA one: disabled, a pass-through on any device
+    assert isinstance(scaler, AMP_SCALER or torch.cuda.amp.GradScaler)
     assert scaler.is_enabled() is False
     loss = torch.tensor(2.0)
     assert scaler.scale(loss) is loss  # disabled: no scaling at all
     assert last_record("grad_scaler").action == "disabled"
 
 
+@needs_amp_scaler
 def test_scaler_is_enabled_for_fp16_and_takes_scaler_arguments() -> None:
     scaler = grad_scaler("fp16", device="cpu", init_scale=8.0)
     assert scaler.is_enabled() is True
@@ -38,6 +60,24 @@ def test_scaler_is_enabled_for_fp16_and_takes_scaler_arguments() -> None:
     assert record.action == "enabled"
     assert record.after == {"device": "cpu", "amp": "float16", "enabled": True}
     assert "underflow" in record.reason
+
+
+@pytest.mark.skipif(AMP_SCALER is not None, reason="this PyTorch has a CPU GradScaler")
+def test_without_a_cpu_scaler_fp16_on_cpu_gets_a_pass_through_that_says_why() -> None:
+    scaler = grad_scaler("fp16", device="cpu", init_scale=8.0)
+    assert scaler.is_enabled() is False
+    loss = torch.tensor(2.0)
+    assert scaler.scale(loss) is loss
+    record = last_record("grad_scaler")
+    assert record.action == "disabled"
+    assert record.after == {"device": "cpu", "amp": "float16", "enabled": False}
+    if CPU_AUTOCAST_FP16:
+        assert record.reason == f"PyTorch {torch.__version__} has no GradScaler for the CPU"
+    else:  # PyTorch 2.1: no CPU scaler, and nothing to scale
+        assert record.reason == (
+            f"no fp16 gradients on cpu: PyTorch {torch.__version__}'s CPU autocast runs bf16 "
+            "only: it refuses fp16"
+        )
 
 
 def test_scaler_auto_follows_fast_math_auto_on_cpu() -> None:
@@ -74,6 +114,7 @@ def test_scaler_bad_amp_is_refused() -> None:
 # --- fast_optimizer ---------------------------------------------------------------------
 
 
+@needs_fused_cpu
 def test_adamw_on_cpu_is_fused_and_recorded() -> None:
     model = torch.nn.Linear(4, 2)
     opt = fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
@@ -88,6 +129,25 @@ def test_adamw_on_cpu_is_fused_and_recorded() -> None:
     )
     model(torch.ones(1, 4)).sum().backward()
     opt.step()  # the fused CPU kernel really runs
+
+
+@pytest.mark.skipif("cpu" in FUSED_DEVICES, reason="this PyTorch fuses optimizers on a CPU")
+def test_adamw_on_cpu_without_fused_cpu_kernels_falls_back_to_the_default() -> None:
+    model = torch.nn.Linear(4, 2)
+    opt = fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
+    assert isinstance(opt, torch.optim.AdamW)
+    assert not opt.defaults["fused"] and not opt.defaults["foreach"]
+    record = last_record("optimizer")
+    assert (record.action, record.after) == (
+        "default",
+        {"optimizer": "AdamW", "implementation": "default"},
+    )
+    assert record.reason.startswith(
+        f"not fused: fused kernels need floating-point parameters on {', '.join(FUSED_DEVICES)}"
+        "; got torch.float32 on cpu; not foreach: "
+    )
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
 
 
 def test_no_fused_kernel_and_no_cpu_foreach_kernel_gives_the_default() -> None:
@@ -106,6 +166,7 @@ class RefusesFused(torch.optim.SGD):
         super().__init__(params, fused=fused, **kwargs)
 
 
+@needs_fused_sgd
 def test_refused_fused_falls_back_cleanly() -> None:
     params = [torch.nn.Parameter(torch.ones(3))]
     opt = fast_optimizer(RefusesFused, params, lr=0.1)
@@ -115,6 +176,7 @@ def test_refused_fused_falls_back_cleanly() -> None:
     assert "fused=True refused (RuntimeError: fused is not supported" in record.reason
 
 
+@needs_fused_sgd
 def test_integer_parameters_are_not_fused() -> None:
     params = [torch.zeros(3, dtype=torch.int64)]
     opt = fast_optimizer(torch.optim.SGD, params, lr=0.1)
@@ -122,6 +184,7 @@ def test_integer_parameters_are_not_fused() -> None:
     assert "floating-point" in last_record("optimizer").reason
 
 
+@needs_fused_sgd
 def test_an_explicit_choice_is_kept_and_param_groups_work() -> None:
     a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
     groups = [{"params": [a]}, {"params": [b], "lr": 0.5}]

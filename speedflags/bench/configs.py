@@ -46,8 +46,8 @@ class Config:
         >>> amp.describe(), amp.precision
         ("fast_math(amp='bf16')", 'bf16')
         >>> with amp.frames(torch.device("cpu")):
-        ...     torch.is_autocast_enabled("cpu")
-        True
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype  # autocast on
+        torch.bfloat16
     """
 
     name: str
@@ -96,7 +96,8 @@ class Config:
     def unavailable(self, device: torch.device) -> Optional[str]:
         """Why this configuration cannot be measured on ``device``, or None if it can.
 
-        Skipped: a lever that would make things slower (fp16 autocast on a CPU), a
+        Skipped: a lever that would make things slower (fp16 autocast on a CPU) or that
+        this PyTorch refuses (fp16 CPU autocast on PyTorch 2.1), a
         configuration none of whose levers has an effect here (TF32 without an Ampere+ GPU),
         and input dtypes the device has no native arithmetic for.
         """
@@ -108,9 +109,9 @@ class Config:
             if not cap:
                 return f"no native {_DTYPE_NAMES.get(self.dtype, self.dtype)}: {cap.reason}"
         effects = [self._effect(name, value, device) for name, value in self.levers.items()]
-        slow = [e.reason for e in effects if e.slow]
-        if slow:
-            return "; ".join(slow)
+        blocked = [e.reason for e in effects if e.slow or e.unsupported]
+        if blocked:
+            return "; ".join(blocked)
         if effects and not any(e.effective for e in effects):
             return "; ".join(e.reason for e in effects)
         return None

@@ -9,12 +9,14 @@ are measured, at which sizes and with which configurations, is
 
 from __future__ import annotations
 
+import importlib
 import warnings
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.amp.autocast_mode import autocast  # 2.1's stubs: not from torch or torch.amp
 from torch.optim.adamw import AdamW  # the defining module: 2.4's stubs do not re-export it
 
 from ..hardware import capabilities
@@ -115,7 +117,7 @@ class Problem:
     def reference(self) -> torch.Tensor:
         """The float64 result on the first input set (computed once, autocast off)."""
         if self._reference is None:
-            with torch.autocast(self.device.type, enabled=False):
+            with autocast(self.device.type, enabled=False):
                 self._reference = self._compute_reference()
         return self._reference
 
@@ -166,7 +168,8 @@ class MatmulProblem(Problem):
 
     def _compute_reference(self) -> torch.Tensor:
         a, b = self._sets[0]
-        return a.double() @ b.double()
+        out: torch.Tensor = a.double() @ b.double()  # typed: @ is Any in 2.1's stubs
+        return out
 
 
 class MlpTrainProblem(Problem):
@@ -245,7 +248,7 @@ class MlpTrainProblem(Problem):
         model = self._model(dtype)
         x, y = (t.to(dtype) for t in self._sets[0])
         F.mse_loss(model(x).to(y.dtype), y).backward()  # type: ignore[no-untyped-call]
-        grad = self._first_weight(model).grad
+        grad: Optional[torch.Tensor] = self._first_weight(model).grad  # Any in 2.1's stubs
         assert grad is not None  # noqa: S101 - backward always fills it
         return grad
 
@@ -318,23 +321,41 @@ class SdpaProblem(Problem):
 
 
 def _kernel_refuses(name: str, inputs: Inputs) -> Optional[str]:
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # PyTorch < 2.3: no way to ask one kernel alone
-        return None
-    backend = getattr(SDPBackend, _SDPA_KERNELS[name], None)
-    if backend is None:
+    alone = _kernel_alone(name)
+    if alone is None:
         return f"PyTorch {torch.__version__} has no {name!r} SDPA kernel"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # PyTorch warns why each kernel refuses; we say it below
         try:
             q, k, v = inputs
-            with sdpa_kernel([backend]), torch.no_grad():
+            with alone, torch.no_grad():
                 F.scaled_dot_product_attention(q, k, v)
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return f"the {name!r} SDPA kernel refuses these inputs: {first}"
     return None
+
+
+def _kernel_alone(name: str) -> Optional[ContextManager[Any]]:
+    """A context that enables the ``name`` SDPA kernel alone, or None if torch has none."""
+    try:
+        attention: Any = importlib.import_module("torch.nn.attention")  # not in 2.1's stubs
+    except ImportError:  # PyTorch 2.1: torch.backends.cuda.sdp_kernel, one flag per kernel
+        flag = _SDP_KERNEL_FLAGS.get(name)
+        sdp_kernel = getattr(torch.backends.cuda, "sdp_kernel", None)
+        if flag is None or sdp_kernel is None:
+            return None
+        flags = dict.fromkeys(_SDP_KERNEL_FLAGS.values(), False)
+        return sdp_kernel(**{**flags, flag: True})  # type: ignore[no-any-return]
+    backend = getattr(attention.SDPBackend, _SDPA_KERNELS[name], None)
+    return None if backend is None else attention.sdpa_kernel([backend])
+
+
+_SDP_KERNEL_FLAGS = {
+    "flash": "enable_flash",
+    "efficient": "enable_mem_efficient",
+    "math": "enable_math",
+}
 
 
 class ConvProblem(Problem):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 from .._ledger import json_default
 from .._output_paths import make_parent_folder
@@ -167,7 +168,7 @@ def environment(device: torch.device) -> Dict[str, Any]:
     caps = capabilities(device)
     state = gpu_state(device)
     driver: Optional[str] = state.get("driver_version")
-    get_driver = getattr(torch._C, "_cuda_getDriverVersion", None)
+    get_driver = getattr(torch_C, "_cuda_getDriverVersion", None)
     if driver is None and get_driver is not None and gpu_available(device):
         version = int(get_driver())
         driver = f"CUDA driver API {version // 1000}.{version % 1000 // 10}"

@@ -261,8 +261,9 @@ def run(
         >>> from speedflags.bench.runner import Settings, run
         >>> result = run(Settings(torch.device("cpu"), ("matmul",), sizes=(32,), passes=1,
         ...                       min_rounds=1, min_time_s=0, warmup_rounds=1, warmup_s=0))
-        >>> [r.config for r in result.results if not r.skipped][:1], result.flags_restored
-        (['fp32'], True)
+        >>> rows = {r.config: r for r in result.results}
+        >>> rows["fp32"].speedup, rows["tf32"].skipped, result.flags_restored
+        (1.0, 'no effect on cpu: TF32 is a tensor-core mode of ... GPUs; a CPU has none', True)
     """
     env = environment(settings.device)
     before = snapshot()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -95,7 +95,8 @@ def memory_bytes(device: torch.device) -> Optional[int]:
         True
     """
     if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
+        properties: Any = torch.cuda.get_device_properties(device)  # untyped in 2.1's stubs
+        return int(properties.total_memory)
     try:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, OSError, ValueError):  # not POSIX, or the system does not say

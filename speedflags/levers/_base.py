@@ -65,6 +65,8 @@ class Effect(NamedTuple):
     effective: bool
     reason: str
     slow: bool = False  # the lever works but makes things slower (fp16 autocast on a CPU)
+    # this PyTorch refuses the value on the device (fp16 CPU autocast on 2.1): never applied
+    unsupported: bool = False
 
 
 class Lever(Protocol):

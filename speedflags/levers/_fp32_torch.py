@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Callable, Hashable, Optional, Tuple, Union
 
 import torch
+import torch._C as torch_C
 
 from ._base import Unreadable
 from ._fp32_model import (
@@ -38,7 +39,7 @@ from ._fp32_model import (
     plan_write,
 )
 
-_C: Any = torch._C
+_C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 # Feature detection, never version strings (the tree appeared in 2.9).
 HAS_NEW_API: bool = hasattr(torch.backends, "fp32_precision") and hasattr(

@@ -12,7 +12,7 @@ inside a block, keep their own autocast state.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -46,41 +46,88 @@ def validate_amp(value: object) -> AmpValue:
     raise InvalidTypeError(f"expected {CHOICES}, got {type(value).__name__}")
 
 
-# Feature detection: device-generic accessors arrived in PyTorch 2.4.
+# Feature detection, once at import. PyTorch 2.4 made the autocast accessors device-generic
+# (torch.is_autocast_enabled("cpu")). Before, each device type had its own functions, and the
+# bare names (is_autocast_enabled(), set_autocast_enabled(bool)) meant CUDA.
 HAS_DEVICE_GENERIC: bool = hasattr(torch, "get_autocast_dtype")
 NO_DEVICE_GENERIC_NOTE = (
     f"PyTorch {torch.__version__} has no device-generic autocast getters; the per-device "
     "ones (cpu, cuda) are used"
 )
 
+# (is enabled, get dtype, set enabled, set dtype): PyTorch 2.4+, then per device type before
+_GENERIC_NAMES = (
+    "is_autocast_enabled",
+    "get_autocast_dtype",
+    "set_autocast_enabled",
+    "set_autocast_dtype",
+)
+_PER_DEVICE_NAMES = {
+    "cpu": (
+        "is_autocast_cpu_enabled",
+        "get_autocast_cpu_dtype",
+        "set_autocast_cpu_enabled",
+        "set_autocast_cpu_dtype",
+    ),
+    "cuda": (
+        "is_autocast_enabled",
+        "get_autocast_gpu_dtype",
+        "set_autocast_enabled",
+        "set_autocast_gpu_dtype",
+    ),
+}
+
 if HAS_DEVICE_GENERIC:
-    _is_enabled: Callable[[str], bool] = torch.is_autocast_enabled
-    _get_dtype: Callable[[str], torch.dtype] = torch.get_autocast_dtype
-    _set_enabled: Callable[[str, bool], None] = torch.set_autocast_enabled
-    _set_dtype: Callable[[str, torch.dtype], None] = torch.set_autocast_dtype
-else:  # pragma: no cover - PyTorch < 2.4: one accessor pair per device type
+    # by name: PyTorch 2.1's stubs lack the dtype pair and type the other two without a device
+    _generic = [getattr(torch, name) for name in _GENERIC_NAMES]
+    _is_enabled: Callable[[str], bool] = _generic[0]
+    _get_dtype: Callable[[str], torch.dtype] = _generic[1]
+    _set_enabled: Callable[[str, bool], None] = _generic[2]
+    _set_dtype: Callable[[str, torch.dtype], None] = _generic[3]
+else:  # PyTorch < 2.4: the originals, resolved here once (never the attributes at call time)
+    _ACCESSORS: Dict[str, Tuple[Callable[..., Any], ...]] = {
+        device_type: tuple(getattr(torch, name) for name in names)
+        for device_type, names in _PER_DEVICE_NAMES.items()
+    }
 
     def _is_enabled(device_type: str) -> bool:
-        if device_type == "cpu":
-            return bool(torch.is_autocast_cpu_enabled())
-        return bool(torch.is_autocast_enabled())
+        return bool(_ACCESSORS[device_type][0]())
 
     def _get_dtype(device_type: str) -> torch.dtype:
-        if device_type == "cpu":
-            return torch.get_autocast_cpu_dtype()
-        return torch.get_autocast_gpu_dtype()
+        return _ACCESSORS[device_type][1]()  # type: ignore[no-any-return]
 
     def _set_enabled(device_type: str, enabled: bool) -> None:
-        if device_type == "cpu":
-            torch.set_autocast_cpu_enabled(enabled)
-        else:
-            torch.set_autocast_enabled(enabled)
+        _ACCESSORS[device_type][2](enabled)
 
     def _set_dtype(device_type: str, dtype: torch.dtype) -> None:
-        if device_type == "cpu":
-            torch.set_autocast_cpu_dtype(dtype)
+        _ACCESSORS[device_type][3](dtype)
+
+
+CPU_FP16_MISSING = f"PyTorch {torch.__version__}'s CPU autocast runs bf16 only: it refuses fp16"
+_cpu_fp16: Optional[bool] = None
+
+
+def cpu_autocast_takes_fp16() -> bool:
+    """Whether this PyTorch's CPU autocast accepts float16 (2.1's accepts bfloat16 only).
+
+    Asked once, the first time it matters: on a PyTorch without the device-generic API the
+    CPU dtype setter is tried with float16 (it raises before changing anything when it
+    refuses) and the calling thread's dtype is put back.
+    """
+    global _cpu_fp16
+    if _cpu_fp16 is None:
+        if HAS_DEVICE_GENERIC:  # 2.4+ (CI's 2.4.1 leg runs fp16 CPU autocast)
+            _cpu_fp16 = True
         else:
-            torch.set_autocast_gpu_dtype(dtype)
+            before = _get_dtype("cpu")
+            try:
+                _set_dtype("cpu", torch.float16)
+            except RuntimeError:  # "AutocastCPU only support Bfloat16 ..."
+                _cpu_fp16 = False
+            else:
+                _set_dtype("cpu", before)
+                _cpu_fp16 = True
+    return _cpu_fp16
 
 
 class AutocastLever(SimpleLever):
@@ -134,13 +181,6 @@ class AutocastLever(SimpleLever):
         return False if value is None else _dtype_name(value)
 
     def available(self, value: Optional[torch.dtype], device: torch.device) -> Effect:
-        effect = self._available(value, device)
-        if HAS_DEVICE_GENERIC:
-            return effect
-        reason = "; ".join(r for r in (effect.reason, NO_DEVICE_GENERIC_NOTE) if r)
-        return Effect(effect.effective, reason, effect.slow)  # pragma: no cover - PyTorch < 2.4
-
-    def _available(self, value: Optional[torch.dtype], device: torch.device) -> Effect:
         caps = capabilities(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             return Effect(False, f"no effect on {caps.device}: {caps.bf16.reason}")
@@ -150,6 +190,8 @@ class AutocastLever(SimpleLever):
             if caps.bf16:
                 return Effect(True, "")
             return Effect(False, f"bf16 is not native on {caps.device}: {caps.bf16.reason}")
+        if device.type == "cpu" and not cpu_autocast_takes_fp16():
+            return Effect(False, CPU_FP16_MISSING, unsupported=True)
         if caps.fp16:
             return Effect(True, "")
         slow = device.type == "cpu"

@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence, Tuple
 
 import torch
+import torch._C as torch_C
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import capabilities
 from ._base import Effect, SimpleLever, verified
 
-_C: Any = torch._C
+_C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 BACKENDS = ("flash", "efficient", "cudnn", "math")
 # Every backend whose flag is part of the state (overrideable: privateuse devices; never

@@ -227,7 +227,8 @@ def _device(
 def _first_device(values: Sequence[Any], depth: int = 0) -> Optional[torch.device]:
     for value in values:
         if isinstance(value, torch.Tensor):
-            return value.device
+            device: torch.device = value.device  # typed: Tensor.device is Any in 2.1's stubs
+            return device
         if depth < 2 and isinstance(value, (list, tuple)):
             found = _first_device(value, depth + 1)
         elif depth < 2 and isinstance(value, Mapping):

@@ -78,13 +78,14 @@ def candidates(
     Example:
         >>> import torch
         >>> from speedflags.tune.candidates import candidates
-        >>> tried, skipped = candidates(
-        ...     torch.device("cpu"), {"tf32": [True], "sdpa": ["flash"]},
-        ...     calls=frozenset({"linear", "relu"}))
-        >>> [row.levers for row in skipped]
-        [{'tf32': True}, {'sdpa': ['flash']}]
-        >>> skipped[1].note
-        'skipped (not called): the step calls no scaled_dot_product function'
+        >>> wanted = {"tf32": [True], "sdpa": ["flash"]}
+        >>> calls = frozenset({"linear", "scaled_dot_product_attention"})
+        >>> tried, skipped = candidates(torch.device("cpu"), wanted, calls=calls)
+        >>> tried, [row.levers for row in skipped]
+        ([(('sdpa', ('flash',)),)], [{'tf32': True}])
+        >>> tried, skipped = candidates(torch.device("cpu"), wanted, calls=frozenset({"linear"}))
+        >>> tried, skipped[1].note
+        ([], 'skipped (not called): the step calls no scaled_dot_product function')
     """
     tried: List[Levers] = []
     skipped: List[Row] = []
@@ -97,7 +98,13 @@ def candidates(
             levers: Levers = ((spec.name, value),)
             effect = spec.lever(device.type).available(value, device)
             if effect.slow or not effect.effective:
-                why = "slower" if effect.slow else "no effect"
+                why = (
+                    "slower"
+                    if effect.slow
+                    else "unsupported"
+                    if effect.unsupported
+                    else "no effect"
+                )
                 skipped.append(Row(plain_levers(levers), note=f"skipped ({why}): {effect.reason}"))
             elif _calls_none(spec.ops, calls):
                 functions = "/".join(spec.ops)

@@ -189,8 +189,8 @@ def load_levers(path: PathLike) -> Dict[str, Any]:
         >>> levers
         {'amp': 'bf16'}
         >>> with speedflags.fast_math(**levers, device="cpu"):
-        ...     torch.is_autocast_enabled("cpu")
-        True
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype  # autocast on
+        torch.bfloat16
     """
     text_path = _text_path(path, "load_levers")
     call = f"load_levers({short_repr(text_path)})"
