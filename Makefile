@@ -8,28 +8,46 @@
 # The pinned torch is installed first, so pip never resolves a bare `torch` (which would
 # download the newest CUDA build, several GB).
 #
-# One PyTorch per virtual environment. CI runs `make test` for three of them (.ci/run):
-#   make test                          torch 2.13.0, the CPU wheel, in .venv (the default)
-#   make test TORCH_VERSION=2.4.1      legacy TF32 API only, in .venv-torch2.4.1 (make test-legacy)
-#   make test-newest                   the newest release the registry serves, in its own venv
-# VENV=... overrides the environment's directory.
+# One Python and one PyTorch per virtual environment. CI (.ci/run) runs `make test` for three:
+#   make test-default   Python 3.11, torch 2.13.0 (the CPU wheel) and every optional extra, in .venv
+#                       (plain `make test` is this leg when python3 is 3.11)
+#   make test-floor     Python 3.9, torch 2.1.2: the oldest the package claims (legacy TF32 API only)
+#   make test-newest    Python 3.13, the newest torch release the registry serves for it
+# PYTHON=... (a command or a path) and TORCH_VERSION=... choose any other pair, in a
+# virtual environment of its own (.venv-pyX.Y-torchV; VENV=... to choose);
+# `.ci/find_python.sh X.Y` prints an installed Python X.Y (pyenv's included).
 
 PYTHON ?= python3
+# X.Y of $(PYTHON), or empty when it does not run
+PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+ifeq ($(PYTHON_VERSION),)
+$(error PYTHON=$(PYTHON): no such Python interpreter (not on the PATH, or it does not run); give a command or a path, e.g. PYTHON=$$(.ci/find_python.sh 3.9))
+endif
+DEFAULT_PYTHON_VERSION := 3.11
 DEFAULT_TORCH := 2.13.0
-LEGACY_TORCH := 2.4.1
+FLOOR_PYTHON_VERSION := 3.9
+FLOOR_TORCH := 2.1.2
+# torch 2.1 was built against NumPy 1.x; its torch.onnx imports transformers when installed,
+# and transformers from 4.56 on needs a newer torch (torch.utils._pytree.register_pytree_node);
+# its cpp_extension (inductor) imports pkg_resources, which setuptools 81 removed
+FLOOR_PINS := numpy<2 transformers<4.56 setuptools<81
+NEWEST_PYTHON_VERSION := 3.13
 TORCH_VERSION ?= $(DEFAULT_TORCH)
 ifeq ($(strip $(TORCH_VERSION)),)
-$(error TORCH_VERSION is empty: give an exact version such as 2.4.1)
+$(error TORCH_VERSION is empty: give an exact version such as 2.1.2)
 endif
+# requirements installed with the package (quoted one by one), e.g. PINS='numpy<2'
+PINS ?=
 ifeq ($(TORCH_VERSION),$(DEFAULT_TORCH))
-VENV ?= .venv
 # The default leg installs every optional extra, so that their tests run there, not skip.
 EXTRAS ?= test,dev,plot,yaml,lightning,transformers
 # ...and the older package name too: the Lightning callback is tested against both.
 EXTRA_PACKAGES ?= pytorch-lightning>=2.1
-else
-VENV ?= .venv-torch$(TORCH_VERSION)
+ifeq ($(PYTHON_VERSION),$(DEFAULT_PYTHON_VERSION))
+VENV ?= .venv
 endif
+endif
+VENV ?= .venv-py$(PYTHON_VERSION)-torch$(TORCH_VERSION)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
 # pip's install report for the pinned torch: says whether it came from disk or the registry
@@ -38,14 +56,16 @@ EXTRAS ?= test,dev
 DEVICE ?= cpu
 RESULTS ?= $(DEVICE)
 
-.PHONY: setup torch-source run test lint typecheck unit examples bench results test-legacy test-newest test-all newest clean
+.PHONY: setup torch-source run test lint typecheck unit examples bench results test-default test-floor test-newest test-all newest clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --report $(TORCH_REPORT).new "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet --report $(TORCH_REPORT).new "torch==$(TORCH_VERSION)" || { \
+	  echo "make: torch==$(TORCH_VERSION) cannot be installed for Python $(PYTHON_VERSION) ($(PYTHON)): pip's reason is above" >&2; \
+	  exit 1; }
 	$(PY) .ci/torch_source.py --keep $(TORCH_REPORT).new $(TORCH_REPORT)
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" $(foreach pin,$(PINS),'$(pin)')
 	$(if $(EXTRA_PACKAGES),$(PY) -m pip install --quiet "$(EXTRA_PACKAGES)")
 	touch $@
 
@@ -71,7 +91,8 @@ bench: setup
 results: setup
 	$(PY) -m speedflags bench --device $(DEVICE) --passes 9 --json benchmarks/results/$(RESULTS).json
 
-# Which torch this environment runs, and from where (disk or registry): CI logs it per leg.
+# Which Python and torch this environment runs, and where torch came from (disk or registry):
+# CI logs it per leg, e.g. "=== leg: Python 3.9.18, torch 2.1.2 (registry) ===".
 torch-source: setup
 	@$(PY) .ci/torch_source.py --show $(TORCH_REPORT)
 
@@ -90,20 +111,27 @@ examples: setup
 test: torch-source lint typecheck unit examples
 	$(PY) -m pytest benchmarks --benchmark-disable -q -p no:cacheprovider
 
-test-legacy:
-	$(MAKE) test TORCH_VERSION=$(LEGACY_TORCH)
+test-default:
+	py="$$(.ci/find_python.sh $(DEFAULT_PYTHON_VERSION))" && \
+	$(MAKE) test PYTHON="$$py" TORCH_VERSION=$(DEFAULT_TORCH)
 
-# The newest torch release the registry serves, resolved first and then installed pinned;
-# resolution fails loudly (no registry, or only a local wheel) instead of testing another.
+test-floor:
+	py="$$(.ci/find_python.sh $(FLOOR_PYTHON_VERSION))" && \
+	$(MAKE) test PYTHON="$$py" TORCH_VERSION=$(FLOOR_TORCH) PINS='$(FLOOR_PINS)'
+
+# The newest torch release the registry serves for Python $(NEWEST_PYTHON_VERSION), resolved
+# first and then installed pinned; resolution fails loudly (no registry, or only a local
+# wheel) instead of testing another.
 newest:
-	@$(PYTHON) .ci/newest_torch.py
+	@py="$$(.ci/find_python.sh $(NEWEST_PYTHON_VERSION))" && "$$py" .ci/newest_torch.py
 
 # Its pip calls run with the machine's pip cap (a constraints file) lifted: see .ci/newest_torch.py.
 test-newest:
-	version="$$($(PYTHON) .ci/newest_torch.py)" && \
-	$(PYTHON) .ci/newest_torch.py exec $(MAKE) test TORCH_VERSION="$$version"
+	py="$$(.ci/find_python.sh $(NEWEST_PYTHON_VERSION))" && \
+	version="$$("$$py" .ci/newest_torch.py)" && \
+	"$$py" .ci/newest_torch.py exec $(MAKE) test PYTHON="$$py" TORCH_VERSION="$$version"
 
-test-all: test test-legacy test-newest
+test-all: test-default test-floor test-newest
 
 clean:
-	rm -rf .venv .venv-torch* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info
+	rm -rf .venv .venv-py* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info

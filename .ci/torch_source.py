@@ -8,17 +8,23 @@ means it was downloaded. Prints one line; exit 1 if the report names no torch.
 installs torch it replaces REPORT.json; when it installs nothing (the environment already had
 the pinned torch, e.g. set up again after setup.cfg changed) REPORT.json, from the install
 that did, is kept and described.
+
+`torch_source.py --show REPORT.json` is what `make torch-source` (and so `make test`) runs:
+the leg's line for the CI log, `=== leg: Python 3.9.18, torch 2.1.2 (registry) ===`, then
+where torch came from.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
-from typing import Mapping
+from typing import Mapping, Tuple
 
 
-def describe(report: Mapping[str, object]) -> str:
+def torch_install(report: Mapping[str, object]) -> Tuple[str, str, str]:
+    """(version, "disk" | "registry" | "unknown", url) of the torch a pip report installs."""
     installs = report.get("install", [])
     for item in installs if isinstance(installs, list) else []:
         metadata = item.get("metadata", {})
@@ -26,8 +32,13 @@ def describe(report: Mapping[str, object]) -> str:
             continue
         url = item.get("download_info", {}).get("url", "")
         source = "disk" if url.startswith("file:") else "registry" if url else "unknown"
-        return f"torch {metadata.get('version', '?')} installed from {source}: {url or '?'}"
+        return metadata.get("version", "?"), source, url
     raise LookupError("the pip report installs no torch")
+
+
+def describe(report: Mapping[str, object]) -> str:
+    version, source, url = torch_install(report)
+    return f"torch {version} installed from {source}: {url or '?'}"
 
 
 def main(path: str) -> None:
@@ -41,12 +52,22 @@ def main(path: str) -> None:
         sys.exit(1)
 
 
+def leg_line(report: Mapping[str, object]) -> str:
+    """``=== leg: Python 3.9.18, torch 2.1.2 (registry) ===``: this Python, the report's torch."""
+    version, source, _ = torch_install(report)
+    return f"=== leg: Python {platform.python_version()}, torch {version} ({source}) ==="
+
+
 def show(path: str) -> None:
-    """Print where this environment's torch came from; never fails (it is only a log line)."""
+    """Print this environment's leg line and where its torch came from; never fails (it is only
+    a log line)."""
     try:
         with open(path, encoding="utf-8") as fh:
-            print(describe(json.load(fh)))
+            report = json.load(fh)
+        print(leg_line(report))
+        print(describe(report))
     except (OSError, ValueError, LookupError):
+        print(f"=== leg: Python {platform.python_version()}, torch ? (not recorded) ===")
         print(f"torch_source: where this environment's torch came from is not recorded "
               f"({path}: none; `make clean` and set up again to record it)")  # fmt: skip
 

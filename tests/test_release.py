@@ -1,8 +1,10 @@
 """What a user installs: the wheel and the sdist (their files, licence and metadata), the
-README as a package index shows it, and the command line's output where NumPy is absent."""
+README as a package index shows it, the Python versions claimed against those CI runs, and
+the command line's output where NumPy is absent."""
 
 from __future__ import annotations
 
+import configparser
 import importlib.util
 import re
 import subprocess
@@ -10,7 +12,7 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Dict, Iterator, Set
+from typing import Dict, Iterator, List, Set
 
 import pytest
 
@@ -134,6 +136,34 @@ def test_the_readme_links_resolve_on_a_package_index_page() -> None:
     # or an anchor of a heading (#x, which GitHub makes and an index may not) goes nowhere.
     links = list(_links((ROOT / "README.md").read_text(encoding="utf-8")))
     assert [link for link in links if not link.startswith(("https://", "http://"))] == []
+
+
+def _ci_python_versions() -> List[str]:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    run = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    legs = re.findall(r"^run_leg (\w+)$", run, re.MULTILINE)
+    assert sorted(legs) == ["default", "floor", "newest"]
+    versions = []
+    for leg in legs:
+        found = re.search(rf"^{leg.upper()}_PYTHON_VERSION := (\S+)$", makefile, re.MULTILINE)
+        assert found, f"the Makefile names no Python for the {leg} leg"
+        versions.append(found.group(1))
+    return versions
+
+
+def test_the_classifiers_list_exactly_the_python_versions_ci_runs() -> None:
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    classifiers = config["metadata"]["classifiers"].split("\n")
+    claimed = sorted(
+        c.rsplit(":: ", 1)[1]
+        for c in classifiers
+        if re.match(r"Programming Language :: Python :: 3\.\d+$", c)
+    )
+    tested = sorted(_ci_python_versions(), key=lambda v: tuple(map(int, v.split("."))))
+    assert sorted(claimed, key=lambda v: tuple(map(int, v.split(".")))) == tested
+    assert config["options"]["python_requires"] == f">={tested[0]}"
+    assert config["metadata"]["license"] == "MIT"
 
 
 NUMPY_ABSENT = "import sys; sys.modules['numpy'] = None  # every import of numpy fails\n"
