@@ -147,10 +147,37 @@ class LedgerPaths:
         # (each tried, and tried again if an exception interrupts its restore), take the
         # frame off its stacks, out of the open frames and out of this context. What failed
         # is returned, not raised, so that the caller raises it once the lock is released.
-        failures: List[Failure] = []
-        program = frame.program
+        # Interrupted again (a plain signal handler), the roll-back runs once more from what
+        # the flags read then; whatever happens, the frame leaves every stack (a frame left
+        # there half-entered would be found by every later exit of its domains).
         applied = frame.applied
+        failures: List[Failure] = []
         states: List[Any] = [None] * applied
+        try:
+            try:
+                self._roll_back(frame, exc, where, applied, failures, states)
+            except BaseException:
+                failures.clear()
+                self._roll_back(frame, exc, where, applied, failures, states)
+        finally:
+            self._forget_frame(frame, applied, watched)
+        if not failures:
+            return None
+        interrupts = [e for _, e in failures if not isinstance(e, Exception)]
+        if interrupts:
+            return interrupts[0]
+        return _notices.roll_back_error(frame, exc, applied, failures, states)
+
+    def _roll_back(
+        self,
+        frame: Frame,
+        exc: BaseException,
+        where: Where,
+        applied: int,
+        failures: List[Failure],
+        states: List[Any],
+    ) -> None:
+        program = frame.program
         reason = f"rolled back: entering failed with {type(exc).__name__}"
         for i in range(applied - 1, -1, -1):
             lever = program.levers[i]
@@ -165,6 +192,10 @@ class LedgerPaths:
                     if attempt == 2:
                         failures.append((i, err))
                         states[i] = lever.read()
+
+    def _forget_frame(self, frame: Frame, applied: int, watched: Any) -> None:
+        # A frame whose enter was rolled back: off its stacks, closed, out of this context.
+        for i in range(applied):
             self._unlink(frame, i)
         frame.applied = 0
         frame.closed = True
@@ -173,12 +204,6 @@ class LedgerPaths:
         if frames and frames[-1] is frame:
             self._frames.set(frames[:-1])
         _own_writes.leave(watched)
-        if not failures:
-            return None
-        interrupts = [e for _, e in failures if not isinstance(e, Exception)]
-        if interrupts:
-            return interrupts[0]
-        return _notices.roll_back_error(frame, exc, applied, failures, states)
 
     # --- exiting -----------------------------------------------------------------------
 
@@ -192,6 +217,13 @@ class LedgerPaths:
             if entry[0] is frame and entry[1] == i:
                 del stack[j]
                 break
+
+    def _drop_stale(self, stack: List[Tuple[Frame, int]], frame: Frame) -> None:
+        # Entries of frames that are not open (a roll-back cut short by a second interrupt
+        # from a plain signal handler): nothing holds them, and nothing must be re-applied
+        # from them.
+        opened = self._open
+        stack[:] = [entry for entry in stack if entry[0] is frame or entry[0].id in opened]
 
     def _new_stack(self, key: Hashable) -> List[Tuple[Frame, int]]:
         # Emptied stacks are kept: dropping a thread's autocast stack at every exit and making
@@ -211,6 +243,7 @@ class LedgerPaths:
         # Entries above this one belong to frames still open: put back the state this entry
         # found, then re-apply theirs on top of it, in their order.
         stack = self._stacks[frame.key(i)]
+        self._drop_stale(stack, frame)
         position = next(j for j, (f, k) in enumerate(stack) if f is frame and k == i)
         later = stack[position + 1 :]
         lever = frame.program.levers[i]
@@ -242,5 +275,6 @@ class LedgerPaths:
         # fixture set up in one asyncio task and torn down in another, a `with` around a
         # generator's `yield` closed by another consumer.
         with self._lock:
-            mine = [f for f in self._open.values() if f.owner is owner and f.thread_id == tid]
+            frames = tuple(self._open.values())
+        mine = [f for f in frames if f.owner is owner and f.thread_id == tid]
         return mine[-1] if mine else None

@@ -148,6 +148,7 @@ class LedgerRecovery(LedgerPaths):
         # stack, and the state what the stack says should hold now.
         lever = frame.program.levers[i]
         stack = self._stacks.get(frame.key(i)) or []
+        self._drop_stale(stack, frame)
         position = next((j for j, (f, k) in enumerate(stack) if f is frame and k == i), None)
         current = lever.read()
         if position is not None and position < len(stack) - 1:

@@ -38,7 +38,7 @@ def test_amp_bf16_on_cpu_is_thread_local() -> None:
         assert autocast_dtype("cpu") == torch.bfloat16
         worker = threading.Thread(target=look)
         worker.start()
-        worker.join()
+        worker.join(30)
         look()
     assert seen == [(False, torch.float32), (True, torch.bfloat16)]
     assert not autocast_enabled("cpu")

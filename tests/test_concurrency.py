@@ -272,5 +272,5 @@ def test_per_thread_stacks_do_not_pile_up() -> None:
     for _ in range(200):
         worker = threading.Thread(target=one_block)
         worker.start()
-        worker.join()
+        worker.join(30)
     assert len(speedflags.ledger()._stacks) <= 80

@@ -196,7 +196,7 @@ def test_autocast_is_thread_local() -> None:
     with fast_math(amp="bf16", device="cpu"):
         worker = threading.Thread(target=lambda: seen.append(autocast_enabled("cpu")))
         worker.start()
-        worker.join()
+        worker.join(30)
         assert autocast_enabled("cpu")
     assert seen == [False]
 
@@ -214,7 +214,7 @@ def test_exit_from_another_thread_is_refused_and_changes_nothing() -> None:
 
     worker = threading.Thread(target=other)
     worker.start()
-    worker.join()
+    worker.join(30)
     assert len(errors) == 1 and isinstance(errors[0], LedgerOrderError)
     assert torch.backends.cudnn.benchmark is True  # untouched: still open
     spec.__exit__(None, None, None)

@@ -109,7 +109,7 @@ def test_amp_from_a_schedule_is_thread_local() -> None:
         sched.step(0)
         other = threading.Thread(target=lambda: seen.append(autocast_enabled("cpu")))
         other.start()
-        other.join()
+        other.join(30)
         assert autocast_enabled("cpu")
     assert seen == [False]
     assert not autocast_enabled("cpu")

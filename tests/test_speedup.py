@@ -43,7 +43,7 @@ def _dynamo_config_is_thread_local() -> bool:
     with torch._dynamo.config.patch(suppress_errors=True):
         other = threading.Thread(target=lambda: seen.append(torch._dynamo.config.suppress_errors))
         other.start()
-        other.join()
+        other.join(30)
     return seen == [False]
 
 
@@ -506,7 +506,7 @@ def test_suppress_errors_is_scoped_to_the_call_and_thread() -> None:
             target=lambda: seen.__setitem__("other", torch._dynamo.config.suppress_errors)
         )
         other.start()
-        other.join()
+        other.join(30)
         return x + 1
 
     speedup(compile={"backend": "eager"})  # decoration alone sets nothing

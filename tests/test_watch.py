@@ -275,7 +275,7 @@ def test_a_writer_in_another_thread_is_recorded_with_that_thread() -> None:
     with speedflags.watch() as w:
         thread = threading.Thread(target=writer, name="flag-writer")
         thread.start()
-        thread.join()
+        thread.join(30)
     (record,) = w.records
     assert record.thread == "flag-writer"
     assert record.label == "writer"
