@@ -165,5 +165,26 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
 
 
 @pytest.fixture
+def bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Pretend the CPU has AVX512-BF16 (and oneDNN's bf16 matmul) where it has not.
+
+    For tests of decisions that depend on bf16 being offered on a CPU (tune's search, the
+    bench's configuration list), written on an AVX512-BF16 machine: a CPU without those
+    instructions cannot show the capability, so only ``capabilities`` and the matmul
+    precision lever's oneDNN probe are faked; every kernel still runs for real (emulated).
+    On a CPU that has them nothing is faked.
+    """
+    from speedflags.levers import precision
+
+    if not hardware._host_cpu_bf16().supported:
+        faked = hardware.Capability(True, "faked for the test: AVX512-BF16")
+        monkeypatch.setattr(hardware, "_host_cpu_bf16", lambda: faked)
+        monkeypatch.setattr(precision, "_onednn_bf16", lambda: True)
+        hardware._clear_cache()
+    yield
+    hardware._clear_cache()
+
+
+@pytest.fixture
 def fresh_history() -> None:
     ledger().clear_history()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import List
+from typing import Any, Dict, List
 
 import pytest
 import torch
@@ -11,6 +11,7 @@ from conftest import autocast_nesting
 
 import speedflags
 from speedflags import LeverUnavailableError, SlowPathWarning, fast_math
+from speedflags.levers.registry import lever_spec
 
 CPU = speedflags.capabilities("cpu")
 needs_cpu_bf16 = pytest.mark.skipif(not CPU.cpu_bf16, reason=f"this CPU: {CPU.cpu_bf16.reason}")
@@ -136,8 +137,13 @@ def test_no_effect_here_is_applied_recorded_and_strict_refuses(kwargs: dict) -> 
 
 
 def test_strict_accepts_what_works_on_this_device() -> None:
-    with fast_math(matmul_precision="medium", sdpa="flash", device="cpu", strict=True):
-        assert torch.get_float32_matmul_precision() == "medium"
+    levers: Dict[str, Any] = {"sdpa": "flash"}
+    medium = lever_spec("matmul_precision").lever().available("medium", torch.device("cpu"))
+    if medium.effective:  # oneDNN's bf16 matmul route: not on every CPU (none on AVX2 only)
+        levers["matmul_precision"] = "medium"
+    with fast_math(**levers, device="cpu", strict=True):
+        assert torch.get_float32_matmul_precision() == levers.get("matmul_precision", "highest")
+        assert torch.backends.cuda.flash_sdp_enabled()
 
 
 def test_tf32_is_effective_on_an_ampere_gpu(fake_gpu) -> None:

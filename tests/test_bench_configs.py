@@ -31,6 +31,7 @@ def test_baseline_frame_sets_fp32_even_if_the_process_had_fast_paths_on() -> Non
         assert torch.is_autocast_enabled("cpu") is True
 
 
+@pytest.mark.usefixtures("fresh_history")  # the ring may be full from earlier tests
 def test_configuration_frame_nests_inside_the_baseline_and_restores() -> None:
     before = speedflags.snapshot()
     history = len(speedflags.ledger().history)
@@ -85,6 +86,7 @@ def test_baseline_levers_are_a_valid_fast_math_spec() -> None:
     }
 
 
+@pytest.mark.usefixtures("bf16_cpu")  # written on an AVX512-BF16 CPU: faked where absent
 def test_cpu_skips_with_reasons() -> None:
     reasons = {c.name: c.unavailable(CPU) for c in MATMUL_CONFIGS}
     assert reasons["fp32"] is None

@@ -101,6 +101,7 @@ def test_plan_for_a_gpu_uses_the_gpu_sizes(fake_gpu: Callable[..., None]) -> Non
     ]
 
 
+@pytest.mark.usefixtures("bf16_cpu")  # three matmul configurations to measure, on any CPU
 def test_ctrl_c_between_measurements_keeps_the_results_so_far() -> None:
     before = speedflags.snapshot()
     done: List[str] = []

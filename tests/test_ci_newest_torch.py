@@ -167,7 +167,8 @@ def test_real_pip_resolves_the_newest_only_with_the_cap_lifted(tmp_path: Path) -
     env, lifted = newest_torch.lifted_pip_env(
         machine, newest_torch.parse_config_list(listed.stdout)
     )
-    assert lifted == [f"global.constraint={str(cap)!r}"]
+    # the test's cap is lifted (and a cap the machine's own pip configuration sets, if any)
+    assert f"global.constraint={str(cap)!r}" in lifted
     lifted_run = dry_run(env)
     assert lifted_run.returncode == 0, lifted_run.stderr
     report = json.loads(lifted_run.stdout)

@@ -26,6 +26,9 @@ from speedflags.tune.compare import MIN_GAIN, faster
 from speedflags.tune.state import error_against, reference_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
+# The search tests assume a CPU that offers bf16 autocast and oneDNN's "medium" (the CPU they
+# were written on); on one without them, those capabilities are faked (conftest.bf16_cpu).
+pytestmark = pytest.mark.usefixtures("bf16_cpu")
 NO_COMPILE = list(LEVER_NAMES)  # every registry lever, without torch.compile (too slow here)
 
 

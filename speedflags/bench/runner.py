@@ -261,8 +261,8 @@ def run(
         >>> from speedflags.bench.runner import Settings, run
         >>> result = run(Settings(torch.device("cpu"), ("matmul",), sizes=(32,), passes=1,
         ...                       min_rounds=1, min_time_s=0, warmup_rounds=1, warmup_s=0))
-        >>> [r.config for r in result.results if not r.skipped][:2], result.flags_restored
-        (['fp32', 'precision-medium'], True)
+        >>> [r.config for r in result.results if not r.skipped][0], result.flags_restored
+        ('fp32', True)
     """
     env = environment(settings.device)
     before = snapshot()

@@ -79,7 +79,7 @@ def candidates(
         >>> import torch
         >>> from speedflags.tune.candidates import candidates
         >>> tried, skipped = candidates(
-        ...     torch.device("cpu"), {"tf32": [True], "sdpa": ["flash"], "amp": ["bf16"]},
+        ...     torch.device("cpu"), {"tf32": [True], "sdpa": ["flash"]},
         ...     calls=frozenset({"linear", "relu"}))
         >>> [row.levers for row in skipped]
         [{'tf32': True}, {'sdpa': ['flash']}]
