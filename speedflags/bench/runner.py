@@ -45,6 +45,8 @@ class Settings:
         min_rounds: timed rounds per configuration and pass, at least.
         min_time_s: timed seconds per configuration and pass, at least (up to 1000 rounds).
         warmup_rounds, warmup_s: the first pass's warm-up, in calls and seconds (both met).
+        verify: record, before measuring, whether each lever the run uses takes effect on
+            the device (``speedflags.verify``; the result's ``environment["verdicts"]``).
     """
 
     device: torch.device
@@ -55,6 +57,7 @@ class Settings:
     min_time_s: float = 0.25
     warmup_rounds: int = 2
     warmup_s: float = 0.1
+    verify: bool = True
 
     def to_dict(self) -> Dict[str, object]:
         out = asdict(self)
@@ -246,6 +249,26 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
 
 
+def verdicts(settings: Settings) -> Dict[str, str]:
+    """Whether each lever value the run's configurations use takes effect on the device.
+
+    ``{"amp='bf16'": "verified: output bfloat16, error 2.9e-03 (bf16)", ...}`` from
+    :func:`speedflags.verify` (never raises: a failed verification says why).
+    """
+    from ..verify.check import recorded  # local: verify builds on bench
+
+    levers: Dict[str, List[object]] = {}
+    for workload, size in settings.plan():
+        if size is None:
+            continue
+        for config in workload.configs:
+            for name, value in config.levers.items():
+                values = levers.setdefault(name, [])
+                if value not in values:
+                    values.append(value)
+    return recorded(settings.device, levers) if levers else {}
+
+
 def run(
     settings: Settings,
     progress: Optional[Callable[[Progress], None]] = None,
@@ -263,8 +286,12 @@ def run(
         ...                       min_rounds=1, min_time_s=0, warmup_rounds=1, warmup_s=0))
         >>> [r.config for r in result.results if not r.skipped][0], result.flags_restored
         ('fp32', True)
+        >>> result.environment["verdicts"]["tf32=True"][:14]
+        'no effect here'
     """
     env = environment(settings.device)
+    if settings.verify:
+        env["verdicts"] = verdicts(settings)
     before = snapshot()
     state = _Run(settings, progress or (lambda event: None))
     interrupted = False

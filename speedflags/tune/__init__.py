@@ -19,6 +19,7 @@ import torch
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import DeviceLike, default_device, normalize_device
 from ..levers.registry import LEVER_NAMES, lever_spec
+from .candidates import verdicts_of
 from .compare import Plan
 from .files import load_levers
 from .result import Row, TuneResult
@@ -136,7 +137,9 @@ def run(
         clock=clock,
         progress=progress,
     )
-    return search.run()
+    result = search.run()
+    result.verdicts = verdicts_of(target, result.rows)  # did each lever timed take effect?
+    return result
 
 
 def _positive(name: str, value: object) -> float:

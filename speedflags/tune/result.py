@@ -85,6 +85,8 @@ class TuneResult:
             so that dropout draws what eager drew and the error compares arithmetic only.
         state: what was reset before each call.
         torch_version: the PyTorch that measured it.
+        verdicts: whether each lever value timed takes effect on the device, as
+            :func:`speedflags.verify` found it (``{"amp='bf16'": "verified: ..."}``).
 
     Scope: a plain record; it changes and restores no flag.
 
@@ -110,6 +112,7 @@ class TuneResult:
     state: str = ""
     torch_version: str = ""
     notes: List[str] = field(default_factory=list)
+    verdicts: Dict[str, str] = field(default_factory=dict)
 
     @property
     def chosen(self) -> Optional[Row]:
@@ -134,6 +137,7 @@ class TuneResult:
                 "elapsed_s": self.elapsed_s,
                 "state": self.state,
                 "torch": self.torch_version,
+                "verdicts": dict(self.verdicts),
             },
             "rows": [row.to_dict() for row in self.rows],
         }
@@ -235,4 +239,5 @@ def render(result: TuneResult) -> str:
         verdict = "helps on top of it" if result.compile else "does not help beyond the noise"
         lines.append(f"compile: speedup(compile=True, ...) {verdict}")
     lines.extend(result.notes)
+    lines.extend(f"verify: {label}: {said}" for label, said in result.verdicts.items())
     return "\n".join(lines)
