@@ -10,7 +10,8 @@ that ran, the autotuner's trial kernels), one :class:`Verdict` per lever value i
 Modules: :mod:`.check` (``verify``), :mod:`.probes` (one measurement per lever),
 :mod:`.measure` (inputs, error levels, dispatch and profiler recording), :mod:`.causes` (why a
 lever is not in effect), :mod:`.result` (verdicts, table, JSON), :mod:`.cli` (``python -m
-speedflags verify``).
+speedflags verify``), and for ``make gpu-check``: :mod:`.gpu_check` (the driver),
+:mod:`.summary` and :mod:`.peaks`.
 
 What this subpackage may import: torch, and speedflags' public modules (``fast_math``,
 ``status``, ``hardware``, ``errors``, ``levers.registry``, ``bench``, ``tune``). Never the
