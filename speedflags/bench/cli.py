@@ -70,6 +70,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--threads", type=int, default=None, help="CPU threads for the run (torch.set_num_threads)"
     )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="configurations, workloads, sizes and settings from a YAML, TOML or JSON file, or "
+        "a lever file from tune (see speedflags.bench.config_file); options given here win",
+    )
     parser.add_argument("--json", metavar="PATH", help="write the results and their provenance")
     parser.add_argument(
         "--plot", metavar="PATH", help="write a PNG of speedup against error (needs matplotlib)"
@@ -118,6 +124,16 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``speedflags bench`` with parsed arguments; return the exit status."""
     if args.compare:
         return _compare(tuple(args.compare))
+    bench_file = None
+    if args.config:
+        from .config_file import describe, load_for_cli, overlay
+
+        bench_file, problem = load_for_cli(args.config)
+        if bench_file is None:
+            print(f"speedflags bench: {problem}", file=sys.stderr)
+            return 2
+        overlay(args, parser, bench_file)
+        print(f"configurations from {args.config}:\n{describe(bench_file)}", file=sys.stderr)
     for option, value in (("--passes", args.passes), ("--rounds", args.rounds)):
         if value < 1:
             parser.error(f"{option} {value}: must be at least 1")
@@ -163,6 +179,10 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         min_rounds=args.rounds,
         min_time_s=args.min_time,
     )
+    if bench_file is not None:
+        from .config_file import settings_with
+
+        settings = settings_with(settings, bench_file)
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
