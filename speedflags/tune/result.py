@@ -87,6 +87,11 @@ class TuneResult:
         torch_version: the PyTorch that measured it.
         verdicts: whether each lever value timed takes effect on the device, as
             :func:`speedflags.verify` found it (``{"amp='bf16'": "verified: ..."}``).
+        confidence: ``"clear"``, or ``"within noise"`` when the choice's runner-up (or, with
+            no choice, the fastest median) is not apart from it beyond the noise, even after
+            the paired duel of :mod:`speedflags.tune.duel`; ``confidence_note`` gives both
+            figures (``"amp='bf16' and matmul_precision='medium' within noise: 1.30x ± 0.20
+            vs 1.20x ± 0.10"``).
 
     Scope: a plain record; it changes and restores no flag.
 
@@ -113,6 +118,8 @@ class TuneResult:
     torch_version: str = ""
     notes: List[str] = field(default_factory=list)
     verdicts: Dict[str, str] = field(default_factory=dict)
+    confidence: str = "clear"
+    confidence_note: str = ""
 
     @property
     def chosen(self) -> Optional[Row]:
@@ -137,6 +144,8 @@ class TuneResult:
                 "elapsed_s": self.elapsed_s,
                 "state": self.state,
                 "torch": self.torch_version,
+                "confidence": self.confidence,
+                "confidence_note": self.confidence_note,
                 "verdicts": dict(self.verdicts),
             },
             "rows": [row.to_dict() for row in self.rows],
@@ -235,6 +244,8 @@ def render(result: TuneResult) -> str:
         mid = [cells[1].rjust(widths[1]), cells[2].ljust(widths[2]), cells[3].ljust(widths[3])]
         lines.append(f"  {left}  {'  '.join(mid)}  {cells[4]}".rstrip())
     lines.append(f"best: {_choice(result.best)}")
+    if result.confidence != "clear":
+        lines.append(f"confidence: {result.confidence_note or result.confidence}")
     if result.compile is not None:
         verdict = "helps on top of it" if result.compile else "does not help beyond the noise"
         lines.append(f"compile: speedup(compile=True, ...) {verdict}")
