@@ -5,6 +5,9 @@
 # Measuring (benchmarks/RESULTS.md):
 #   make bench     the pytest-benchmark suites, timed, with the speedup-and-accuracy table
 #   make results   python -m speedflags bench, written to benchmarks/results/$(RESULTS).json
+# On a machine with an NVIDIA GPU (no network, no virtual environment needed):
+#   make gpu-check GPU_OUT=DIR   GPU tests, verify, bench, the benchmarks once and a summary,
+#                                everything into DIR (docs/gpu_check.md)
 # The pinned torch is installed first, so pip never resolves a bare `torch` (which would
 # download the newest CUDA build, several GB).
 #
@@ -38,7 +41,7 @@ EXTRAS ?= test,dev
 DEVICE ?= cpu
 RESULTS ?= $(DEVICE)
 
-.PHONY: setup torch-source run test lint typecheck unit examples bench results test-legacy test-newest test-all newest clean
+.PHONY: setup torch-source run test lint typecheck unit examples bench results gpu-check test-legacy test-newest test-all newest clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +73,16 @@ bench: setup
 
 results: setup
 	$(PY) -m speedflags bench --device $(DEVICE) --passes 9 --json benchmarks/results/$(RESULTS).json
+
+# Everything a GPU machine should prove, in one command, into $(GPU_OUT) (docs/gpu_check.md).
+# No setup: it runs in the Python at hand (this checkout's .venv if there is one, else
+# python3) from the source tree; the only install it may do is
+# `pip install --no-deps --no-build-isolation -e .`. Without a GPU it runs the CPU parts,
+# says so, and exits 0 when they pass.
+GPU_OUT ?= gpu-check-out
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m speedflags.verify.gpu_check --out "$(GPU_OUT)"
 
 # Which torch this environment runs, and from where (disk or registry): CI logs it per leg.
 torch-source: setup
@@ -106,4 +119,4 @@ test-newest:
 test-all: test test-legacy test-newest
 
 clean:
-	rm -rf .venv .venv-torch* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info
+	rm -rf .venv .venv-torch* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info gpu-check-out

@@ -272,6 +272,12 @@ def test_thousands_of_blocks_under_a_fast_timer_with_a_signal_safe_handler() -> 
 
 
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+@pytest.mark.skipif(
+    sys.version_info < (3, 10),
+    reason="Python 3.9 runs signal handlers between a with block's end and its __exit__ "
+    "(bpo-29988, fixed in 3.10): a plain handler can leave the ledger's lock held there; "
+    "signal_safe handlers cannot (the timer test above)",
+)
 def test_a_plain_handler_on_the_timer_never_hangs_the_ledger() -> None:
     # Without signal_safe, each interruption is still handled, but this timer also lands
     # inside the handling of the one before, and at __exit__'s first instruction: flags may
@@ -280,11 +286,13 @@ def test_a_plain_handler_on_the_timer_never_hangs_the_ledger() -> None:
     interrupted, _, raised = under_timer(lambda handler: handler, 6000)
     assert interrupted <= raised
     assert another_thread_enters_a_block()
-    for frame in reversed(speedflags.ledger().open_frames()):
-        try:
-            speedflags.ledger().close(frame)
-        except LedgerOrderError:  # left open in any order
-            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DriftWarning)  # what later blocks changed under them
+        for frame in reversed(speedflags.ledger().open_frames()):
+            try:
+                speedflags.ledger().close(frame)
+            except LedgerOrderError:  # left open in any order
+                pass
     assert not speedflags.ledger().open_frames()
     with SPEC:
         assert torch.backends.cudnn.benchmark
