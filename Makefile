@@ -5,6 +5,9 @@
 # Measuring (benchmarks/RESULTS.md):
 #   make bench     the pytest-benchmark suites, timed, with the speedup-and-accuracy table
 #   make results   python -m speedflags bench, written to benchmarks/results/$(RESULTS).json
+# On a machine with an NVIDIA GPU (no network, no virtual environment needed):
+#   make gpu-check GPU_OUT=DIR   GPU tests, verify, bench, the benchmarks once and a summary,
+#                                everything into DIR (docs/gpu_check.md)
 # The pinned torch is installed first, so pip never resolves a bare `torch` (which would
 # download the newest CUDA build, several GB).
 #
@@ -56,7 +59,7 @@ EXTRAS ?= test,dev
 DEVICE ?= cpu
 RESULTS ?= $(DEVICE)
 
-.PHONY: setup torch-source run test lint typecheck unit examples bench results test-default test-floor test-newest test-all newest clean
+.PHONY: setup torch-source run test lint typecheck unit examples bench results gpu-check test-default test-floor test-newest test-all newest clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +93,16 @@ bench: setup
 
 results: setup
 	$(PY) -m speedflags bench --device $(DEVICE) --passes 9 --json benchmarks/results/$(RESULTS).json
+
+# Everything a GPU machine should prove, in one command, into $(GPU_OUT) (docs/gpu_check.md).
+# No setup: it runs in the Python at hand (this checkout's .venv if there is one, else
+# python3) from the source tree; the only install it may do is
+# `pip install --no-deps --no-build-isolation -e .`. Without a GPU it runs the CPU parts,
+# says so, and exits 0 when they pass.
+GPU_OUT ?= gpu-check-out
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m speedflags.verify.gpu_check --out "$(GPU_OUT)"
 
 # Which Python and torch this environment runs, and where torch came from (disk or registry):
 # CI logs it per leg, e.g. "=== leg: Python 3.9.18, torch 2.1.2 (registry) ===".
@@ -134,4 +147,4 @@ test-newest:
 test-all: test-default test-floor test-newest
 
 clean:
-	rm -rf .venv .venv-py* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info
+	rm -rf .venv .venv-py* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info gpu-check-out

@@ -47,6 +47,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="fast_math levers, e.g. tf32=true,amp=bf16 (default: the recommended ones)",
     )
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="take the levers from a bench file (its first configuration with levers other "
+        "than the baseline), as `speedflags bench --config FILE` compares them",
+    )
 
 
 def pick_device(name: Optional[str], smoke: bool) -> torch.device:
@@ -56,12 +63,34 @@ def pick_device(name: Optional[str], smoke: bool) -> torch.device:
 
 
 def chosen_levers(
-    given: Optional[Dict[str, Any]], device: torch.device, **extra: Any
+    given: Optional[Dict[str, Any]],
+    device: torch.device,
+    config: Optional[str] = None,
+    **extra: Any,
 ) -> Dict[str, Any]:
-    """The levers to compare with fp32: as given, or the device's recommended ones."""
+    """The levers to compare with fp32: as given, from a bench file, or the recommended ones."""
+    if given is not None and config is not None:
+        raise SystemExit("give --levers or --config, not both")
+    if config is not None:
+        return config_levers(config)
     if given is not None:
         return dict(given)
     return {**speedflags.recommended(device).levers, **extra}
+
+
+def config_levers(path: str) -> Dict[str, Any]:
+    """The first configuration of a bench file (or tune lever file) that sets levers and is
+    not the baseline; the same file ``speedflags bench --config`` reads."""
+    from speedflags.bench.config_file import load_for_cli
+
+    bench, problem = load_for_cli(path)
+    if bench is None:
+        raise SystemExit(f"--config: {problem}")
+    for config in bench.configs:
+        if not config.baseline and config.levers and config.dtype is None:
+            print(f"levers from {path}: {config.name} = {config.describe()}")
+            return dict(config.levers)
+    raise SystemExit(f"--config {path!r}: no configuration besides the baseline sets levers")
 
 
 def sync(device: torch.device) -> None:

@@ -123,7 +123,7 @@ def main() -> None:
     device = common.pick_device(args.device, args.smoke)
     width, batch, steps = (8, 8, 3) if args.smoke else (64, 256, 30)
     steps = args.steps or steps
-    levers = common.chosen_levers(args.levers, device, cudnn_benchmark=True)
+    levers = common.chosen_levers(args.levers, device, args.config, cudnn_benchmark=True)
     data = batches(args.data, batch, steps + 1, device)
     print(f"device: {speedflags.capabilities(device).device}; data: {args.data or 'synthetic'}")
     print(

@@ -81,7 +81,7 @@ def main() -> None:
         if args.smoke
         else dict(layers=6, width=512, heads=8, seq=256, vocab=8192, batch=16, steps=40)
     )
-    levers = common.chosen_levers(args.levers, device)
+    levers = common.chosen_levers(args.levers, device, args.config)
     config = GPT2Config(
         n_layer=size["layers"], n_embd=size["width"], n_head=size["heads"],
         n_positions=size["seq"], vocab_size=size["vocab"], bos_token_id=0, eos_token_id=0,

@@ -8,6 +8,7 @@ flag ends as it began.
 
     python examples/train_toy_transformer.py                  # for real (CUDA if available)
     python examples/train_toy_transformer.py --levers tf32=true,amp=bf16
+    python examples/train_toy_transformer.py --config examples/configs/speed.yaml
     python examples/train_toy_transformer.py --smoke          # a few seconds on a CPU (CI)
 """
 
@@ -71,7 +72,7 @@ def main() -> None:
         else dict(vocab=8192, width=512, depth=6, heads=8, seq=256, batch=32, steps=30)
     )
     steps = args.steps or size["steps"]
-    levers = common.chosen_levers(args.levers, device)
+    levers = common.chosen_levers(args.levers, device, args.config)
     print(f"device: {speedflags.capabilities(device).device}; torch {torch.__version__}")
     print(
         f"{steps} steps in fp32, then {steps} with the levers: each run says how long it will "

@@ -53,6 +53,7 @@ from .speedup import SpeedupStats, speedup
 from .status import TF32Status, heal_tf32, snapshot, tf32_status
 from .training import fast_optimizer, grad_scaler, to_device
 from .tune import TuneResult, load_levers, tune
+from .verify import Verification, verify
 
 __all__ = [
     "UNSET",
@@ -70,6 +71,7 @@ __all__ = [
     "TF32Status",
     "TuneResult",
     "Unreadable",
+    "Verification",
     "__version__",
     "autocast",
     "capabilities",
@@ -91,6 +93,7 @@ __all__ = [
     "tf32_status",
     "to_device",
     "tune",
+    "verify",
     "watch",
 ]
 __all__ += errors.__all__

@@ -1,4 +1,4 @@
-"""The command line: ``python -m speedflags report|bench|tune`` (also the ``speedflags`` script).
+"""The command line: ``python -m speedflags report|bench|tune|verify`` (also ``speedflags``).
 
 Under ``torchrun`` (``torchrun --nproc_per_node=N -m speedflags report``) each rank joins a
 gloo process group set up from torchrun's environment, the ranks' states are gathered, and
@@ -17,6 +17,7 @@ from typing import Iterator, Optional, Sequence, Tuple
 from .bench import cli as bench_cli
 from .errors import SpeedflagsError
 from .tune import cli as tune_cli
+from .verify import cli as verify_cli
 
 # torchrun (torch.distributed.run) sets these for every worker
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -85,16 +86,17 @@ def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     )
     bench = bench_cli.add_parser(sub)
     tune_cli.add_parser(sub)
+    verify_cli.add_parser(sub)
     return parser, bench
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; return the exit status.
 
-    0: ok; 1: ``--restore`` was not exact, the ranks of a distributed job disagree, or a
-    flag did not read as before a ``bench`` run; 2: bad usage (one line naming the option,
-    before anything is measured); 3: the step ``tune`` measures raised (its traceback is
-    shown); 130: ``bench`` or ``tune`` stopped with Ctrl-C.
+    0: ok; 1: ``--restore`` was not exact, the ranks of a distributed job disagree, a flag
+    did not read as before a ``bench`` run, or ``verify`` found a lever not in effect; 2: bad
+    usage (one line naming the option, before anything is measured); 3: the step ``tune``
+    measures raised (its traceback is shown); 130: ``bench`` or ``tune`` stopped with Ctrl-C.
     """
     parser, bench_parser = _parser()
     args = parser.parse_args(argv)
@@ -102,6 +104,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return bench_cli.command(args, bench_parser)
     if args.command == "tune":
         return tune_cli.command(args)
+    if args.command == "verify":
+        return verify_cli.command(args)
     if args.command == "report":
         if args.restore and not args.apply:
             parser.error("--restore proves that --apply's changes come back; use it with --apply")

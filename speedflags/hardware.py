@@ -247,10 +247,20 @@ def _cpu_capabilities() -> Capabilities:
         ),
         bf16=cpu_bf16,
         fp16=fp16,
-        flash_sdpa=Capability(True, "PyTorch's CPU flash-attention kernel runs on any CPU"),
+        flash_sdpa=_cpu_flash(),
         efficient_sdpa=Capability(False, f"memory-efficient attention is a {no_fused}"),
         cudnn_sdpa=Capability(False, f"cuDNN attention is a {no_fused}"),
         cpu_bf16=cpu_bf16,
+    )
+
+
+def _cpu_flash() -> Capability:
+    # Feature detection: the CPU flash-attention operator arrived after PyTorch 2.1; before
+    # it, every CPU attention ran the math kernel.
+    if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        return Capability(True, "PyTorch's CPU flash-attention kernel runs on any CPU")
+    return Capability(
+        False, f"PyTorch {torch.__version__} has no CPU flash-attention kernel (math runs)"
     )
 
 

@@ -27,6 +27,7 @@ CHANGES_FLAGS = {
     "Schedule",
     "TF32Schedule",
     "tune",
+    "verify",
 }
 NEEDS_EXAMPLE = {
     "snapshot",
@@ -41,6 +42,7 @@ NEEDS_EXAMPLE = {
     "check_ranks",
     "RankSnapshot",
     "watch",
+    "Verification",
 }
 
 

@@ -94,6 +94,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="CPU threads for the run (torch.set_num_threads), at most the CPUs here",
     )
     parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="configurations, workloads, sizes and settings from a YAML, TOML or JSON file, or "
+        "a lever file from tune (see speedflags.bench.config_file); options given here win",
+    )
+    parser.add_argument(
         "--json",
         metavar="PATH",
         help="write the results and their provenance; checked before the run, a missing "
@@ -190,6 +196,16 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``speedflags bench`` with parsed arguments; return the exit status."""
     if args.compare:
         return _compare(tuple(args.compare))
+    bench_file = None
+    if args.config:
+        from .config_file import describe, load_for_cli, overlay
+
+        bench_file, why = load_for_cli(args.config)
+        if bench_file is None:
+            print(f"speedflags bench: {why}", file=sys.stderr)
+            return 2
+        overlay(args, parser, bench_file)
+        print(f"configurations from {args.config}:\n{describe(bench_file)}", file=sys.stderr)
     _check_numbers(args, parser)
     workloads = tuple(w.strip() for w in args.workload.split(",") if w.strip())
     unknown = [w for w in workloads if w not in WORKLOAD_NAMES]
@@ -239,6 +255,10 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         min_rounds=args.rounds,
         min_time_s=args.min_time,
     )
+    if bench_file is not None:
+        from .config_file import settings_with
+
+        settings = settings_with(settings, bench_file)
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -45,6 +45,11 @@ class Settings:
         min_rounds: timed rounds per configuration and pass, at least.
         min_time_s: timed seconds per configuration and pass, at least (up to 1000 rounds).
         warmup_rounds, warmup_s: the first pass's warm-up, in calls and seconds (both met).
+        verify: record, before measuring, whether each lever the run uses takes effect on
+            the device (``speedflags.verify``; the result's ``environment["verdicts"]``).
+        configs: the configurations to compare on every workload instead of each
+            workload's own (``bench --config``); one of them is the ``baseline``.
+        workload_sizes: sizes per workload, before ``sizes`` and the defaults.
     """
 
     device: torch.device
@@ -55,11 +60,20 @@ class Settings:
     min_time_s: float = 0.25
     warmup_rounds: int = 2
     warmup_s: float = 0.1
+    verify: bool = True
+    configs: Optional[Tuple[Config, ...]] = None
+    workload_sizes: Optional[Mapping[str, Tuple[int, ...]]] = None
 
     def to_dict(self) -> Dict[str, object]:
         out = asdict(self)
         out["device"] = str(self.device)
+        if self.configs is not None:
+            out["configs"] = {c.name: c.describe() for c in self.configs}
         return out
+
+    def configs_of(self, workload: Workload) -> Tuple[Config, ...]:
+        """The configurations compared on ``workload``."""
+        return self.configs if self.configs is not None else workload.configs
 
     def plan(self) -> List[Tuple[Workload, Optional[int]]]:
         """(workload, size) pairs in run order; size None for a workload the device lacks."""
@@ -69,7 +83,8 @@ class Settings:
             if workload.unavailable(self.device):
                 pairs.append((workload, None))
                 continue
-            sizes = self.sizes or workload.sizes.get(self.device.type, ())
+            given = (self.workload_sizes or {}).get(name)
+            sizes = given or self.sizes or workload.sizes.get(self.device.type, ())
             pairs.extend((workload, size) for size in sizes)
         return pairs
 
@@ -148,7 +163,7 @@ class _Run:
         self.results: List[Result] = []
         self.plan = settings.plan()
         self.step = 0
-        self.steps = sum(len(w.configs) for w, _ in self.plan) * settings.passes
+        self.steps = sum(len(settings.configs_of(w)) for w, _ in self.plan) * settings.passes
 
     def tell(
         self, kind: str, group: str, config: str, message: str, median: Optional[float] = None
@@ -168,13 +183,13 @@ class _Run:
         reason = workload.unavailable(device)
         if reason is not None or size is None:
             row = Result(name, "(all)", workload=workload.name, skipped=reason or "no sizes")
-            self.results.append(self.skip(row, len(workload.configs)))
+            self.results.append(self.skip(row, len(self.settings.configs_of(workload))))
             return
         self.tell("group", name, "", f"{name}: preparing inputs and the float64 reference")
         problem = workload.build(size, device)
         problem.reference()
         rows: List[Union[Result, _Entry]] = []
-        for config in workload.configs:
+        for config in self.settings.configs_of(workload):
             why = problem.skip_reason(config)
             if why is None:
                 rows.append(_Entry(config))
@@ -246,6 +261,26 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
 
 
+def verdicts(settings: Settings) -> Dict[str, str]:
+    """Whether each lever value the run's configurations use takes effect on the device.
+
+    ``{"amp='bf16'": "verified: output bfloat16, error 2.9e-03 (bf16)", ...}`` from
+    :func:`speedflags.verify` (never raises: a failed verification says why).
+    """
+    from ..verify.check import recorded  # local: verify builds on bench
+
+    levers: Dict[str, List[object]] = {}
+    for workload, size in settings.plan():
+        if size is None:
+            continue
+        for config in settings.configs_of(workload):
+            for name, value in config.levers.items():
+                values = levers.setdefault(name, [])
+                if value not in values:
+                    values.append(value)
+    return recorded(settings.device, levers) if levers else {}
+
+
 def run(
     settings: Settings,
     progress: Optional[Callable[[Progress], None]] = None,
@@ -264,8 +299,12 @@ def run(
         >>> rows = {r.config: r for r in result.results}
         >>> rows["fp32"].speedup, rows["tf32"].skipped, result.flags_restored
         (1.0, 'no effect on cpu: TF32 is a tensor-core mode of ... GPUs; a CPU has none', True)
+        >>> result.environment["verdicts"]["tf32=True"][:14]
+        'no effect here'
     """
     env = environment(settings.device)
+    if settings.verify:
+        env["verdicts"] = verdicts(settings)
     before = snapshot()
     state = _Run(settings, progress or (lambda event: None))
     interrupted = False

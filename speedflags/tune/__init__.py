@@ -20,6 +20,7 @@ from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import DeviceLike, default_device, missing_cuda, normalize_device
 from ..levers.registry import LEVER_NAMES, lever_spec
+from .candidates import verdicts_of
 from .compare import Plan
 from .files import load_levers
 from .result import Row, TuneResult
@@ -141,7 +142,9 @@ def run(
         clock=clock,
         progress=progress,
     )
-    return search.run()
+    result = search.run()
+    result.verdicts = verdicts_of(target, result.rows)  # did each lever timed take effect?
+    return result
 
 
 def _positive(name: str, value: object) -> float:

@@ -20,7 +20,7 @@ from ..levers.registry import REGISTRY, baseline_levers, check_levers
 from .files import plain_levers
 from .result import Row
 
-__all__ = ["Levers", "calls_of", "candidates", "combinations", "with_baseline"]
+__all__ = ["Levers", "calls_of", "candidates", "combinations", "verdicts_of", "with_baseline"]
 
 Levers = Tuple[Tuple[str, Any], ...]
 MAX_COMBINATIONS = 16
@@ -171,3 +171,28 @@ def can_compile() -> bool:
         return bool(is_supported()) if is_supported is not None else hasattr(torch, "compile")
     except Exception:
         return False
+
+
+def verdicts_of(device: torch.device, rows: Sequence[Row]) -> Dict[str, str]:
+    """Whether each lever value ``tune`` timed takes effect on ``device`` (``verify``'s
+    verdicts, ``{"amp='bf16'": "verified: ..."}``); never raises.
+
+    Example:
+        >>> import torch
+        >>> from speedflags.tune.candidates import verdicts_of
+        >>> from speedflags.tune.result import Row
+        >>> found = verdicts_of(torch.device("cpu"), [Row({"tf32": True}, speedup=1.0)])
+        >>> sorted(found), found["tf32=True"][:15]
+        (['baseline (every lever off)', 'tf32=True'], 'no effect here:')
+    """
+    from ..verify.check import recorded  # local: verify imports tune's helpers
+
+    levers: Dict[str, List[Any]] = {}
+    for row in rows:
+        if row.speedup is None:
+            continue
+        for name, value in row.levers.items():
+            values = levers.setdefault(name, [])
+            if value not in values:
+                values.append(value)
+    return recorded(device, levers) if levers else {}

@@ -39,6 +39,9 @@ class Plan:
     passes: int = 6  # of the long round
     warmup_rounds: int = 2
     warmup_s: float = 0.05
+    duel_s: float = 20.0  # measured seconds of calls a duel may add (speedflags.tune.duel)
+    duel_min_blocks: int = 4
+    duel_max_blocks: int = 40
 
 
 def median_error(timing: Optional[Timing]) -> float:

@@ -85,6 +85,13 @@ class TuneResult:
             so that dropout draws what eager drew and the error compares arithmetic only.
         state: what was reset before each call.
         torch_version: the PyTorch that measured it.
+        verdicts: whether each lever value timed takes effect on the device, as
+            :func:`speedflags.verify` found it (``{"amp='bf16'": "verified: ..."}``).
+        confidence: ``"clear"``, or ``"within noise"`` when the choice's runner-up (or, with
+            no choice, the fastest median) is not apart from it beyond the noise, even after
+            the paired duel of :mod:`speedflags.tune.duel`; ``confidence_note`` gives both
+            figures (``"amp='bf16' and matmul_precision='medium' within noise: 1.30x ± 0.20
+            vs 1.20x ± 0.10"``).
 
     Scope: a plain record; it changes and restores no flag.
 
@@ -110,6 +117,9 @@ class TuneResult:
     state: str = ""
     torch_version: str = ""
     notes: List[str] = field(default_factory=list)
+    verdicts: Dict[str, str] = field(default_factory=dict)
+    confidence: str = "clear"
+    confidence_note: str = ""
 
     @property
     def chosen(self) -> Optional[Row]:
@@ -134,6 +144,9 @@ class TuneResult:
                 "elapsed_s": self.elapsed_s,
                 "state": self.state,
                 "torch": self.torch_version,
+                "confidence": self.confidence,
+                "confidence_note": self.confidence_note,
+                "verdicts": dict(self.verdicts),
             },
             "rows": [row.to_dict() for row in self.rows],
         }
@@ -234,8 +247,11 @@ def render(result: TuneResult) -> str:
         mid = [cells[1].rjust(widths[1]), cells[2].ljust(widths[2]), cells[3].ljust(widths[3])]
         lines.append(f"  {left}  {'  '.join(mid)}  {cells[4]}".rstrip())
     lines.append(f"best: {_choice(result.best)}")
+    if result.confidence != "clear":
+        lines.append(f"confidence: {result.confidence_note or result.confidence}")
     if result.compile is not None:
         verdict = "helps on top of it" if result.compile else "does not help beyond the noise"
         lines.append(f"compile: speedup(compile=True, ...) {verdict}")
     lines.extend(result.notes)
+    lines.extend(f"verify: {label}: {said}" for label, said in result.verdicts.items())
     return "\n".join(lines)

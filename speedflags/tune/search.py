@@ -14,9 +14,11 @@
    faster than fp32 beyond the noise: compared pass by pass, its gain must exceed both
    :data:`MIN_GAIN` and 2.5 standard errors (:mod:`speedflags.tune.compare`).
 5. **Combinations** of the accepted levers (one value per lever) go through steps 3 and 4,
-   re-timed beside the accepted single levers. The choice is the fastest accepted
-   candidate, replaced by a smaller accepted one while it is not faster than that one
-   beyond the noise: every lever in the choice earns its place.
+   re-timed beside the accepted single levers. When a top candidate's noise is large, the
+   top three and fp32 are timed again call by call, paired, until clear
+   (:mod:`speedflags.tune.duel`). The choice is the fastest accepted candidate, replaced by
+   a smaller accepted one while it is not faster than that one beyond the noise: every
+   lever in the choice earns its place; ``confidence`` says whether a rival is within noise.
 6. **Compile** (where ``torch.compile`` works, last, and only with time left):
    ``speedup(compile=..., **choice)`` timed beside the choice, with inductor's
    ``fallback_random`` (compiled dropout otherwise draws other numbers than eager's, and
@@ -32,20 +34,19 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from ..bench.runner import measure_rounds, warm_up
 from ..bench.timing import Timing, plan_rounds, synchronize, timer_for
-from ..bench.workloads import Runner
 from ..fast_math import fast_math
 from ..status import snapshot
-from .candidates import Levers, calls_of, can_compile, candidates, combinations, with_baseline
+from .candidates import calls_of, can_compile, candidates, combinations, with_baseline
 from .compare import Plan, compare, faster
-from .files import plain_levers
-from .result import Row, TuneResult, ms
+from .duel import confidence, contenders, duel, rotated
+from .entry import Entry, StepRunner
+from .result import TuneResult, ms
 from .state import Outputs, StepState, check_reference, error_against, reference_outputs
 
 __all__ = ["COMPILE", "COMPILE_MIN_S", "KEEP_AT_LEAST", "Search"]
@@ -53,38 +54,6 @@ __all__ = ["COMPILE", "COMPILE_MIN_S", "KEEP_AT_LEAST", "Search"]
 COMPILE = "compile"
 COMPILE_MIN_S = 30.0  # compiling is not interruptible: try it only with this much time left
 KEEP_AT_LEAST = 3  # halving keeps the faster half, but never fewer than this
-
-
-@dataclass
-class _Entry:
-    levers: Levers
-    stage: str
-    compile: bool = False
-    call: Optional[Callable[..., Any]] = None
-    row: Row = field(default_factory=lambda: Row({}))
-    timing: Optional[Timing] = None
-    against: Optional[Timing] = None  # fp32's timing in the same round
-    estimate: Optional[float] = None
-    rejected: bool = False
-
-    def __post_init__(self) -> None:
-        self.row = Row(plain_levers(self.levers), stage=self.stage, compile=self.compile)
-
-
-class _Runner(Runner):
-    """The user's step as a bench runner: ``setup`` puts the state back (outside the timer)."""
-
-    def __init__(self, call: Callable[..., Any], search: Search) -> None:
-        super().__init__([()], call)
-        self._step = call
-        self._search = search
-
-    def setup(self) -> Tuple[torch.Tensor, ...]:
-        self._search.state.restore()
-        return ()
-
-    def run(self, *inputs: torch.Tensor) -> Any:
-        return self._step(*self._search.args, **self._search.kwargs)
 
 
 class Search:
@@ -132,7 +101,7 @@ class Search:
 
     # --- one candidate --------------------------------------------------------------------
 
-    def _wrap(self, entry: _Entry) -> _Entry:
+    def _wrap(self, entry: Entry) -> Entry:
         """Give ``entry`` its call: the step under one frame per call, as ``@speedup`` runs it.
 
         One frame per call, not one around all calls: autocast caches its casts of the
@@ -152,19 +121,19 @@ class Search:
             entry.call = fast_math(**levers, device=self.device, label=label)(self.fn)
         return entry
 
-    def _step(self, entry: _Entry) -> Callable[..., Any]:
+    def _step(self, entry: Entry) -> Callable[..., Any]:
         call = entry.call if entry.call is not None else self._wrap(entry).call
         if call is None:  # pragma: no cover - _wrap always sets it
             raise RuntimeError(f"tune: no call for {entry.row.label}")
         return call
 
-    def _call(self, entry: _Entry) -> Any:
+    def _call(self, entry: Entry) -> Any:
         self.state.restore()
         out = self._step(entry)(*self.args, **self.kwargs)
         synchronize(self.device)
         return out
 
-    def _check(self, entry: _Entry) -> None:
+    def _check(self, entry: Entry) -> None:
         """One call: its error against the reference; reject it if over the budget."""
         reference = self.reference or []
         try:
@@ -183,15 +152,24 @@ class Search:
         shown = " (rejected)" if entry.rejected else ""
         self.say(f"{entry.row.label}: error {error:.1e}{shown}")
 
-    def _time(self, entries: Sequence[_Entry], seconds: float, rounds: int, passes: int) -> None:
+    def _time(
+        self,
+        entries: Sequence[Entry],
+        seconds: float,
+        rounds: int,
+        passes: int,
+        rotate: bool = False,
+    ) -> None:
         """Time ``entries`` (fp32 first) in interleaved passes; keep the speedups.
 
         As the bench runner does: each pass times every entry in turn, after one untimed
         call, as a block of rounds (one configuration at a time, as a training loop runs
         it); each round is ``measure_rounds``, the state put back outside the timer. The
         passes pair every entry with fp32 (:func:`~speedflags.tune.compare.compare`).
+        ``rotate`` (one pass): the rounds go call by call, the entries in turn, so that a
+        burst of load hits all of them (:func:`~speedflags.tune.duel.rotated`).
         """
-        runners = [_Runner(self._step(entry), self) for entry in entries]
+        runners = [StepRunner(self._step(entry), self) for entry in entries]
         blocks: List[int] = []
         for entry, runner in zip(entries, runners):
             if entry.estimate is None:
@@ -201,6 +179,9 @@ class Search:
             total = plan_rounds(entry.estimate, rounds, seconds)
             blocks.append(max(2, math.ceil(total / passes)))
         done: List[List[List[float]]] = [[] for _ in entries]
+        if rotate:
+            passes = 0  # the one pass is taken call by call
+            done = [[times] for times in rotated(self, runners, blocks)]
         for index in range(passes):
             if index and self.left() <= 0:
                 break  # out of time: what the passes so far measured
@@ -218,9 +199,7 @@ class Search:
         shown = ", ".join(f"{e.row.label} {e.row.speedup or 0:.2f}x" for e in entries[1:])
         self.say(f"timed {len(entries) - 1} beside fp32 ({ms(fp32.median)}): {shown}")
 
-    def _fit(
-        self, entries: Sequence[_Entry], rounds: int, passes: int
-    ) -> Optional[Tuple[int, int]]:
+    def _fit(self, entries: Sequence[Entry], rounds: int, passes: int) -> Optional[Tuple[int, int]]:
         """``(rounds, passes)`` for a long timing that fits in most of the time left.
 
         Fewer rounds first, then three passes of two rounds; ``None`` if even that does not
@@ -235,13 +214,13 @@ class Search:
             return rounds, passes
         return (6, 3) if per_round * 9 <= budget else None
 
-    def _affordable(self, entries: Sequence[_Entry], calls: int) -> bool:
+    def _affordable(self, entries: Sequence[Entry], calls: int) -> bool:
         cost = sum((e.estimate or self.first_s) for e in entries) * calls
         return self.left() > cost
 
     # --- stages ---------------------------------------------------------------------------
 
-    def _halve(self, fp32: _Entry, entries: List[_Entry]) -> List[_Entry]:
+    def _halve(self, fp32: Entry, entries: List[Entry]) -> List[Entry]:
         """Short timing for all; the faster half (at least three) goes on, less what is slower
         than fp32.
 
@@ -254,7 +233,7 @@ class Search:
                 entry.row.note = "not timed: out of time"
             return []
         seconds = self._share(plan.short_s, 0.25, len(entries) + 1)
-        self._time([fp32, *entries], seconds, plan.short_rounds, 1)
+        self._time([fp32, *entries], seconds, plan.short_rounds, 1, rotate=True)
         ranked = sorted(entries, key=lambda e: -(e.row.speedup or 0.0))
         keep = max(KEEP_AT_LEAST, math.ceil(len(ranked) / 2))
         going = []
@@ -267,7 +246,7 @@ class Search:
                 going.append(entry)
         return going
 
-    def _settle(self, fp32: _Entry, entries: List[_Entry], also: Sequence[_Entry] = ()) -> None:
+    def _settle(self, fp32: Entry, entries: List[Entry], also: Sequence[Entry] = ()) -> None:
         """Long timing beside fp32 (and ``also``); set ``accepted``."""
         plan = self.plan
         timed = [fp32, *also, *entries]
@@ -286,13 +265,13 @@ class Search:
             elif entry.row.note.startswith("not faster"):
                 entry.row.note = ""
 
-    def _choose(self, entries: Sequence[_Entry]) -> Optional[_Entry]:
+    def _choose(self, entries: Sequence[Entry]) -> Optional[Entry]:
         """The fastest accepted candidate, less every lever that does not earn its place."""
         accepted = [e for e in entries if e.row.accepted and not e.compile]
         if not accepted:
             return None
 
-        def rank(entry: _Entry) -> Tuple[float, int]:
+        def rank(entry: Entry) -> Tuple[float, int]:
             return (entry.row.speedup or 0.0, -len(entry.levers))  # a tie: fewer levers
 
         best = max(accepted, key=rank)
@@ -315,11 +294,11 @@ class Search:
                 entry.row.note = f"accepted, but {best.row.label} is chosen"
         return best
 
-    def _compile(self, fp32: _Entry, best: Optional[_Entry]) -> Optional[_Entry]:
+    def _compile(self, fp32: Entry, best: Optional[Entry]) -> Optional[Entry]:
         if self.left() < COMPILE_MIN_S:
             self.notes.append(f"note: compile not tried: less than {COMPILE_MIN_S:.0f} s left")
             return None
-        entry = self._wrap(_Entry(best.levers if best is not None else (), "compile", True))
+        entry = self._wrap(Entry(best.levers if best is not None else (), "compile", True))
         step = entry.call
         self.say(f"compiling {entry.row.label} (torch.compile)")
         with warnings.catch_warnings():
@@ -350,7 +329,7 @@ class Search:
 
     def _run(self) -> TuneResult:
         before = snapshot()
-        fp32 = _Entry((), "reference")
+        fp32 = Entry((), "reference")
         # A priming call in fp32: it records the torch functions the step calls, and
         # creates what a train step creates lazily (optimizer moments) before the copy
         # that every later call starts from.
@@ -363,20 +342,24 @@ class Search:
         self.say(f"reference: plain fp32; state reset before each call: {self.state.describe()}")
         check_reference(self.reference)
         singles, rows = candidates(self.device, self.wanted, calls)
-        entries = [_Entry(levers, "lever") for levers in singles]
+        entries = [Entry(levers, "lever") for levers in singles]
         for entry in entries:
             self._check(entry)
         self._settle(fp32, self._halve(fp32, [e for e in entries if not e.rejected]))
         accepted = [e for e in entries if e.row.accepted]
         pairs = [(e.levers, e.row.speedup or 0.0) for e in accepted]
-        combos = [_Entry(levers, "combination") for levers in combinations(pairs)]
+        combos = [Entry(levers, "combination") for levers in combinations(pairs)]
         for entry in combos:
             self._check(entry)
         going = self._halve(fp32, [e for e in combos if not e.rejected])
         if going:
             self._settle(fp32, going, also=accepted)
         entries += combos
+        top = contenders(entries)  # noise that large: the top candidates paired, call by call
+        if top and self.left() > 0:
+            duel(self, fp32, top)
         best = self._choose(entries)
+        sure, why = confidence(entries, best)
         compiled = None
         if self.try_compile and can_compile():
             compiled = self._compile(fp32, best)
@@ -395,4 +378,6 @@ class Search:
             state=self.state.describe(),
             torch_version=torch.__version__,
             notes=self.notes,
+            confidence=sure,
+            confidence_note=why,
         )

@@ -1,0 +1,235 @@
+"""``speedflags.verify(device)``: enter each lever, measure that it took effect, give a verdict."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Iterable as AnyIterable
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..errors import InvalidTypeError, InvalidValueError
+from ..hardware import DeviceLike, capabilities, cudnn_version_or_none, resolve_device
+from ..levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
+from ..status import snapshot
+from ..tune.files import plain_value
+from . import causes, probes
+from .result import NO_EFFECT, NOT_IN_EFFECT, UNMEASURED, VERIFIED, Verdict, Verification
+
+__all__ = ["verify"]
+
+LeversArg = Union[None, str, Iterable[str], Mapping[str, Any]]
+
+
+def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
+    """Enter each lever the device supports and measure that it took effect.
+
+    For every lever of the registry and each value ``tune`` would try (``tf32=True``,
+    ``matmul_precision="high"`` and ``"medium"``, ``cudnn_benchmark=True``, each fused SDPA
+    kernel, bf16 and fp16 autocast), a small probe runs under ``fast_math`` on top of the
+    baseline (every lever off) and measures: the error of a float32 matmul (and conv)
+    against float64 for TF32 and matmul precision (TF32 about 3e-4, fp32 about 1e-7; on a
+    CPU, ``"medium"`` by the oneDNN route's result), the output dtype and error level for
+    autocast, the autotuner's trial kernels for cuDNN benchmark, the operator (and on CUDA
+    the kernels) that ran for SDPA. The baseline itself is checked first: fp32 everywhere.
+
+    Each value gets a :class:`~speedflags.verify.result.Verdict`: *verified* (with the
+    figure), *no effect here* (with the capability's reason), or *requested but not in
+    effect* (with the cause found: ``NVIDIA_TF32_OVERRIDE=0``,
+    ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``, a mixed TF32 state, a disabled cuDNN or oneDNN,
+    a kernel refusing the inputs). Takes seconds (a profiler start on CUDA).
+
+    Args:
+        device: the device to verify (default: CUDA if available, else CPU).
+        levers: which levers: ``None`` for all, a name or list of names, or a dict of name
+            to the values to verify (``{"amp": ["bf16"]}``).
+
+    Returns:
+        A :class:`Verification`; ``.ok`` is false when a lever is not in effect.
+
+    Raises:
+        InvalidValueError, InvalidTypeError: a bad ``device`` or ``levers`` (the message
+            names the argument, the value and the valid choices), or CUDA asked for where
+            there is none.
+
+    Scope: every probe opens ``fast_math`` frames (process-wide levers, the calling thread's
+    autocast) and each restores what it set on exit; ``verify`` checks afterwards that every
+    flag reads as before (``restored``).
+
+    Example:
+        >>> import speedflags
+        >>> run = speedflags.verify("cpu", levers=["tf32"])
+        >>> [v.label for v in run.verdicts]
+        ['baseline (every lever off)', 'tf32=True']
+        >>> run.verdict("baseline").status, run.verdict("tf32").status, run.restored
+        ('verified', 'no effect here', True)
+    """
+    started = time.perf_counter()
+    target = resolve_device(device, "verify")
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidValueError(f"verify(device={str(target)!r}): CUDA is not available here")
+        index: Optional[int] = target.index  # None for plain "cuda"
+        if index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+    wanted = _wanted(levers)
+    before = snapshot()
+    ctx = probes.Context(target)
+    verdicts = [_baseline(ctx)]
+    for spec in REGISTRY:
+        for value in wanted.get(spec.name, ()):
+            verdicts.append(_one(ctx, spec, value))
+    return Verification(
+        device=str(target),
+        verdicts=verdicts,
+        environment=environment(target),
+        restored=snapshot() == before,
+        elapsed_s=round(time.perf_counter() - started, 3),
+    )
+
+
+def _wanted(levers: LeversArg) -> Dict[str, Tuple[Any, ...]]:
+    choices = ", ".join(LEVER_NAMES)
+    if levers is None:
+        return {spec.name: spec.candidates for spec in REGISTRY}
+    if isinstance(levers, str):
+        items: List[Tuple[Any, Any]] = [(levers, None)]
+    elif isinstance(levers, Mapping):
+        items = list(levers.items())
+    elif isinstance(levers, AnyIterable):
+        items = [(name, None) for name in levers]
+    else:
+        raise InvalidTypeError(
+            f"verify(levers={levers!r}): expected None, a lever name, a list of them or a dict "
+            f"of name to values; names: {choices}"
+        )
+    out: Dict[str, Tuple[Any, ...]] = {}
+    for name, values in items:
+        if not isinstance(name, str) or name not in LEVER_NAMES:
+            raise InvalidValueError(f"verify(levers=...): unknown lever {name!r}; valid: {choices}")
+        spec = lever_spec(name, "verify")
+        if values is None:
+            chosen: Sequence[Any] = spec.candidates
+        elif isinstance(values, (list, tuple)):
+            chosen = values  # several values; an SDPA preference is one value: [("flash", "math")]
+        else:
+            chosen = (values,)
+        for value in chosen:  # refuse a bad value before anything runs
+            spec.check("verify", value, f"levers[{name!r}]")
+        out[name] = tuple(chosen)
+    return out
+
+
+def _baseline(ctx: probes.Context) -> Verdict:
+    try:
+        obs = probes.baseline(ctx)
+    except Exception as exc:
+        return Verdict("baseline", False, UNMEASURED, reason=_failure(exc))
+    if obs.in_effect:
+        return Verdict("baseline", False, VERIFIED, obs.figure, measured=obs.measured)
+    reason = causes.find("baseline", False, obs, ctx.device)
+    return Verdict("baseline", False, NOT_IN_EFFECT, obs.figure, reason, obs.measured)
+
+
+def _one(ctx: probes.Context, spec: LeverSpec, raw: Any) -> Verdict:
+    value = spec.check("verify", raw)
+    shown = plain_value(spec.name, value)
+    device = ctx.device
+    effect = spec.lever(device.type).available(value, device)
+    blocked = causes.environment_block(spec.name, device)
+    supported = (effect.effective and not effect.slow) or blocked is not None
+    probe = probes.PROBES.get(spec.name)
+    if probe is None:
+        return Verdict(spec.name, shown, UNMEASURED, reason="no probe for this lever")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a kernel's refusal is reported as the cause
+            obs = probe(ctx, value)
+    except Exception as exc:
+        if not supported:
+            return Verdict(spec.name, shown, NO_EFFECT, reason=effect.reason)
+        return Verdict(spec.name, shown, UNMEASURED, reason=_failure(exc))
+    return judge(spec.name, value, effect.reason if not supported else "", obs, device,
+                 notes=effect.reason)  # fmt: skip
+
+
+def judge(
+    name: str,
+    value: Any,
+    unsupported: str,
+    obs: Optional[probes.Observation],
+    device: torch.device,
+    notes: str = "",
+) -> Verdict:
+    """The verdict for ``name=value`` from what the device supports and what was measured.
+
+    ``unsupported`` is the capability's reason when the device cannot use the lever ("" when
+    it can); ``obs`` is the probe's observation (None: no probe runs on this device type);
+    ``notes`` is the lever's remark when it works (e.g. "no AMX: the arithmetic stays fp32").
+
+    Example:
+        >>> import torch
+        >>> from speedflags.verify.check import judge
+        >>> from speedflags.verify.probes import Observation
+        >>> judge("amp", torch.bfloat16, "", Observation(True, "output bfloat16"),
+        ...       torch.device("cpu")).summary()
+        'verified: output bfloat16'
+    """
+    shown = plain_value(name, value)
+    figure = obs.figure if obs is not None else ""
+    measured = obs.measured if obs is not None else {}
+    if unsupported:
+        return Verdict(name, shown, NO_EFFECT, figure, unsupported, measured)
+    if obs is None:  # pragma: no cover - every probe measures where its lever has an effect
+        return Verdict(name, shown, UNMEASURED, reason=f"no probe on {device.type}")
+    if obs.in_effect:
+        extra = [notes] if notes else []
+        if name == "tf32":
+            extra.append(causes.conv_note(obs))
+        return Verdict(name, shown, VERIFIED, figure, "; ".join(e for e in extra if e), measured)
+    return Verdict(
+        name, shown, NOT_IN_EFFECT, figure, causes.find(name, value, obs, device), measured
+    )
+
+
+def _failure(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"the probe raised {type(exc).__name__}: {first[:200]}"
+
+
+def environment(device: torch.device) -> Dict[str, Any]:
+    """Where a verification ran: device name, PyTorch, CUDA, cuDNN, the TF32 overrides."""
+    caps = capabilities(device)
+    return {
+        "device_name": caps.name,
+        "compute_capability": list(caps.compute_capability) if caps.compute_capability else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn_version_or_none(),
+        "env": {
+            name: os.environ.get(name) for name in (causes.NVIDIA_OVERRIDE, causes.TORCH_OVERRIDE)
+        },
+    }
+
+
+def recorded(device: DeviceLike, levers: Mapping[str, Iterable[Any]]) -> Dict[str, str]:
+    """The verdicts of ``levers`` on ``device``, as ``{label: summary}``, for a result file.
+
+    Never raises: a verification that fails records why instead (bench and ``tune`` results
+    keep this beside their figures).
+
+    Example:
+        >>> from speedflags.verify.check import recorded
+        >>> recorded("cpu", {"tf32": [True]})["tf32=True"].startswith("no effect here")
+        True
+    """
+    try:
+        run = verify(device, {name: list(values) for name, values in levers.items()})
+    except Exception as exc:
+        return {"verify": f"{UNMEASURED}: {_failure(exc)}"}
+    out = run.summaries()
+    if not run.restored:  # pragma: no cover - every probe's frame restores what it set
+        out["restored"] = "some lever read differently after verify"
+    return out

@@ -1,0 +1,153 @@
+"""What the probes measure with: inputs, the error of a result, and what really ran.
+
+- :func:`arithmetic` names the arithmetic a relative error against float64 reveals: fp32
+  (about 1e-7), TF32 or fp16 (about 3e-4: inputs rounded to 10 mantissa bits) or bf16 (about
+  3e-3: 7 bits). The levels are two orders of magnitude apart, so one small matmul tells them
+  apart; see ``docs/performance.md`` ("Accuracy").
+- :func:`aten_ops` records the ATen operators a call dispatched (a ``TorchDispatchMode``), so
+  a probe sees which SDPA kernel ran, not which one was asked for.
+- :func:`cuda_trace` records, with ``torch.profiler``, the CPU-side operators and the names of
+  the CUDA kernels a call launched (CUDA only: the profiler's CUDA activity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, FrozenSet, List, Sequence, Tuple
+
+import torch
+
+from ..bench.accuracy import relative_error
+
+__all__ = [
+    "FP32_MAX",
+    "TF32_MAX",
+    "Trace",
+    "arithmetic",
+    "aten_ops",
+    "cuda_trace",
+    "inputs",
+    "relative_error",
+]
+
+SEED = 20261123
+# Relative-error levels (see the module docstring): fp32 stays under FP32_MAX, TF32 and fp16
+# inputs under TF32_MAX, bf16 above it. Measured fp32: 1.5e-7 to 6e-7 (CPU); TF32 and fp16:
+# about 2.9e-4; bf16: 2.3e-3 to 2.9e-3.
+FP32_MAX = 2e-5
+TF32_MAX = 1.2e-3
+
+
+def arithmetic(error: float, half: str = "tf32") -> str:
+    """The arithmetic a relative error against float64 shows: ``"fp32"``, ``half`` or ``"bf16"``.
+
+    ``half`` names the middle level: ``"tf32"`` for a float32 matmul, ``"fp16"`` under fp16
+    autocast (both round to 10 mantissa bits).
+
+    Example:
+        >>> from speedflags.verify.measure import arithmetic
+        >>> arithmetic(2.5e-7), arithmetic(2.9e-4), arithmetic(2.9e-3), arithmetic(3e-4, "fp16")
+        ('fp32', 'tf32', 'bf16', 'fp16')
+    """
+    if error < FP32_MAX:
+        return "fp32"
+    return half if error < TF32_MAX else "bf16"
+
+
+def inputs(
+    shapes: Sequence[Tuple[int, ...]], device: torch.device, dtype: torch.dtype = torch.float32
+) -> List[torch.Tensor]:
+    """Random normal tensors from a private generator (the process's RNG is left alone).
+
+    Example:
+        >>> import torch
+        >>> from speedflags.verify.measure import inputs
+        >>> a, b = inputs([(2, 3), (3,)], torch.device("cpu"))
+        >>> a.shape, b.dtype
+        (torch.Size([2, 3]), torch.float32)
+    """
+    gen = torch.Generator(device=device).manual_seed(SEED)
+    return [torch.randn(*shape, generator=gen, device=device).to(dtype) for shape in shapes]
+
+
+def aten_ops(fn: Callable[[], Any]) -> Tuple[Any, FrozenSet[str]]:
+    """Run ``fn()``; return its result and the ATen operators it dispatched (``"mm"``, ...).
+
+    Names are the operators' base names without namespace and overload
+    (``aten._scaled_dot_product_flash_attention_for_cpu.default`` ->
+    ``"_scaled_dot_product_flash_attention_for_cpu"``). Composite operators appear through
+    what they decompose into.
+
+    Example:
+        >>> import torch
+        >>> from speedflags.verify.measure import aten_ops
+        >>> out, ops = aten_ops(lambda: torch.ones(2, 2) @ torch.ones(2, 2))
+        >>> "mm" in ops
+        True
+    """
+    import torch.utils._python_dispatch as dispatch
+
+    mode_class: Any = dispatch.TorchDispatchMode  # untyped in torch's stubs
+    seen: set[str] = set()
+
+    class Recorder(mode_class):  # type: ignore[misc]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+        ) -> Any:
+            seen.add(str(getattr(func, "__name__", func)).split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        out = fn()
+    return out, frozenset(seen)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What ``torch.profiler`` saw of one call on a CUDA device.
+
+    Attributes:
+        ops: the names of the CPU-side events (``"aten::mm"``, ``"cudaGraphLaunch"``).
+        kernels: the CUDA kernels launched, in order, repeats included.
+    """
+
+    ops: FrozenSet[str]
+    kernels: Tuple[str, ...]
+
+    def distinct_kernels(self) -> Tuple[str, ...]:
+        """The kernel names without repeats, in order of first launch."""
+        return tuple(dict.fromkeys(self.kernels))
+
+
+def cuda_trace(fn: Callable[[], Any], device: torch.device) -> Tuple[Any, Trace]:
+    """Run ``fn()`` under ``torch.profiler`` with CUDA activity; return its result and trace.
+
+    The device is synchronised before the profiler stops, so every kernel the call launched
+    is in the trace. Needs a CUDA build with a GPU; on a CPU the caller never gets here.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    torch.cuda.synchronize(device)
+    with profile(activities=activities) as prof:
+        out = fn()
+        torch.cuda.synchronize(device)
+    ops: set[str] = set()
+    kernels: List[str] = []
+    for event in prof.events():
+        if str(getattr(event, "device_type", "")).endswith("CUDA"):
+            kernels.append(str(event.name))
+        else:
+            ops.add(str(event.name))
+    return out, Trace(frozenset(ops), tuple(kernels))
+
+
+def short(name: str, width: int = 60) -> str:
+    """A kernel name cut to ``width`` characters (C++ template names run to kilobytes).
+
+    Example:
+        >>> from speedflags.verify.measure import short
+        >>> short("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", 36)
+        'void pytorch_flash::flash_fwd_ker...'
+    """
+    return name if len(name) <= width else name[: width - 3] + "..."

@@ -1,0 +1,388 @@
+"""The probes: for one lever value, enter it through ``fast_math`` and measure what changed.
+
+Every probe runs its lever on top of the baseline (every other lever off, as the bench and
+``tune`` measure), inside ``fast_math`` frames that restore everything on exit, and returns an
+:class:`Observation`: in effect or not, the figure in words, the numbers, and what the flags
+read inside the frame (for :mod:`speedflags.verify.causes`).
+
+=====================  =========================================================================
+``baseline``           float32 matmul (and, on CUDA, conv) error against float64: fp32-level
+``tf32``               the same errors at TF32 level (CUDA): cuBLAS and cuDNN used TF32
+``matmul_precision``   CUDA: matmul error at TF32 level. CPU: ``"medium"`` routes the matmul to
+                       oneDNN: bf16-level error (AMX), or a result that differs from MKL's
+``cudnn_benchmark``    the first call of a new convolution shape launches the autotuner's trial
+                       kernels, later calls one algorithm (profiler kernel counts, against a
+                       control without benchmark)
+``sdpa``               which SDPA operator ran: dispatched ATen operators on a CPU, the profiler's
+                       operators and kernel names on CUDA
+``amp``                a float32 matmul's output dtype and its error level (bf16 or fp16)
+=====================  =========================================================================
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..fast_math import fast_math
+from ..levers.registry import baseline_levers
+from ..status import tf32_status
+from ..tune.candidates import with_baseline
+from .measure import FP32_MAX, arithmetic, aten_ops, cuda_trace, inputs, relative_error, short
+
+__all__ = ["PROBES", "Context", "Observation", "baseline"]
+
+MATMUL_N = {"cpu": 256, "cuda": 1024}
+SDPA_SHAPE = {"cpu": (2, 4, 128, 64), "cuda": (2, 8, 256, 64)}
+SDPA_OPS = {
+    "flash": "_scaled_dot_product_flash_attention",  # also ..._for_cpu
+    "efficient": "_scaled_dot_product_efficient_attention",
+    "cudnn": "_scaled_dot_product_cudnn_attention",
+}
+_shapes = itertools.count()  # a new convolution shape per autotuning probe (cuDNN caches per shape)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one probe measured.
+
+    Attributes:
+        in_effect: the measurement shows the lever working.
+        figure: the measurement in words.
+        measured: the numbers behind it.
+        inside: what the flags read inside the frame (``tf32_status``, cuDNN and oneDNN
+            switches), for finding a cause.
+    """
+
+    in_effect: bool
+    figure: str
+    measured: Dict[str, Any] = field(default_factory=dict)
+    inside: Dict[str, Any] = field(default_factory=dict)
+
+
+class Context:
+    """One ``verify`` run's device and the baseline measurements the probes compare with."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.matmul_inputs = inputs([(self.n, self.n)] * 2, device)
+        a, b = self.matmul_inputs
+        self.matmul_reference = a.double() @ b.double()
+        self.baseline: Optional[Observation] = None
+        self.baseline_result: Optional[torch.Tensor] = None
+        self.deterministic = False  # two baseline matmuls gave the same bits
+
+    @property
+    def n(self) -> int:
+        return MATMUL_N.get(self.device.type, 256)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def frame(self, levers: Dict[str, Any], what: str) -> Any:
+        """``levers`` on top of the baseline, as one ``fast_math`` frame."""
+        return fast_math(**levers, device=str(self.device), label=f"speedflags verify {what}")
+
+    def matmul(self) -> Tuple[torch.Tensor, float]:
+        a, b = self.matmul_inputs
+        with torch.no_grad():
+            out = a @ b
+        _sync(self.device)
+        return out, relative_error(out, self.matmul_reference)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _inside(ctx: Context) -> Dict[str, Any]:
+    """The switches a cause may hide in, read inside the frame (never raises)."""
+    status = tf32_status()
+    return {
+        "tf32_effective": dict(status.effective),
+        "tf32_consistent": status.consistent,
+        "tf32_conflicts": list(status.conflicts),
+        "cudnn_enabled": bool(torch.backends.cudnn.enabled),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
+        "autocast": bool(torch.is_autocast_enabled(ctx.device.type))
+        if hasattr(torch, "get_autocast_dtype")
+        else None,
+    }
+
+
+# --- convolutions (CUDA) --------------------------------------------------------------------------
+
+
+def _conv_error(device: torch.device) -> float:
+    x, w = inputs([(8, 64, 32, 32), (64, 64, 3, 3)], device)
+    w = w * (64 * 9) ** -0.5
+    with torch.no_grad():
+        out = F.conv2d(x, w, padding=1)
+    _sync(device)
+    return relative_error(out, F.conv2d(x.double(), w.double(), padding=1))
+
+
+# --- baseline and the TF32 family -----------------------------------------------------------------
+
+
+def baseline(ctx: Context) -> Observation:
+    """Every lever off: the float32 matmul (and conv on CUDA) must compute in fp32."""
+    with ctx.frame(baseline_levers(), "baseline"):
+        first, error = ctx.matmul()
+        again, _ = ctx.matmul()
+        conv = _conv_error(ctx.device) if ctx.cuda else None
+        inside = _inside(ctx)
+    ctx.baseline_result = first
+    ctx.deterministic = bool(torch.equal(first, again))
+    measured: Dict[str, Any] = {"matmul_error": error, "deterministic": ctx.deterministic}
+    figure = f"matmul error {error:.1e} ({arithmetic(error)})"
+    in_effect = error < FP32_MAX
+    if conv is not None:
+        measured["conv_error"] = conv
+        figure += f", conv error {conv:.1e} ({arithmetic(conv)})"
+        in_effect = in_effect and conv < FP32_MAX
+    obs = Observation(in_effect, figure, measured, inside)
+    ctx.baseline = obs
+    return obs
+
+
+def _off(ctx: Context, key: str) -> str:
+    value = (ctx.baseline.measured if ctx.baseline else {}).get(key)
+    return f"; off: {value:.1e}" if isinstance(value, float) else ""
+
+
+def tf32(ctx: Context, value: bool) -> Optional[Observation]:
+    """cuBLAS matmul and cuDNN conv errors at TF32 level (CUDA only; None elsewhere)."""
+    if not ctx.cuda:
+        return None
+    with ctx.frame(with_baseline((("tf32", value),)), f"tf32={value!r}"):
+        _, error = ctx.matmul()
+        conv = _conv_error(ctx.device)
+        inside = _inside(ctx)
+    want = "tf32" if value else "fp32"
+    figure = (
+        f"matmul error {error:.1e} ({arithmetic(error)}{_off(ctx, 'matmul_error')}), "
+        f"conv error {conv:.1e} ({arithmetic(conv)}{_off(ctx, 'conv_error')})"
+    )
+    measured = {
+        "matmul_error": error,
+        "conv_error": conv,
+        "conv_in_effect": arithmetic(conv) == want,
+    }
+    return Observation(arithmetic(error) == want, figure, measured, inside)
+
+
+def matmul_precision(ctx: Context, value: str) -> Optional[Observation]:
+    """CUDA: TF32-level matmul error for "high"/"medium". CPU: the oneDNN route of "medium"."""
+    with ctx.frame(with_baseline((("matmul_precision", value),)), f"matmul_precision={value!r}"):
+        out, error = ctx.matmul()
+        inside = _inside(ctx)
+    level = arithmetic(error)
+    measured: Dict[str, Any] = {"matmul_error": error, "arithmetic": level}
+    if ctx.cuda:
+        want = "fp32" if value == "highest" else "tf32"
+        figure = f"matmul error {error:.1e} ({level}{_off(ctx, 'matmul_error')})"
+        return Observation(level == want, figure, measured, inside)
+    # CPU: "medium" moves the matmul from MKL to oneDNN (bf16 fpmath: bf16 arithmetic with
+    # AMX, fp32 without); a different kernel gives different bits.
+    same = ctx.baseline_result is not None and bool(torch.equal(out, ctx.baseline_result))
+    measured["bit_identical_to_highest"] = same
+    off = _off(ctx, "matmul_error")
+    if level == "bf16":
+        return Observation(
+            True, f"matmul error {error:.1e} (bf16 arithmetic{off})", measured, inside
+        )
+    if not same and ctx.deterministic:
+        figure = f"another kernel ran: the result differs from 'highest' (error {error:.1e}{off})"
+        return Observation(value != "highest", figure, measured, inside)
+    if same:
+        figure = (
+            f"the same kernel ran: the result is bit-identical to 'highest' (error {error:.1e})"
+        )
+        return Observation(value == "highest", figure, measured, inside)
+    figure = f"matmul error {error:.1e} ({level}); the fp32 kernel is not deterministic here"
+    return Observation(False, figure, measured, inside)
+
+
+# --- cuDNN autotuning (CUDA) ----------------------------------------------------------------------
+
+
+def _first_and_later(ctx: Context, benchmark: bool) -> Tuple[int, int, int]:
+    """(launches of the first call, distinct kernels of the first call, launches of the next)."""
+    side = 24 + next(_shapes) % 97  # a shape cuDNN has not tuned yet in this process
+    x, w = inputs([(4, 48, side, side), (48, 48, 3, 3)], ctx.device)
+
+    def conv() -> torch.Tensor:
+        with torch.no_grad():
+            return F.conv2d(x, w, padding=1)
+
+    levers = with_baseline((("cudnn_benchmark", benchmark),))
+    with ctx.frame(levers, f"cudnn_benchmark={benchmark!r}"):
+        _, first = cuda_trace(conv, ctx.device)
+        _, later = cuda_trace(conv, ctx.device)
+    return len(first.kernels), len(first.distinct_kernels()), len(later.kernels)
+
+
+def cudnn_benchmark(ctx: Context, value: bool) -> Optional[Observation]:
+    """The autotuner's trial runs in the first call of a new shape (CUDA only)."""
+    if not ctx.cuda:
+        return None
+    on_first, on_kinds, on_later = _first_and_later(ctx, value)
+    off_first, _, off_later = _first_and_later(ctx, False)
+    with ctx.frame(with_baseline((("cudnn_benchmark", value),)), "cudnn_benchmark (read)"):
+        inside = _inside(ctx)
+    extra_on, extra_off = on_first - on_later, off_first - off_later
+    tuned = extra_on >= 2 and extra_on > 2 * max(extra_off, 0)
+    figure = (
+        f"first call of a new shape launched {on_first} kernels ({on_kinds} kinds), the next "
+        f"{on_later}; without benchmark {off_first} and {off_later}"
+    )
+    measured = {
+        "first_call_kernels": on_first,
+        "first_call_kinds": on_kinds,
+        "later_call_kernels": on_later,
+        "control_first_call_kernels": off_first,
+        "control_later_call_kernels": off_later,
+    }
+    return Observation(tuned == value, figure, measured, inside)
+
+
+# --- SDPA -----------------------------------------------------------------------------------------
+
+
+def _sdpa_inputs(ctx: Context) -> List[torch.Tensor]:
+    dtype = torch.float32
+    if ctx.cuda:
+        from ..hardware import capabilities
+
+        dtype = torch.bfloat16 if capabilities(ctx.device).bf16 else torch.float16
+    return inputs([SDPA_SHAPE[ctx.device.type]] * 3, ctx.device, dtype)
+
+
+def ran_backend(ops: Any) -> str:
+    """Which SDPA backend the operator names show (``"math"`` when no fused one ran).
+
+    Example:
+        >>> from speedflags.verify.probes import ran_backend
+        >>> ran_backend({"_scaled_dot_product_flash_attention_for_cpu", "empty"})
+        'flash'
+        >>> ran_backend({"aten::bmm", "aten::_softmax"})
+        'math'
+    """
+    for name, op in SDPA_OPS.items():
+        if any(op in str(found) for found in ops):
+            return name
+    return "math"
+
+
+def sdpa(
+    ctx: Context,
+    value: Tuple[str, ...],
+    tensors: Optional[List[torch.Tensor]] = None,
+    **kwargs: Any,
+) -> Observation:
+    """Which kernel ran under ``sdpa=value`` (the preferred one, or the math fallback)."""
+    q, k, v = tensors if tensors is not None else _sdpa_inputs(ctx)
+
+    def call() -> torch.Tensor:
+        with torch.no_grad():
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    kernels: Tuple[str, ...] = ()
+    with ctx.frame(with_baseline((("sdpa", value),)), f"sdpa={list(value)!r}"):
+        if ctx.cuda:
+            _, trace = cuda_trace(call, ctx.device)
+            ops: Any = trace.ops
+            kernels = trace.distinct_kernels()
+        else:
+            _, ops = aten_ops(call)
+        inside = _inside(ctx)
+    ran = ran_backend(ops)
+    wanted = value[0]
+    op = next((o for o in sorted(ops) if SDPA_OPS.get(ran, "\0") in o), "")
+    figure = f"the {ran} kernel ran" + (f" ({op})" if op else "")
+    if kernels:
+        figure += "; CUDA kernels: " + ", ".join(short(name) for name in kernels[:3])
+    measured = {
+        "ran": ran,
+        "ops": sorted(o for o in ops if "scaled_dot" in o),
+        "kernels": list(kernels),
+    }
+    inside["refusal"] = "" if ran == wanted else refusal(wanted, (q, k, v), kwargs)
+    return Observation(ran == wanted, figure, measured, inside)
+
+
+def _plain(message: str) -> str:
+    # PyTorch's C++ warnings end in "(Triggered internally at <file>:<line>.)"
+    return message.split("(Triggered internally at")[0].strip().replace("\n", " ")
+
+
+_SDPBACKEND = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+}
+
+
+def refusal(backend: str, tensors: Tuple[torch.Tensor, ...], kwargs: Dict[str, Any]) -> str:
+    """Why the ``backend`` kernel alone refuses these inputs, in PyTorch's words ("" if it runs).
+
+    PyTorch explains a refusal in warnings only when no enabled kernel can run, so the
+    kernel is asked alone (``torch.nn.attention.sdpa_kernel``, PyTorch 2.3+; every flag it
+    writes comes back on exit).
+    """
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # PyTorch < 2.3: no way to ask one kernel alone
+        return ""
+    chosen = getattr(SDPBackend, _SDPBACKEND.get(backend, ""), None)
+    if chosen is None:
+        return f"PyTorch {torch.__version__} has no {backend!r} SDPA kernel"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel([chosen]), torch.no_grad():
+                q, k, v = tensors
+                F.scaled_dot_product_attention(q, k, v, **kwargs)
+        except RuntimeError as exc:
+            said = [_plain(str(w.message)) for w in caught]
+            said = [s for s in said if s and "kernel not used" not in s] or [
+                str(exc).split("\n")[0]
+            ]
+            return f"the {backend} kernel refuses these inputs: " + "; ".join(said[:3])
+    return ""
+
+
+# --- autocast -------------------------------------------------------------------------------------
+
+
+def amp(ctx: Context, value: Optional[torch.dtype]) -> Observation:
+    """A float32 matmul's output dtype and error level under autocast."""
+    with ctx.frame(with_baseline((("amp", value if value is not None else False),)), "amp"):
+        out, error = ctx.matmul()
+        inside = _inside(ctx)
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(value, "fp32") if value else "fp32"
+    level = arithmetic(error, "fp16")
+    dtype = str(out.dtype).replace("torch.", "")
+    figure = f"output {dtype}, error {error:.1e} ({level}{_off(ctx, 'matmul_error')})"
+    measured = {"dtype": dtype, "matmul_error": error, "arithmetic": level}
+    want_dtype = value if value is not None else torch.float32
+    return Observation(out.dtype == want_dtype and level == name, figure, measured, inside)
+
+
+Probe = Callable[..., Optional[Observation]]
+PROBES: Dict[str, Probe] = {
+    "tf32": tf32,
+    "matmul_precision": matmul_precision,
+    "cudnn_benchmark": cudnn_benchmark,
+    "sdpa": sdpa,
+    "amp": amp,
+}

@@ -1,0 +1,224 @@
+"""speedflags.verify on a CPU: a verdict for every lever, each one measured, and its causes.
+
+The verdicts depend on what this CPU offers (bf16 autocast is native with AVX512-BF16,
+emulated without it; oneDNN's "medium" route needs bf16 support), so each test derives the
+expected verdict from the lever's own capability check, and checks the measured figure.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+import speedflags
+from speedflags.__main__ import main
+from speedflags.errors import InvalidTypeError, InvalidValueError
+from speedflags.levers.registry import REGISTRY, lever_spec
+from speedflags.tune.files import plain_value
+from speedflags.verify import causes, probes
+from speedflags.verify import check as check_module
+from speedflags.verify.check import judge
+from speedflags.verify.measure import FP32_MAX, arithmetic
+from speedflags.verify.result import Verdict, Verification
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def run() -> Verification:
+    return speedflags.verify("cpu")
+
+
+def _effective(name: str, value: object) -> bool:
+    spec = lever_spec(name)
+    effect = spec.lever("cpu").available(spec.validate(value), CPU)
+    return effect.effective and not effect.slow
+
+
+def test_every_lever_value_of_the_registry_gets_a_verdict(run: Verification) -> None:
+    labels = [v.label for v in run.verdicts]
+    expected = ["baseline (every lever off)"] + [
+        Verdict(spec.name, value, "").label
+        for spec in REGISTRY
+        for value in (plain_value(spec.name, spec.validate(c)) for c in spec.candidates)
+    ]  # fmt: skip
+    assert labels == expected
+    assert run.restored and run.ok, str(run)
+    assert run.elapsed_s is not None and run.elapsed_s < 30
+
+
+def test_each_verdict_follows_the_capability_and_is_measured(run: Verification) -> None:
+    for verdict in run.verdicts[1:]:
+        effective = _effective(verdict.lever, verdict.value)
+        assert verdict.status == ("verified" if effective else "no effect here"), verdict
+        if not effective:
+            assert verdict.reason, verdict  # the capability's reason
+
+
+def test_the_baseline_is_fp32(run: Verification) -> None:
+    baseline = run.verdict("baseline")
+    assert baseline.status == "verified"
+    assert baseline.measured["matmul_error"] < FP32_MAX
+    assert "(fp32)" in baseline.figure
+
+
+@pytest.mark.parametrize(("amp", "dtype", "level"), [("bf16", "bfloat16", "bf16"),
+                                                     ("fp16", "float16", "fp16")])  # fmt: skip
+def test_autocast_is_measured_by_output_dtype_and_error(
+    run: Verification, amp: str, dtype: str, level: str
+) -> None:
+    verdict = run.verdict("amp", amp)
+    # measured even where it is not native (emulated): the figure says what happened
+    assert verdict.measured["dtype"] == dtype
+    assert arithmetic(verdict.measured["matmul_error"], "fp16") == level
+    assert f"output {dtype}" in verdict.figure
+
+
+def test_sdpa_flash_is_verified_by_the_operator_that_ran(run: Verification) -> None:
+    verdict = run.verdict("sdpa", ["flash"])
+    if not speedflags.capabilities("cpu").flash_sdpa:
+        assert verdict.status == "no effect here"
+        return
+    assert verdict.status == "verified"
+    assert verdict.measured["ran"] == "flash"
+    assert "_scaled_dot_product_flash_attention_for_cpu" in verdict.figure
+    for other in ("efficient", "cudnn"):  # CUDA kernels: the math fallback ran instead
+        assert run.verdict("sdpa", [other]).measured["ran"] == "math"
+
+
+def test_matmul_precision_on_a_cpu_is_judged_by_the_onednn_route(run: Verification) -> None:
+    high = run.verdict("matmul_precision", "high")
+    assert high.status == "no effect here"
+    assert high.measured["bit_identical_to_highest"] is True  # 'high' is TF32: not on a CPU
+    medium = run.verdict("matmul_precision", "medium")
+    if _effective("matmul_precision", "medium"):
+        assert medium.status == "verified"
+        assert (
+            not medium.measured["bit_identical_to_highest"]
+            or medium.measured["arithmetic"] == "bf16"
+        )
+    else:
+        assert medium.measured["bit_identical_to_highest"] is True
+
+
+def test_a_kernel_that_refuses_the_inputs_is_not_in_effect_with_pytorchs_reason() -> None:
+    # A real refusal: the CPU flash kernel takes no dropout, so the math fallback runs.
+    if not speedflags.capabilities("cpu").flash_sdpa:
+        pytest.skip(f"PyTorch {torch.__version__} has no CPU flash kernel")
+    ctx = probes.Context(CPU)
+    probes.baseline(ctx)
+    q, k, v = torch.randn(3, 1, 2, 16, 8)
+    obs = probes.sdpa(ctx, ("flash",), [q, k, v], dropout_p=0.5)
+    verdict = judge("sdpa", ("flash",), "", obs, CPU)
+    assert verdict.status == "requested but not in effect"
+    assert verdict.measured["ran"] == "math"
+    assert "dropout" in verdict.reason and "Triggered internally" not in verdict.reason
+    assert not Verification("cpu", [verdict]).ok
+
+
+def test_a_probe_that_raises_is_reported_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(ctx: probes.Context, value: object) -> None:
+        raise RuntimeError("no such kernel\ndetails")
+
+    monkeypatch.setitem(probes.PROBES, "sdpa", broken)
+    run = speedflags.verify("cpu", levers={"sdpa": ["flash"]})
+    verdict = run.verdict("sdpa")
+    expected = "could not be measured" if _effective("sdpa", "flash") else "no effect here"
+    assert verdict.status == expected
+    if expected == "could not be measured":
+        assert verdict.reason == "the probe raised RuntimeError: no such kernel"
+        assert not run.ok
+
+
+def test_causes_name_the_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = torch.device("cuda")
+    obs = probes.Observation(False, "matmul error 2.4e-07 (fp32)", inside={"cudnn_enabled": True})
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    assert "NVIDIA_TF32_OVERRIDE=0 is set" in causes.find("tf32", True, obs, cuda)
+    monkeypatch.delenv("NVIDIA_TF32_OVERRIDE")
+    assert causes.find("tf32", True, obs, cuda).startswith("no cause found")
+    monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+    assert "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1" in causes.find("baseline", False, obs, cuda)
+    conflict = {"tf32_consistent": False, "tf32_conflicts": ["a disagrees with b"]}
+    mixed = probes.Observation(False, "", inside=conflict)
+    assert "mixed TF32 state inside the block: a disagrees with b" in causes.find(
+        "tf32", True, mixed, cuda
+    )
+    off = probes.Observation(False, "", inside={"cudnn_enabled": False, "mkldnn_enabled": False})
+    assert "cuDNN is disabled" in causes.find("cudnn_benchmark", True, off, cuda)
+    assert "oneDNN is disabled" in causes.find("matmul_precision", "medium", off, CPU)
+
+
+def test_tf32_override_blocks_only_an_ampere_gpu(
+    monkeypatch: pytest.MonkeyPatch, fake_gpu: Callable[..., None]
+) -> None:
+    # A CPU build cannot show a GPU: its compute capability is faked.
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    fake_gpu((8, 0))
+    cuda = torch.device("cuda", 0)
+    assert not speedflags.capabilities(cuda).tf32  # the capability says no...
+    assert "NVIDIA_TF32_OVERRIDE=0" in (causes.environment_block("tf32", cuda) or "")
+    assert causes.environment_block("amp", cuda) is None  # ...verify measures and blames it
+    fake_gpu((7, 5), "Tesla T4")
+    assert causes.environment_block("tf32", cuda) is None  # no TF32 hardware at all
+
+
+def test_bad_arguments_name_the_argument_the_value_and_the_choices() -> None:
+    with pytest.raises(InvalidValueError, match=r"verify\(levers=\.\.\.\): unknown lever 'tf33'"):
+        speedflags.verify("cpu", levers=["tf33"])
+    with pytest.raises(InvalidValueError, match=r"levers\['amp'\]='bf17'.*valid"):
+        speedflags.verify("cpu", levers={"amp": ["bf17"]})
+    with pytest.raises(InvalidTypeError, match=r"verify\(levers=3\)"):
+        speedflags.verify("cpu", levers=3)  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match=r"verify\(device='gpu'\)"):
+        speedflags.verify("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidValueError, match="CUDA is not available"):
+            speedflags.verify("cuda")
+
+
+def test_the_command_line_prints_saves_and_exits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sub" / "verify.json"
+    assert main(["verify", "--device", "cpu", "--levers", "tf32,amp", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "speedflags verify on cpu" in printed and "tf32=True" in printed
+    data = json.loads(out.read_text())
+    assert data["format"] == "speedflags-verify/1" and data["ok"] is True
+    assert [v["label"] for v in data["verdicts"]][:2] == ["baseline (every lever off)", "tf32=True"]
+    assert main(["verify", "--device", "cpu", "--levers", "bogus"]) == 2
+    assert "unknown lever 'bogus'" in capsys.readouterr().err
+    assert main(["verify", "--device", "cpu", "--json", str(tmp_path)]) == 2  # a folder
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_a_failed_verdict_gives_exit_status_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    failed = Verification("cpu", [Verdict("amp", "bf16", "requested but not in effect",
+                                          "output float32", "autocast is off")])  # fmt: skip
+    monkeypatch.setattr(check_module, "verify", lambda *args: failed)
+    assert main(["verify", "--device", "cpu"]) == 1
+    assert "NOT VERIFIED: amp='bf16'" in capsys.readouterr().out
+
+
+def test_bench_and_tune_results_record_the_verdicts() -> None:
+    from speedflags.bench.runner import Settings
+    from speedflags.bench.runner import run as bench
+
+    settings = Settings(CPU, ("sdpa",), sizes=(16,), passes=1, min_rounds=1, min_time_s=0,
+                        warmup_rounds=1, warmup_s=0)  # fmt: skip
+    recorded = bench(settings).environment["verdicts"]
+    assert set(recorded) == {"baseline (every lever off)", "sdpa=['math']", "sdpa=['flash']",
+                             "sdpa=['efficient']", "sdpa=['cudnn']"}  # fmt: skip
+    q = torch.randn(1, 2, 16, 8)
+    result = speedflags.tune(torch.nn.functional.scaled_dot_product_attention, q, q, q,
+                             levers=["sdpa"], budget=1e-2, seconds=10)  # fmt: skip
+    timed = [r for r in result.rows if r.speedup is not None]
+    assert {r.label for r in timed} <= set(result.verdicts) | {"(fp32)"}
+    assert result.to_dict()["tune"]["verdicts"] == result.verdicts
