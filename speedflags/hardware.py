@@ -247,20 +247,12 @@ def _cpu_capabilities() -> Capabilities:
         ),
         bf16=cpu_bf16,
         fp16=fp16,
-        flash_sdpa=_cpu_flash(),
+        # PyTorch 2.1 runs it too (aten::_scaled_dot_product_flash_attention on CPU tensors);
+        # 2.2 renamed the CPU operator _scaled_dot_product_flash_attention_for_cpu
+        flash_sdpa=Capability(True, "PyTorch's CPU flash-attention kernel runs on any CPU"),
         efficient_sdpa=Capability(False, f"memory-efficient attention is a {no_fused}"),
         cudnn_sdpa=Capability(False, f"cuDNN attention is a {no_fused}"),
         cpu_bf16=cpu_bf16,
-    )
-
-
-def _cpu_flash() -> Capability:
-    # Feature detection: the CPU flash-attention operator arrived after PyTorch 2.1; before
-    # it, every CPU attention ran the math kernel.
-    if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        return Capability(True, "PyTorch's CPU flash-attention kernel runs on any CPU")
-    return Capability(
-        False, f"PyTorch {torch.__version__} has no CPU flash-attention kernel (math runs)"
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 from _tune_helpers import QUICK, row
+from conftest import autocast_enabled
 
 import speedflags
 from speedflags.tune import files, run
@@ -48,7 +49,7 @@ class LoadClock:
         return level * (1 + 0.08 * (2 * self.rng.random() - 1))
 
     def step(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled("cpu"):
+        if autocast_enabled("cpu"):
             cost = self.costs["bf16"]
         elif torch.get_float32_matmul_precision() == "medium":
             cost = self.costs["medium"]

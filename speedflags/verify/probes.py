@@ -21,6 +21,7 @@ read inside the frame (for :mod:`speedflags.verify.causes`).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import warnings
 from dataclasses import dataclass, field
@@ -105,14 +106,17 @@ def _sync(device: torch.device) -> None:
 def _inside(ctx: Context) -> Dict[str, Any]:
     """The switches a cause may hide in, read inside the frame (never raises)."""
     status = tf32_status()
+    # typed Any: PyTorch 2.1's stubs lack mkldnn.enabled and the device-taking autocast getter
+    mkldnn: Any = torch.backends.mkldnn
+    generic: Any = torch
     return {
         "tf32_effective": dict(status.effective),
         "tf32_consistent": status.consistent,
         "tf32_conflicts": list(status.conflicts),
         "cudnn_enabled": bool(torch.backends.cudnn.enabled),
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-        "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
-        "autocast": bool(torch.is_autocast_enabled(ctx.device.type))
+        "mkldnn_enabled": bool(mkldnn.enabled),
+        "autocast": bool(generic.is_autocast_enabled(ctx.device.type))
         if hasattr(torch, "get_autocast_dtype")
         else None,
     }
@@ -339,10 +343,11 @@ def refusal(backend: str, tensors: Tuple[torch.Tensor, ...], kwargs: Dict[str, A
     kernel is asked alone (``torch.nn.attention.sdpa_kernel``, PyTorch 2.3+; every flag it
     writes comes back on exit).
     """
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+    try:  # by name: PyTorch 2.1's stubs have no torch.nn.attention
+        attention: Any = importlib.import_module("torch.nn.attention")
     except ImportError:  # PyTorch < 2.3: no way to ask one kernel alone
         return ""
+    SDPBackend, sdpa_kernel = attention.SDPBackend, attention.sdpa_kernel
     chosen = getattr(SDPBackend, _SDPBACKEND.get(backend, ""), None)
     if chosen is None:
         return f"PyTorch {torch.__version__} has no {backend!r} SDPA kernel"
