@@ -25,19 +25,17 @@ in ``docs/threading.md``.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
-import weakref
 from asyncio import current_task as _current_task
 from asyncio.events import _get_running_loop
 from collections import deque
 from contextvars import ContextVar
 from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 
-from . import _interrupts, _notices, _own_writes
+from . import _notices, _own_writes
 from ._history import SET, FlagRecord, Where, expand, format_where, json_default, now
 from ._interrupts import PENDING, critical, deliver_pending
-from ._ledger_recovery import LedgerRecovery
+from ._ledger_recovery import LEDGERS, LedgerRecovery
 from ._notices import Failure, Notice
 from ._own_writes import _WRITING
 from ._program import Frame, LeverItem, Program
@@ -137,7 +135,7 @@ class FlagLedger(LedgerRecovery):
         self._threads: Dict[int, int] = {}
         self._gone: List[int] = []
         self._tokens = itertools.count(1)
-        _LEDGERS.add(self)
+        LEDGERS.add(self)
 
     def note(
         self,
@@ -410,37 +408,6 @@ def _without_closed(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:
 
 def _is_positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-# --- fork -----------------------------------------------------------------------------------
-
-_LEDGERS: weakref.WeakSet[FlagLedger] = weakref.WeakSet()
-
-
-def _before_fork() -> None:
-    # No thread may be half-way through an enter or exit when the process is copied: hold
-    # every ledger's lock across the fork (the forking thread waits for the others' sections).
-    for the_ledger in list(_LEDGERS):
-        the_ledger._lock.acquire()
-
-
-def _after_fork_in_parent() -> None:
-    for the_ledger in list(_LEDGERS):
-        the_ledger._lock.release()
-
-
-def _after_fork_in_child() -> None:
-    _interrupts.forked()
-    for the_ledger in list(_LEDGERS):
-        the_ledger._forked()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_before_fork,
-        after_in_parent=_after_fork_in_parent,
-        after_in_child=_after_fork_in_child,
-    )
 
 
 _PROCESS_LEDGER = FlagLedger()

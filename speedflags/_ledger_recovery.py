@@ -9,12 +9,14 @@ and fork").
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 from . import _own_writes
 from ._history import RESTORE, Where, now
-from ._interrupts import critical
+from ._interrupts import critical, forked
 from ._ledger_paths import LedgerPaths
 from ._notices import Failure, Notice
 from ._own_writes import _WRITING
@@ -280,3 +282,34 @@ class LedgerRecovery(LedgerPaths):
         self._threads.clear()
         if token is not None:
             self._threads[tid] = token
+
+
+# --- fork -----------------------------------------------------------------------------------
+
+LEDGERS: weakref.WeakSet[LedgerRecovery] = weakref.WeakSet()  # every FlagLedger made
+
+
+def _before_fork() -> None:
+    # No thread may be half-way through an enter or exit when the process is copied: hold
+    # every ledger's lock across the fork (the forking thread waits for the others' sections).
+    for the_ledger in list(LEDGERS):
+        the_ledger._lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for the_ledger in list(LEDGERS):
+        the_ledger._lock.release()
+
+
+def _after_fork_in_child() -> None:
+    forked()
+    for the_ledger in list(LEDGERS):
+        the_ledger._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
