@@ -41,13 +41,13 @@ import pytest
 import torch
 
 import speedflags
-from speedflags._ledger import json_default
 from speedflags.bench.accuracy import TOLERANCE, coarsest
 from speedflags.bench.results import Result
 from speedflags.bench.runner import warm_up
 from speedflags.bench.table import finish, render
 from speedflags.bench.timing import plan_calls, plan_rounds, synced, timer_for
 from speedflags.bench.workloads import WORKLOADS, Problem, Workload
+from speedflags.flag_ledger.ledger import json_default
 
 # group -> the variant that is the group's baseline (its parameter id, or one parameter value)
 BASELINES: Dict[str, str] = {

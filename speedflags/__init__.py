@@ -35,15 +35,13 @@ if "torch" not in _sys.modules and _numpy_missing():
         import torch  # noqa: F401
 
 from . import errors
-from ._interrupts import signal_safe
-from ._ledger import FlagLedger, FlagRecord, Frame, ledger
 from ._sentinel import UNSET
 from ._version import __version__
-from ._watch import start_from_env as _start_from_env
-from ._watch import watch
 from .distributed import RankSnapshot, check_ranks
 from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
 from .fast_math import FastMath, fast_math
+from .flag_ledger.interrupts import signal_safe
+from .flag_ledger.ledger import FlagLedger, FlagRecord, Frame, ledger
 from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
 from .recommend import Recommendation, recommended
@@ -54,6 +52,8 @@ from .status import TF32Status, heal_tf32, snapshot, tf32_status
 from .training import fast_optimizer, grad_scaler, to_device
 from .tune import TuneResult, load_levers, tune
 from .verify import Verification, verify
+from .watching.watch import start_from_env as _start_from_env
+from .watching.watch import watch
 
 __all__ = [
     "UNSET",

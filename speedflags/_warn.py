@@ -9,7 +9,8 @@ import warnings
 from types import FrameType
 from typing import Hashable, Optional
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# speedflags' own directory: frames in it (any subpackage) are never the user's line
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _seen: set[Hashable] = set()
 _lock = threading.Lock()
 _MAX_CAUSES = 10_000  # a drifting training loop must not grow this set without bound
@@ -19,7 +20,7 @@ def user_stacklevel() -> int:
     """The ``stacklevel`` that points ``warnings.warn`` at the first frame outside speedflags."""
     frame: Optional[FrameType] = sys._getframe(1)
     level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame = frame.f_back
         level += 1
     return level

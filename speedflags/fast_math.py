@@ -25,12 +25,12 @@ from typing import (
 import torch
 
 from . import _warn
-from ._decorate import decorate
-from ._interrupts import critical, deliver_pending
-from ._ledger import Frame, LeverItem, Program, Where, ledger
 from ._sentinel import UNSET
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
+from .flag_ledger.decorate import decorate
+from .flag_ledger.interrupts import critical, deliver_pending
+from .flag_ledger.ledger import Frame, LeverItem, Program, Where, ledger
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
 from .levers.autocast import AUTO
 from .levers.registry import check_levers, document_levers, lever_spec, shown_levers

@@ -46,16 +46,16 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import pytest
 from _pytest.runner import runtestprotocol
 
-from ._ledger import ledger
-from ._own_writes import section
 from ._short_repr import short_repr
-from ._watch import watch
-from ._watch_torch import Domain, Write, domains, flatten
-from ._watcher import _watcher
 from .errors import SpeedflagsError, SpeedflagsWarning
 from .fast_math import FastMath, fast_math
+from .flag_ledger.ledger import ledger
+from .flag_ledger.own_writes import section
 from .levers._base import Unreadable
 from .levers.registry import lever_spec
+from .watching.setters import Domain, Write, domains, flatten
+from .watching.watch import watch
+from .watching.watcher import _watcher
 
 __all__ = ["CHOICES", "FlagLeakWarning"]
 

@@ -21,10 +21,9 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import distributed
-from ._ledger import json_default, ledger
 from ._version import __version__
-from ._watcher import last_writers
 from .fast_math import fast_math
+from .flag_ledger.ledger import json_default, ledger
 from .hardware import capabilities, resolve_device
 from .levers import _fp32_model as family
 from .levers import _fp32_torch as family_io
@@ -32,6 +31,7 @@ from .levers import autocast as autocast_module
 from .levers import sdpa as sdpa_module
 from .recommend import recommended
 from .status import snapshot, tf32_status
+from .watching.watcher import last_writers
 
 __all__ = ["build_report", "render_report"]
 

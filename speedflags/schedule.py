@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ._ledger import Frame, ledger
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import FastMath
+from .flag_ledger.ledger import Frame, ledger
 from .hardware import DeviceLike, normalize_device
 from .levers.registry import lever_spec
 

@@ -3,7 +3,7 @@ with optional ``torch.compile`` that falls back to eager instead of breaking the
 optional ``torch.inference_mode``.
 
 The levers go through the same ledger frames as ``fast_math`` (one frame per call, restored
-exactly, recorded); compiling is :mod:`speedflags._compile`'s job.
+exactly, recorded); compiling is :mod:`speedflags.compile.guarded`'s job.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union, overloa
 
 import torch
 
-from ._compile import COMPILED, GuardedCompile, compile_options
-from ._decorate import decorate
-from ._ledger import Frame, ledger
 from ._short_repr import short_repr
+from .compile.guarded import COMPILED, GuardedCompile, compile_options
 from .errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from .fast_math import FastMath
+from .flag_ledger.decorate import decorate
+from .flag_ledger.ledger import Frame, ledger
 from .hardware import DeviceLike
 from .levers.registry import document_levers, shown_levers
 from .recommend import recommended

@@ -12,15 +12,15 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ._decorate import caller_where
-from ._ledger import ledger
-from ._own_writes import section
-from ._watcher import tf32_writer
 from .errors import StateMismatchError
+from .flag_ledger.decorate import caller_where
+from .flag_ledger.ledger import ledger
+from .flag_ledger.own_writes import section
 from .levers import _fp32_model as family
 from .levers import _fp32_torch as family_io
 from .levers._fp32_mixed import conflicts, heal_target
 from .levers.registry import lever_snapshot, lever_spec
+from .watching.watcher import tf32_writer
 
 __all__ = ["TF32Status", "heal_tf32", "snapshot", "tf32_status"]
 

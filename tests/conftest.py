@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 
 import speedflags
 from speedflags import _warn, hardware
-from speedflags._ledger import ledger
+from speedflags.flag_ledger.ledger import ledger
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest inside pytest
 

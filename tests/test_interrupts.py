@@ -26,9 +26,6 @@ from conftest import reset_all
 
 import speedflags
 from speedflags import fast_math, speedup
-from speedflags._interrupts import PENDING
-from speedflags._ledger import FlagLedger
-from speedflags._own_writes import _WRITING
 from speedflags.errors import (
     DriftWarning,
     LedgerOrderError,
@@ -36,6 +33,9 @@ from speedflags.errors import (
     SpeedflagsWarning,
 )
 from speedflags.fast_math import FastMath
+from speedflags.flag_ledger.interrupts import PENDING
+from speedflags.flag_ledger.ledger import FlagLedger
+from speedflags.flag_ledger.own_writes import _WRITING
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = str(Path(speedflags.__file__).resolve().parent)
@@ -328,8 +328,8 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
     # levers were written), the next while that enter is rolled back and leaves its stacks.
     # The frame must end up on no stack: a half-entered frame left there was later found by
     # the exit of the block around it, which failed with a TypeError (seen under the timer).
-    import speedflags._ledger as ledger_module
-    from speedflags._ledger_paths import LedgerPaths
+    import speedflags.flag_ledger.ledger as ledger_module
+    from speedflags.flag_ledger.paths import LedgerPaths
 
     real_now, real_unlink = ledger_module.now, LedgerPaths._unlink
     armed = {"now": False, "unlink": False}
@@ -370,8 +370,8 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
 REENTRY = """
 import dis, signal, sys, torch, speedflags
 from speedflags import fast_math
-from speedflags._interrupts import PENDING
-from speedflags._ledger import FlagLedger
+from speedflags.flag_ledger.interrupts import PENDING
+from speedflags.flag_ledger.ledger import FlagLedger
 
 ran = []
 def handler(signum, frame):

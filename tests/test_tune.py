@@ -20,9 +20,8 @@ from conftest import CPU_AUTOCAST_FP16, autocast_enabled
 import speedflags
 from speedflags.bench.timing import Timing
 from speedflags.errors import InvalidTypeError, InvalidValueError
-from speedflags.levers.registry import LEVER_NAMES
+from speedflags.levers.registry import LEVER_NAMES, with_baseline
 from speedflags.tune import run
-from speedflags.tune.candidates import with_baseline
 from speedflags.tune.compare import MIN_GAIN, faster
 from speedflags.tune.state import error_against, reference_outputs
 

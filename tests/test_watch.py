@@ -27,9 +27,9 @@ from torch.backends.cuda import enable_flash_sdp  # imported by name before any 
 
 import speedflags
 from speedflags import fast_math
-from speedflags._own_writes import OWN_WRITES
-from speedflags._watch_torch import SETTERS
+from speedflags.flag_ledger.own_writes import OWN_WRITES
 from speedflags.levers.registry import LEVER_NAMES, REGISTRY
+from speedflags.watching.setters import SETTERS
 
 HERE = os.path.abspath(__file__)
 SHORTHANDS = {spec.shorthand for spec in REGISTRY}
@@ -303,3 +303,16 @@ def test_speedflags_own_writes_are_not_external() -> None:
 def test_every_wrapped_setter_names_a_registry_lever() -> None:
     assert {setter.lever for setter in SETTERS.values()} <= set(LEVER_NAMES)
     assert {setter.lever for setter in SETTERS.values()} == set(LEVER_NAMES)
+
+
+@pytest.mark.parametrize("subpackage", ["", "flag_ledger", "watching", "levers"])
+def test_the_writer_is_never_a_frame_inside_speedflags(subpackage: str) -> None:
+    # A write that passes through any speedflags module (top level or a subpackage) is
+    # attributed to the first frame outside the package: here, this test.
+    from speedflags.watching.setters import writer_frame
+
+    inside = Path(speedflags.__file__).resolve().parent / subpackage / "_a_module.py"
+    namespace: dict = {"writer_frame": writer_frame}
+    exec(compile("def relay():\n    return writer_frame()\n", str(inside), "exec"), namespace)
+    frame = namespace["relay"]()
+    assert frame is not None and frame.f_code is sys._getframe().f_code

@@ -12,5 +12,10 @@ suites in ``benchmarks/``:
 - :mod:`.accuracy`: relative error against float64, and tolerances;
 - :mod:`.runner`: interleaved passes, progress, Ctrl-C;
 - :mod:`.results`, :mod:`.table`, :mod:`.plot`: result files, the table, the comparison and
-  the speedup-against-error plot.
+  the speedup-against-error plot;
+- :mod:`.output_paths`: the command lines' output files, checked writable before a run.
+
+May import: every layer below the tools (``fast_math``, ``status``, the levers' registry,
+``hardware``, ``errors``); of the other tools, ``verify`` (inside a function, to record
+verdicts) and ``tune``'s file reader (``bench --config``).
 """

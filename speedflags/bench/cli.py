@@ -282,8 +282,8 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _check_outputs(args: argparse.Namespace) -> Optional[str]:
     """Why ``--json`` or ``--plot`` could not be written after the run, or None."""
-    from .._output_paths import check_output
     from ..errors import SpeedflagsError
+    from .output_paths import check_output
     from .plot import PLOT_SUFFIXES
 
     try:

@@ -11,7 +11,7 @@ import os
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Sequence, Union
 
-from .._output_paths import make_parent_folder
+from .output_paths import make_parent_folder
 from .results import BenchRun, Result, describe_source
 
 __all__ = ["MISSING", "PLOT_SUFFIXES", "have_matplotlib", "plot", "speedup_axes"]

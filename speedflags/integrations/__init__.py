@@ -13,4 +13,8 @@ speedflags`` (and this package) never imports Lightning or transformers:
 Both take, per phase, a dict of :func:`speedflags.fast_math` keyword arguments, validated
 when the callback is built, and apply them through the ledger for that phase only: every
 flag comes back when the phase ends, also when it ends with an exception.
+
+May import: ``fast_math``, ``status``, the ledger, the levers' registry and the base modules;
+Lightning and transformers only inside the module that adapts to them, never at
+``import speedflags``.
 """

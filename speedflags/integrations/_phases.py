@@ -15,11 +15,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
-from .._ledger import Frame, ledger
 from .._short_repr import short_repr
 from .._warn import user_stacklevel
 from ..errors import InvalidTypeError, InvalidValueError, SpeedflagsError, SpeedflagsWarning
 from ..fast_math import FastMath
+from ..flag_ledger.ledger import Frame, ledger
 from ..levers.registry import check_levers
 from ..status import heal_tf32, tf32_status
 

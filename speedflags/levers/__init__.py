@@ -2,7 +2,12 @@
 
 :mod:`speedflags.levers.registry` holds one :class:`~speedflags.levers.registry.LeverSpec`
 per lever, in application order. Adding a lever means one module with its ``Lever`` class
-and one registry entry.
+and one registry entry. :mod:`.culprits` is the hook through which a running
+:func:`speedflags.watch` tells the levers (and the ledger) who wrote a flag.
+
+May import: torch and the base modules (``errors``, ``hardware``, ``_short_repr``,
+``_sentinel``, ``_warn``) only. The levers are the lowest layer: the ledger, the watch and
+everything else build on them.
 """
 
 from __future__ import annotations

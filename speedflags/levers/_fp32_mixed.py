@@ -30,6 +30,7 @@ from ._fp32_model import (
     FamilyState,
     is_consistent,
 )
+from .culprits import mixed_note
 
 
 def _inherited_note(nodes: Tuple[str, ...], node: int) -> str:
@@ -94,16 +95,8 @@ def require_consistent(state: FamilyState, action: str) -> None:
         + " ".join(f"{d}." for d in details)
         + " Nothing was changed. Fix: call speedflags.heal_tf32() to make both API families "
         "agree while keeping the precision kernels use now, then change TF32 only through "
-        "speedflags (fast_math(tf32=...)) or through one API family." + _mixed_note(state)
+        "speedflags (fast_math(tf32=...)) or through one API family." + mixed_note(state)
     )
-
-
-def _mixed_note(state: FamilyState) -> str:
-    # who made it mixed, when speedflags.watch() saw it; imported here because the watcher
-    # imports torch, which this module does not need otherwise
-    from .._watcher import mixed_note
-
-    return mixed_note(state)
 
 
 def heal_target(state: FamilyState, prefer_cuda: bool) -> tuple[FamilyState, list[str]]:

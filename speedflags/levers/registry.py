@@ -323,6 +323,29 @@ def baseline_levers() -> Dict[str, Any]:
     return {spec.name: spec.baseline for spec in REGISTRY if spec.has_baseline}
 
 
+def with_baseline(levers: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
+    """``levers`` on top of every other lever's "off" value, as one ``fast_math`` call.
+
+    An off value that would contradict a candidate (``tf32=False`` beside
+    ``matmul_precision='medium'``, which turns cuBLAS TF32 on) is left out.
+
+    Example:
+        >>> from speedflags.levers.registry import with_baseline
+        >>> with_baseline((("matmul_precision", "medium"),))
+        {'matmul_precision': 'medium', 'cudnn_benchmark': False, 'amp': False}
+    """
+    merged: Dict[str, Any] = dict(levers)
+    for name, value in baseline_levers().items():
+        if name in merged:
+            continue
+        try:
+            check_levers("with_baseline", {**merged, name: value})
+        except InvalidValueError:
+            continue
+        merged[name] = value
+    return {spec.name: merged[spec.name] for spec in REGISTRY if spec.name in merged}
+
+
 def lever_snapshot(device_types: Sequence[str] = AUTOCAST_DEVICE_TYPES) -> Dict[str, Any]:
     """Every lever's state now, described, by ``fast_math`` keyword. Never raises.
 

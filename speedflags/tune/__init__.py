@@ -5,6 +5,9 @@ loss, a whole train step) against plain fp32, and chooses; :class:`TuneResult` h
 choice and every candidate; :func:`load_levers` reads a saved choice back. The search is in
 :mod:`speedflags.tune.search`, the state reset in :mod:`speedflags.tune.state`, the files in
 :mod:`speedflags.tune.files`, the command line in :mod:`speedflags.tune.cli`.
+
+May import: every layer below the tools (``speedup``, ``fast_math``, ``status``, the levers'
+registry), ``bench`` (its timing and runner) and ``verify`` (the verdicts a result carries).
 """
 
 from __future__ import annotations

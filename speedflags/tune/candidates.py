@@ -16,11 +16,11 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 import torch
 
 from ..errors import InvalidValueError
-from ..levers.registry import REGISTRY, baseline_levers, check_levers
+from ..levers.registry import REGISTRY, check_levers
 from .files import plain_levers
 from .result import Row
 
-__all__ = ["Levers", "calls_of", "candidates", "combinations", "verdicts_of", "with_baseline"]
+__all__ = ["Levers", "calls_of", "candidates", "combinations", "verdicts_of"]
 
 Levers = Tuple[Tuple[str, Any], ...]
 MAX_COMBINATIONS = 16
@@ -139,29 +139,6 @@ def combinations(accepted: Sequence[Tuple[Levers, float]]) -> List[Levers]:
             except InvalidValueError:  # contradictory (tf32 against matmul precision)
                 continue
     return found[:MAX_COMBINATIONS]
-
-
-def with_baseline(levers: Levers) -> Dict[str, Any]:
-    """``levers`` on top of every other lever's "off" value, as one ``fast_math`` call.
-
-    An off value that would contradict a candidate (``tf32=False`` beside
-    ``matmul_precision='medium'``, which turns cuBLAS TF32 on) is left out.
-
-    Example:
-        >>> from speedflags.tune.candidates import with_baseline
-        >>> with_baseline((("matmul_precision", "medium"),))
-        {'matmul_precision': 'medium', 'cudnn_benchmark': False, 'amp': False}
-    """
-    merged: Dict[str, Any] = dict(levers)
-    for name, value in baseline_levers().items():
-        if name in merged:
-            continue
-        try:
-            check_levers("tune", {**merged, name: value})
-        except InvalidValueError:
-            continue
-        merged[name] = value
-    return {spec.name: merged[spec.name] for spec in REGISTRY if spec.name in merged}
 
 
 def can_compile() -> bool:

@@ -209,7 +209,7 @@ def _check_device(text: Optional[str]) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse an output that cannot be written before the run, not after it."""
-    from .._output_paths import check_output
+    from ..bench.output_paths import check_output
     from ..bench.plot import PLOT_SUFFIXES
     from .files import FORMATS, YAML_MISSING
 

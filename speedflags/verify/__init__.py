@@ -15,9 +15,9 @@ speedflags verify``), and for ``make gpu-check``: :mod:`.gpu_check` (the driver)
 
 What this subpackage may import: torch, and speedflags' public modules (``fast_math``,
 ``status``, ``hardware``, ``errors``, ``levers.registry``, ``bench``, ``tune``). Never the
-ledger's private modules (``_ledger*``, ``_program``, ``_history``, ``_notices``,
-``_own_writes``), watch (``_watch*``), compile (``_compile*``) or the rank check
-(``_rank_*``): it works through ``fast_math`` frames like any user. ``bench`` and ``tune``
+ledger's modules (:mod:`speedflags.flag_ledger`), the watch (:mod:`speedflags.watching`),
+compile (:mod:`speedflags.compile`) or the rank check's internals: it works through
+``fast_math`` frames like any user. ``bench`` and ``tune``
 import it only inside functions (to record verdicts), so no import cycle arises.
 """
 

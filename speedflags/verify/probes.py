@@ -31,9 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from ..fast_math import fast_math
-from ..levers.registry import baseline_levers
+from ..levers.registry import baseline_levers, with_baseline
 from ..status import tf32_status
-from ..tune.candidates import with_baseline
 from .measure import FP32_MAX, arithmetic, aten_ops, cuda_trace, inputs, relative_error, short
 
 __all__ = ["PROBES", "Context", "Observation", "baseline"]

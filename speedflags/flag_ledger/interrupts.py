@@ -22,7 +22,7 @@ import threading
 from types import CodeType, FrameType
 from typing import Any, Callable, List, Optional, Set, Tuple, TypeVar
 
-from .errors import InvalidTypeError
+from ..errors import InvalidTypeError
 
 F = TypeVar("F", bound=Callable[..., Any])
 Handler = Callable[[int, Optional[FrameType]], Any]

@@ -15,9 +15,9 @@ import inspect
 import sys
 from typing import Any, AsyncGenerator, Callable, Generator, Optional, Tuple, TypeVar
 
-from ._ledger import ledger
-from ._short_repr import short_repr
-from .errors import InvalidTypeError, SpeedflagsError
+from .._short_repr import short_repr
+from ..errors import InvalidTypeError, SpeedflagsError
+from .ledger import ledger
 
 if sys.version_info >= (3, 10):
     from contextlib import aclosing

@@ -1,6 +1,6 @@
 """What ranks compare, and how a difference between them reads.
 
-Pure comparison of JSON-friendly states; the exchange is :mod:`speedflags._rank_exchange`
+Pure comparison of JSON-friendly states; the exchange is :mod:`speedflags.distributed.exchange`
 and the check that raises is :func:`speedflags.check_ranks`.
 """
 
@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
-from .levers._base import Unreadable
-from .status import snapshot
+from ..levers._base import Unreadable
+from ..status import snapshot
 
 # Flags that are not levers but change results, so ranks must agree on them too:
 # (name shown to users, object, attribute)

@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ._version import __version__
-from .levers._base import Lever, Unreadable
+from .._version import __version__
+from ..levers._base import Lever, Unreadable
 
 Where = Optional[Tuple[str, int]]
 
@@ -46,7 +46,7 @@ def format_where(where: Where) -> str:
     """``"train.py:42"`` for a ``(filename, lineno)`` pair; ``""`` when unknown.
 
     Example:
-        >>> from speedflags._history import format_where
+        >>> from speedflags.flag_ledger.history import format_where
         >>> format_where(("train.py", 42)), format_where(None)
         ('train.py:42', '')
     """
@@ -58,6 +58,22 @@ def format_where(where: Where) -> str:
 # FlagRecord.to_dict's keys, in order
 RECORD_FIELDS = ("seq", "time", "lever", "action", "before", "after", "reason", "label", "frame",
                  "thread", "rank", "where")  # fmt: skip
+
+
+def _no_rank() -> Optional[int]:
+    return None
+
+
+# Tells the calling process's rank in a torch.distributed job (None without one);
+# speedflags.distributed installs the real source, so the ledger needs no torch.distributed.
+# Read once per frame (as history.rank_source, so that an installed source is seen).
+rank_source: Callable[[], Optional[int]] = _no_rank
+
+
+def set_rank_source(source: Callable[[], Optional[int]]) -> None:
+    """Install the function that says the process's rank (``speedflags.distributed`` does)."""
+    global rank_source
+    rank_source = source
 
 
 class FlagRecord:
@@ -214,7 +230,7 @@ def json_default(value: Any) -> Any:
 
     Example:
         >>> import json
-        >>> from speedflags._history import json_default
+        >>> from speedflags.flag_ledger.history import json_default
         >>> json.dumps({"backends": frozenset({"math", "flash"})}, default=json_default)
         '{"backends": ["flash", "math"]}'
     """

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Optional, Sequence, Tuple
 
-from . import _warn
-from ._program import Frame
-from .errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
-from .levers._base import Lever
+from .. import _warn
+from ..errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
+from ..levers._base import Lever
+from ..levers.culprits import culprit_note
+from .program import Frame
 
 # (cause for warn_once, message, category)
 Notice = Tuple[Hashable, str, type]
@@ -46,8 +47,6 @@ def drift(
         f"{lever.describe(found)!r} where the block had set {lever.describe(expected)!r}; "
         f"restoring {lever.describe(restoring)!r}."
     )
-    from ._watcher import culprit_note  # local: the watcher imports torch
-
     message += culprit_note(lever, found)
     note = f"drift: found {lever.describe(found)!r}, expected {lever.describe(expected)!r}"
     return note, ((lever.name, found, expected, restoring), message, DriftWarning)

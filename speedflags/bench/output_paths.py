@@ -14,7 +14,7 @@ trying its nearest existing folder.
 
 Example:
     >>> import os, tempfile
-    >>> from speedflags._output_paths import check_output
+    >>> from speedflags.bench.output_paths import check_output
     >>> folder = tempfile.mkdtemp()
     >>> check_output(os.path.join(folder, "new", "results.json"), "--json", (".json",))
     >>> try:
@@ -30,8 +30,8 @@ import os
 import tempfile
 from typing import Optional, Sequence, Union
 
-from ._short_repr import short_repr
-from .errors import InvalidValueError
+from .._short_repr import short_repr
+from ..errors import InvalidValueError
 
 __all__ = ["check_output", "make_parent_folder"]
 

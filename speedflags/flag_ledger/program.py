@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Hashable, List, Optional, Sequence, Tuple
 
-from ._history import Where, format_where, lever_key
-from .levers._base import Lever
+from ..levers._base import Lever
+from .history import Where, format_where, lever_key
 
 LeverItem = Tuple[Lever, Any, str]  # (lever, requested value, reason to record)
 
@@ -17,7 +17,7 @@ class Program:
     only on the levers (domains, stack keys, hooks, which states to read) is worked out here.
 
     Example:
-        >>> from speedflags._program import Program
+        >>> from speedflags.flag_ledger.program import Program
         >>> from speedflags.levers import PROCESS_LEVERS
         >>> Program([(PROCESS_LEVERS["cudnn_benchmark"], True, "")]).domains
         ('cudnn_benchmark',)

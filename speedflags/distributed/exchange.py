@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _ledger
-from .levers._base import Unreadable
+from ..flag_ledger import history
+from ..levers._base import Unreadable
 
 _dist: Any = torch.distributed
 # Feature detection: some builds (and old macOS/Windows wheels) have no torch.distributed.
@@ -56,7 +56,7 @@ def current_rank() -> Optional[int]:
 
 
 if AVAILABLE:
-    _ledger.set_rank_source(current_rank)
+    history.set_rank_source(current_rank)
 
 
 def process_group(group: Any = None) -> Optional[Tuple[int, int, str]]:

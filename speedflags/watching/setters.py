@@ -14,11 +14,11 @@ setter this PyTorch lacks is skipped.
 The states are the registry's lever *domains* (:func:`domains`: one per piece of torch
 state, autocast once per device type), read raw through each lever's ``read()``.
 
-Scope: this module only describes and reads; :mod:`speedflags._watcher` installs and
+Scope: this module only describes and reads; :mod:`speedflags.watching.watcher` installs and
 removes the wrappers.
 
 Example:
-    >>> from speedflags._watch_torch import SETTERS
+    >>> from speedflags.watching.setters import SETTERS
     >>> setter = SETTERS["_set_cudnn_benchmark"]
     >>> setter.lever, setter.describe((True,))
     ('cudnn_benchmark', 'torch.backends.cudnn.benchmark set to True')
@@ -37,11 +37,12 @@ from typing import Any, Dict, Hashable, NamedTuple, Optional, Tuple
 
 import torch
 
-from ._ledger import format_where
-from ._own_writes import Where
-from .levers import _fp32_model as family
-from .levers._base import Lever
-from .levers.registry import AUTOCAST_DEVICE_TYPES, REGISTRY
+from .._warn import PACKAGE_DIR
+from ..flag_ledger.ledger import format_where
+from ..flag_ledger.own_writes import Where
+from ..levers import _fp32_model as family
+from ..levers._base import Lever
+from ..levers.registry import AUTOCAST_DEVICE_TYPES, REGISTRY
 
 __all__ = ["SETTERS", "Domain", "Setter", "Write", "domains", "flatten", "writer_frame"]
 
@@ -128,7 +129,7 @@ def _dirs(*files: Optional[str]) -> Tuple[str, ...]:
     return tuple(found)
 
 
-_SKIPPED_DIRS = _dirs(torch.__file__, __file__)
+_SKIPPED_DIRS = _dirs(torch.__file__, os.path.join(PACKAGE_DIR, "__init__.py"))
 _PLUMBING = frozenset(
     path
     for module in (contextlib, functools)

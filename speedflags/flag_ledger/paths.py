@@ -1,12 +1,12 @@
 """The ledger off its hot path: inspection, rolling back, closing under later frames, conflicts.
 
-:class:`~speedflags._ledger.FlagLedger` keeps its hot path (open and close of a frame that
-is the innermost of its stacks) in ``_ledger.py``. What happens when a lever fails, a frame
+:class:`~speedflags.FlagLedger` keeps its hot path (open and close of a frame that is the
+innermost of its stacks) in :mod:`.ledger`. What happens when a lever fails, a frame
 exits out of order or under another thread's frames, or a frame overrides another thread's
 or task's, is here, with the inspection of the history and the open frames. The rare paths
 run under the ledger's lock (``_leave_context`` touches only the calling context) and only
 *build* warnings and errors: the ledger speaks once the lock is released
-(:mod:`speedflags._notices`).
+(:mod:`speedflags.flag_ledger.notices`).
 """
 
 from __future__ import annotations
@@ -15,18 +15,20 @@ import threading
 from contextvars import ContextVar
 from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 
-from . import _notices, _own_writes
-from ._history import FlagRecord, Where, one_entry, records, to_json
-from ._notices import Failure, Notice
-from ._program import Frame
-from .errors import LedgerOrderError
+from ..errors import LedgerOrderError
+from . import history as _history
+from . import notices as _notices
+from . import own_writes as _own_writes
+from .history import FlagRecord, Where, expand, one_entry, records, to_json
+from .notices import Failure, Notice
+from .program import Frame
 
 _get_ident = threading.get_ident
 _KEEP_STACKS = 64
 
 
 class LedgerPaths:
-    """:class:`~speedflags._ledger.FlagLedger` off its hot path (a base class of it)."""
+    """:class:`~speedflags.flag_ledger.ledger.FlagLedger` off its hot path (a base class of it)."""
 
     _lock: threading.Lock
     _stacks: Dict[Hashable, List[Tuple[Frame, int]]]
@@ -53,6 +55,24 @@ class LedgerPaths:
     def to_json(self, indent: Optional[int] = None) -> str:
         """The history as JSON, with the PyTorch and speedflags versions and the process id."""
         return to_json(self.history, indent)
+
+    def note(
+        self,
+        lever: str,
+        action: str,
+        reason: str,
+        *,
+        before: Any = None,
+        after: Any = None,
+        label: str = "",
+        where: Where = None,
+    ) -> FlagRecord:
+        """Append an event that is not a frame (a heal, a compile fallback) to the history."""
+        thread = threading.current_thread().name
+        rank = _history.rank_source()
+        with self._lock:
+            entry = self._one(label, 0, thread, rank, where, lever, action, reason, before, after)
+        return expand(entry)[0]
 
     def __repr__(self) -> str:
         return f"<FlagLedger: {len(self._history)} entries, {len(self.open_frames())} open frames>"

@@ -14,14 +14,14 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
-from . import _own_writes
-from ._history import RESTORE, Where, now
-from ._interrupts import critical, forked
-from ._ledger_paths import LedgerPaths
-from ._notices import Failure, Notice
-from ._own_writes import _WRITING
-from ._program import Frame
-from .errors import AbandonedFrameWarning, LedgerOrderError, LedgerReentryError
+from ..errors import AbandonedFrameWarning, LedgerOrderError, LedgerReentryError
+from . import own_writes as _own_writes
+from .history import RESTORE, Where, now
+from .interrupts import critical, forked
+from .notices import Failure, Notice
+from .own_writes import _WRITING
+from .paths import LedgerPaths
+from .program import Frame
 
 _get_ident = threading.get_ident
 _current_thread = threading.current_thread
@@ -48,7 +48,7 @@ class _ThreadEnd:
 
 
 class LedgerRecovery(LedgerPaths):
-    """:class:`~speedflags._ledger.FlagLedger` when interrupted (a base class of it)."""
+    """:class:`~speedflags.flag_ledger.ledger.FlagLedger` when interrupted (a base class of it)."""
 
     _lock: Any  # a threading.RLock (its type is private to the threading module)
     _last_id: int

@@ -1,14 +1,14 @@
 """The machinery behind :func:`speedflags.watch`: wrappers, boundaries and the last writers.
 
-One :class:`_Watcher` per process installs the wrappers (:mod:`speedflags._watch_torch`
+One :class:`_Watcher` per process installs the wrappers (:mod:`speedflags.watching.setters`
 lists what they wrap) when the first watch starts and puts every original back when the
 last one stops. A wrapped setter reads the state it writes before and after the call; a
 change is recorded in the ledger's history as ``"external"`` and remembered as that state's
 last writer. Writes made while ``OWN_WRITES.depth`` is above zero are speedflags' own and
 pass straight through.
 
-At each ledger boundary (:func:`speedflags._own_writes.section`) the watcher compares every
-state with what it expected (the state the last boundary or watched write left): a
+At each ledger boundary (:func:`speedflags.flag_ledger.own_writes.section`) the watcher
+compares every state with what it expected (the state the last boundary or watched write left): a
 difference was made around Python, and is recorded as made by unknown code between the two
 boundaries. A lock held by sections and around each watched write keeps another thread's
 write from being taken for speedflags' own, or the reverse.
@@ -23,7 +23,7 @@ Scope: process; autocast states per thread.
 
 Example:
     >>> import torch, speedflags
-    >>> from speedflags._watcher import last_writers
+    >>> from speedflags.watching.watcher import last_writers
     >>> with speedflags.watch():
     ...     torch.backends.cudnn.benchmark = True
     ...     print(last_writers()["cudnn_benchmark"])
@@ -42,20 +42,22 @@ from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
 import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
-from . import _ledger as _ledger_module
-from . import _own_writes, _warn
-from ._ledger import format_where, ledger
-from ._own_writes import OWN_WRITES, Where
-from ._watch_torch import SETTERS, Domain, Setter, Write, domains, flatten, writer_frame
-from .errors import SpeedflagsWarning
-from .levers import _fp32_model as family
-from .levers._base import Lever
-from .levers.registry import REGISTRY, lever_spec
+from .. import _warn
+from ..errors import SpeedflagsWarning
+from ..flag_ledger import history as _history
+from ..flag_ledger import own_writes as _own_writes
+from ..flag_ledger.ledger import format_where, ledger
+from ..flag_ledger.own_writes import OWN_WRITES, Where
+from ..levers import _fp32_model as family
+from ..levers import culprits
+from ..levers._base import Lever
+from ..levers.culprits import NOT_WATCHING
+from ..levers.registry import REGISTRY, lever_spec
+from .setters import SETTERS, Domain, Setter, Write, domains, flatten, writer_frame
 
-__all__ = ["culprit_note", "last_writers", "mixed_note", "tf32_writer"]
+__all__ = ["last_writers", "tf32_writer"]
 
 _UNKNOWN = "unknown code"
-NOT_WATCHING = "To learn which code wrote it, run under speedflags.watch() (or SPEEDFLAGS_WATCH=1)."
 NOT_SEEN = (
     "speedflags.watch() saw no Python write that explains it: it was set before watching "
     "started, or around Python (C++)."
@@ -102,6 +104,7 @@ class _Watcher:
                     self.by_getter.clear()
                     self.mixed_by = None
                     _own_writes.WATCHER = self
+                    culprits.set_source(self)
             self.count += 1
             self.ever = True
 
@@ -113,6 +116,7 @@ class _Watcher:
             if self.count == 0:
                 with ledger()._lock:
                     _own_writes.WATCHER = None
+                    culprits.set_source(None)
                     for owner, attr, original in reversed(self._patches):
                         setattr(owner, attr, original)
                     self._patches.clear()
@@ -246,7 +250,7 @@ class _Watcher:
     def _read(self, thread: bool) -> Dict[str, Hashable]:
         return {d.key: d.lever.read() for d in self.domains if d.thread == thread}
 
-    # --- ledger boundaries (speedflags._own_writes.Watcher) ----------------------------------
+    # --- ledger boundaries (speedflags.flag_ledger.own_writes.Watcher) ---------------------
 
     def boundary(self, the_ledger: Any, label: str, where: Where) -> None:
         """Changes since the last boundary that no watched write explains: recorded as unknown."""
@@ -267,7 +271,7 @@ class _Watcher:
             item = Write(domain.shorthand, text, "", None, thread, now)
             self._remember(item, domain, was, now)
             describe = domain.lever.describe
-            rank = getattr(_ledger_module, "_rank_source", _no_rank)()
+            rank = _history.rank_source()
             the_ledger._one(_UNKNOWN, 0, thread, rank, None, domain.shorthand, "external",
                             text, describe(was), describe(now))  # fmt: skip
 
@@ -290,9 +294,15 @@ class _Watcher:
         item = self.last.get((domain, threading.get_ident() if thread else None))
         return item if item is not None and item.after == state else None
 
+    # --- the culprit source the levers and the ledger ask (speedflags.levers.culprits) -----
 
-def _no_rank() -> Optional[int]:
-    return None
+    def culprit_note(self, lever: Lever, state: Any) -> str:
+        """A sentence for a message about ``lever`` found in ``state``: who wrote it, if known."""
+        return _note(self.culprit(lever.domain, lever.scope == "thread", state))
+
+    def mixed_note(self, state: Any) -> str:
+        """For ``MixedTF32APIError``: the write that made the TF32 state mixed, if known."""
+        return _note(tf32_writer(state))
 
 
 def _describer(domain: Domain, lever_name: str) -> Callable[[Any], Any]:
@@ -322,20 +332,6 @@ def _note(item: Optional[Write]) -> str:
     if watcher is None or watcher.count == 0:
         return f" {NOT_WATCHING}"
     return f" {NOT_SEEN}"
-
-
-def culprit_note(lever: Lever, state: Any) -> str:
-    """A sentence for a message about ``lever`` found in ``state``: who wrote it, if known."""
-    watcher = _WATCHER
-    item = None
-    if watcher is not None:
-        item = watcher.culprit(lever.domain, lever.scope == "thread", state)
-    return _note(item)
-
-
-def mixed_note(state: Any) -> str:
-    """For ``MixedTF32APIError``: the write that made the TF32 state mixed, if known."""
-    return _note(tf32_writer(state))
 
 
 def tf32_writer(state: Any) -> Optional[Write]:

@@ -30,10 +30,11 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from .._warn import PACKAGE_DIR
+
 __all__ = ["SuppressedErrors", "backward_compile_failed", "compile_failure", "describe"]
 
 _DYNAMO_DIR = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "_dynamo") + os.sep
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _CONVERT_FRAME = _DYNAMO_DIR + "convert_frame.py"
 # dynamo's record of a frame it gives up on: "WON'T CONVERT <name> <file> line <first line>";
 # the name of a resume function has spaces in PyTorch 2.1 ("<resume in train>")
@@ -45,7 +46,7 @@ def describe(exc: BaseException) -> str:
     """``"TypeName: first line of the message"``, short enough for a warning.
 
     Example:
-        >>> from speedflags._compile_failures import describe
+        >>> from speedflags.compile.failures import describe
         >>> describe(RuntimeError("no kernel for this dtype\\nmore detail"))
         'RuntimeError: no kernel for this dtype'
     """
@@ -83,7 +84,7 @@ def compile_failure(exc: BaseException, fullgraph: bool) -> Optional[bool]:
         if code.co_filename == _CONVERT_FRAME:
             compiling = True
             break
-        if not code.co_filename.startswith((_DYNAMO_DIR, _PACKAGE_DIR)):
+        if not code.co_filename.startswith((_DYNAMO_DIR, PACKAGE_DIR)):
             ran = True  # a frame outside dynamo was running: the step's code, for real
     if compiling and not ran:
         return False

@@ -6,7 +6,7 @@ lazily at the first call as ``torch.compile`` does. Only failures of the compile
 completes, nothing of it runs twice, and later calls run the plain function without
 compiling again. The step's own errors are not failures, even where dynamo meets them
 first (a shape mismatch fails its fake tensors): the eager error propagates, unchanged,
-and the function stays compiled. The rule (:mod:`speedflags._compile_failures` applies it):
+and the function stays compiled. The rule (:mod:`speedflags.compile.failures` applies it):
 what failed is run eagerly, once; if that raises, the error is the step's. How each case is
 handled (each fact probed on PyTorch 2.13; the tests inject every one of them):
 
@@ -58,16 +58,15 @@ cannot say), the call is not retried: the error propagates, and later calls run 
 even if the error was the step's. And a step that catches, inside itself, an error that
 dynamo also met while tracing completes, so that is taken for a compiler failure.
 
-The helpers live next door: :mod:`speedflags._compile_options` checks ``compile=``,
-:mod:`speedflags._compile_backend` is the guarded backend, and
-:mod:`speedflags._compile_failures` tells the compiler's failures from the step's errors.
+The helpers live next door: :mod:`speedflags.compile.options` checks ``compile=``,
+:mod:`speedflags.compile.backend` is the guarded backend, and
+:mod:`speedflags.compile.failures` tells the compiler's failures from the step's errors.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import sys
 import threading
 from types import FrameType
@@ -75,12 +74,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _warn
-from ._compile_backend import GuardedBackend, inner_backend
-from ._compile_failures import SuppressedErrors, backward_compile_failed, compile_failure, describe
-from ._compile_options import BACKEND_KEYS, compile_options
-from ._ledger import ledger
-from .errors import CompileFallbackWarning
+from .. import _warn
+from .._warn import PACKAGE_DIR
+from ..errors import CompileFallbackWarning
+from ..flag_ledger.ledger import ledger
+from .backend import GuardedBackend, inner_backend
+from .failures import SuppressedErrors, backward_compile_failed, compile_failure, describe
+from .options import BACKEND_KEYS, compile_options
 
 __all__ = ["COMPILED", "FALLBACK", "PENDING", "GuardedCompile", "compile_options"]
 
@@ -89,7 +89,6 @@ log.addHandler(logging.NullHandler())  # a library logs; the application decides
 
 PENDING, COMPILED, FALLBACK = "pending", "compiled", "fallback"
 _DYNAMO_LOGGER = "torch._dynamo.convert_frame"
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _serials = itertools.count(1)
 _LAZY_BACKWARD_OUTCOME = (
     "this PyTorch compiles the backward graph lazily, inside loss.backward(), so the step "
@@ -99,7 +98,7 @@ _LAZY_BACKWARD_OUTCOME = (
 
 def _user_where() -> Optional[Tuple[str, int]]:
     frame: Optional[FrameType] = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:  # pragma: no cover - called from speedflags only
         return None

@@ -7,10 +7,12 @@ determinism flags that are not levers, and raises :class:`~speedflags.RankMismat
 naming what differs. It works with whatever backend the process group uses (gloo on CPUs,
 NCCL on GPUs).
 
-This module holds the check; what is compared and how differences read is in
-:mod:`speedflags._rank_compare`, and the exchange (the rank, the process group, the JSON
-gather, the rank on ledger records) in :mod:`speedflags._rank_exchange`. Their names used
-elsewhere stay importable from here.
+This package's ``__init__`` holds the check; what is compared and how differences read is
+in :mod:`.compare`, and the exchange (the rank, the process group, the JSON gather, the rank
+on ledger records) in :mod:`.exchange`. Their names used elsewhere stay importable from here.
+
+May import: :mod:`speedflags.status`, the ledger, the levers and the base modules; never
+``fast_math`` or anything above it (``fast_math`` imports this package for its rank check).
 """
 
 from __future__ import annotations
@@ -22,23 +24,23 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from . import _ledger
-from ._decorate import caller_where
+from .._short_repr import short_repr
+from ..errors import InvalidTypeError, RankMismatchError
+from ..flag_ledger import ledger as _ledger
+from ..flag_ledger.decorate import caller_where
 
 # Re-exported (``X as X``) for report.py and the tests, which use them as distributed.X.
-from ._rank_compare import ABSENT as ABSENT
-from ._rank_compare import describe_values as describe_values
-from ._rank_compare import differences as differences
-from ._rank_compare import flatten as flatten
-from ._rank_compare import levers_of as levers_of
-from ._rank_compare import rank_state as rank_state
-from ._rank_compare import verdict as verdict
-from ._rank_exchange import AVAILABLE as AVAILABLE
-from ._rank_exchange import current_rank as current_rank
-from ._rank_exchange import gather as gather
-from ._rank_exchange import process_group as process_group
-from ._short_repr import short_repr
-from .errors import InvalidTypeError, RankMismatchError
+from .compare import ABSENT as ABSENT
+from .compare import describe_values as describe_values
+from .compare import differences as differences
+from .compare import flatten as flatten
+from .compare import levers_of as levers_of
+from .compare import rank_state as rank_state
+from .compare import verdict as verdict
+from .exchange import AVAILABLE as AVAILABLE
+from .exchange import current_rank as current_rank
+from .exchange import gather as gather
+from .exchange import process_group as process_group
 
 __all__ = ["RankSnapshot", "check_ranks"]
 

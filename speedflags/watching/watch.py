@@ -14,7 +14,7 @@ Every Python path is covered: the legacy ``allow_tf32`` of cuBLAS and cuDNN,
 ``fp32_precision`` at every level, ``torch.set_float32_matmul_precision``,
 ``cudnn.benchmark``, ``cudnn.flags()``/``set_flags``, the SDPA ``enable_*_sdp`` functions
 and ``sdpa_kernel``, the autocast setters and ``torch.autocast``: they all end in a few
-``torch._C`` functions, which are wrapped while watching (:mod:`speedflags._watch_torch`).
+``torch._C`` functions, which are wrapped while watching (:mod:`speedflags.watching.setters`).
 A change made around Python (C++) is found at the next ledger boundary and recorded as made
 by unknown code between two named points. Errors and reports then name the last writer:
 ``MixedTF32APIError``, ``DriftWarning``, ``tf32_status().last_written_by`` and
@@ -33,9 +33,9 @@ import os
 import time
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
-from ._ledger import FlagRecord, ledger
-from ._watch_torch import writer_frame
-from ._watcher import _watcher
+from ..flag_ledger.ledger import FlagRecord, ledger
+from .setters import writer_frame
+from .watcher import _watcher
 
 __all__ = ["ENV", "Watch", "start_from_env", "watch"]
 

@@ -7,8 +7,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ._short_repr import short_repr
-from .errors import InvalidTypeError, InvalidValueError
+from .._short_repr import short_repr
+from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["BACKEND_KEYS", "compile_options"]
 
@@ -38,7 +38,7 @@ def compile_options(value: object, call: str = "speedup") -> Optional[Dict[str, 
     the common options' types, and a backend name against dynamo's registry.
 
     Example:
-        >>> from speedflags._compile_options import compile_options
+        >>> from speedflags.compile.options import compile_options
         >>> compile_options(False), compile_options(True), compile_options({"fullgraph": True})
         (None, {}, {'fullgraph': True})
     """

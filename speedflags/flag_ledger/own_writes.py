@@ -18,7 +18,7 @@ This module imports nothing from torch and nothing else of speedflags (the ledge
 
 Example:
     >>> import speedflags
-    >>> from speedflags._own_writes import OWN_WRITES
+    >>> from speedflags.flag_ledger.own_writes import OWN_WRITES
     >>> OWN_WRITES.depth  # outside the ledger: any write now would be someone else's
     0
     >>> the_ledger = speedflags.ledger()
@@ -47,7 +47,7 @@ class _OwnWrites:
     """Tells whether the calling thread is writing flags for speedflags right now.
 
     Example:
-        >>> from speedflags._own_writes import OWN_WRITES
+        >>> from speedflags.flag_ledger.own_writes import OWN_WRITES
         >>> OWN_WRITES.depth
         0
     """
@@ -63,7 +63,7 @@ OWN_WRITES = _OwnWrites()
 
 
 class Watcher(Protocol):
-    """What :mod:`speedflags._watcher` installs in :data:`WATCHER` while watching."""
+    """What :mod:`speedflags.watching.watcher` installs in :data:`WATCHER` while watching."""
 
     def boundary(self, ledger: Any, label: str, where: Where) -> None:
         """Before speedflags writes: report changes made around Python since the last one."""
@@ -72,7 +72,7 @@ class Watcher(Protocol):
         """After speedflags wrote: remember the state it left (not an external change)."""
 
 
-# Set and cleared by speedflags._watcher with the ledger's lock held, so that no section is
+# Set and cleared by speedflags.watching.watcher with the ledger's lock held, so that no section is
 # half-way through when watching starts or stops.
 WATCHER: Optional[Watcher] = None
 

@@ -1,8 +1,8 @@
 """The FlagLedger: every lever change goes through here, is recorded, and is undone exactly.
 
 The ledger knows levers only through the :class:`~speedflags.levers._base.Lever` protocol;
-what it runs is a :class:`~speedflags._program.Program` per frame, and what it records goes
-into a ring of compact entries (:mod:`speedflags._history`).
+what it runs is a :class:`~speedflags.flag_ledger.program.Program` per frame, and what it
+records goes into a ring of compact entries (:mod:`speedflags.flag_ledger.history`).
 
 Stacks. For each piece of torch state (a lever *domain*) the ledger keeps a stack of the
 open frames that set it, each with the state it found. Process-wide domains have one stack;
@@ -30,15 +30,17 @@ from asyncio import current_task as _current_task
 from asyncio.events import _get_running_loop
 from collections import deque
 from contextvars import ContextVar
-from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 
-from . import _notices, _own_writes
-from ._history import SET, FlagRecord, Where, expand, format_where, json_default, now
-from ._interrupts import PENDING, critical, deliver_pending
-from ._ledger_recovery import LEDGERS, LedgerRecovery
-from ._notices import Failure, Notice
-from ._own_writes import _WRITING
-from ._program import Frame, LeverItem, Program
+from . import history as _history
+from . import notices as _notices
+from . import own_writes as _own_writes
+from .history import SET, FlagRecord, Where, format_where, json_default, now
+from .interrupts import PENDING, critical, deliver_pending
+from .notices import Failure, Notice
+from .own_writes import _WRITING
+from .program import Frame, LeverItem, Program
+from .recovery import LEDGERS, LedgerRecovery
 
 __all__ = [
     "FlagLedger",
@@ -50,29 +52,12 @@ __all__ = [
     "format_where",
     "json_default",
     "ledger",
-    "set_rank_source",
 ]
 
 DEFAULT_HISTORY_SIZE = 4096
 BURIED_NOTE = "closed under frames entered later; see the records around it"
 _get_ident = threading.get_ident
 _current_thread = threading.current_thread
-
-
-def _no_rank() -> Optional[int]:
-    return None
-
-
-# Tells the calling process's rank in a torch.distributed job (None without one);
-# speedflags.distributed installs the real source, so the ledger needs no torch.distributed.
-# Read once per frame.
-_rank_source: Callable[[], Optional[int]] = _no_rank
-
-
-def set_rank_source(source: Callable[[], Optional[int]]) -> None:
-    """Install the function that says the process's rank (``speedflags.distributed`` does)."""
-    global _rank_source
-    _rank_source = source
 
 
 class FlagLedger(LedgerRecovery):
@@ -137,24 +122,6 @@ class FlagLedger(LedgerRecovery):
         self._tokens = itertools.count(1)
         LEDGERS.add(self)
 
-    def note(
-        self,
-        lever: str,
-        action: str,
-        reason: str,
-        *,
-        before: Any = None,
-        after: Any = None,
-        label: str = "",
-        where: Where = None,
-    ) -> FlagRecord:
-        """Append an event that is not a frame (a heal, a compile fallback) to the history."""
-        thread = _current_thread().name
-        rank = _rank_source()
-        with self._lock:
-            entry = self._one(label, 0, thread, rank, where, lever, action, reason, before, after)
-        return expand(entry)[0]
-
     # --- frames: the hot path --------------------------------------------------------------
 
     @critical
@@ -191,7 +158,7 @@ class FlagLedger(LedgerRecovery):
         task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
         frame = Frame(
             label, owner, where, device, program, tid, _current_thread().name,
-            task, _rank_source(), token,
+            task, _history.rank_source(), token,
         )  # fmt: skip
         befores = frame.befores
         afters = frame.afters

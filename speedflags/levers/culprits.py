@@ -1,0 +1,62 @@
+"""The question "who wrote this flag?", asked by the layers below the watch.
+
+The ledger (a drift warning) and the TF32 family (:class:`~speedflags.MixedTF32APIError`)
+end their messages with who wrote the state they found. Only a running
+:func:`speedflags.watch` knows, and it sits above them: it registers itself here when it
+starts and removes itself when it stops, so these layers ask this module and never import
+the watch (as pytest's core calls hooks that plugins register). With no watch on, the answer
+says how to learn it.
+
+Example:
+    >>> import torch
+    >>> from speedflags.levers import culprits
+    >>> from speedflags.levers.registry import lever_spec
+    >>> lever = lever_spec("cudnn_benchmark").lever()
+    >>> culprits.culprit_note(lever, True)  # no watch running
+    ' To learn which code wrote it, run under speedflags.watch() (or SPEEDFLAGS_WATCH=1).'
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+from ._base import Lever
+
+__all__ = ["NOT_WATCHING", "CulpritSource", "culprit_note", "mixed_note", "set_source"]
+
+NOT_WATCHING = "To learn which code wrote it, run under speedflags.watch() (or SPEEDFLAGS_WATCH=1)."
+
+
+class CulpritSource(Protocol):
+    """What a running watch registers: each method returns a sentence to append, or ``""``."""
+
+    def culprit_note(self, lever: Lever, state: Any) -> str:
+        """Who wrote ``lever``'s current ``state``, as " Last written by: ..." (or why unknown)."""
+
+    def mixed_note(self, state: Any) -> str:
+        """Which write made the TF32 family's ``state`` mixed (or why unknown)."""
+
+
+_source: Optional[CulpritSource] = None
+
+
+def set_source(source: Optional[CulpritSource]) -> None:
+    """Register the running watch (``None`` when it stops). Called with the ledger's lock held."""
+    global _source
+    _source = source
+
+
+def culprit_note(lever: Lever, state: Any) -> str:
+    """A sentence for a message about ``lever`` found in ``state``: who wrote it, if known."""
+    source = _source
+    if source is None:
+        return f" {NOT_WATCHING}"
+    return source.culprit_note(lever, state)
+
+
+def mixed_note(state: Any) -> str:
+    """For ``MixedTF32APIError``: the write that made the TF32 state mixed, if known."""
+    source = _source
+    if source is None:
+        return f" {NOT_WATCHING}"
+    return source.mixed_note(state)

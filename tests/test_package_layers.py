@@ -1,0 +1,258 @@
+"""The package's shape: no import cycles, no layer importing one above it, small modules.
+
+Imports are read from the source as Python resolves them: relative ones included, those
+inside functions too (they run, and a cycle through them is still a cycle); only imports
+under ``if TYPE_CHECKING:`` are left out, since they never run. The layers are written once,
+here, bottom to top; ``docs/architecture.md`` draws the same order.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+from typing import Dict, List, Optional, Set, Tuple
+
+import pytest
+
+import speedflags
+
+PACKAGE = Path(speedflags.__file__).resolve().parent
+
+# Bottom to top. A module may import its own layer and those below it, never one above.
+# Each entry is a module or subpackage under ``speedflags`` ("" is the package's __init__).
+LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
+    ("base", ("errors", "_version", "_sentinel", "_short_repr", "_warn", "hardware", "recommend")),
+    ("levers", ("levers",)),
+    ("ledger", ("flag_ledger",)),
+    ("watch, compile", ("watching", "compile")),
+    ("status", ("status",)),
+    ("rank check", ("distributed",)),
+    ("fast_math", ("fast_math",)),
+    ("blocks", ("shorthands", "speedup", "training", "schedule")),
+    (
+        "tools",
+        ("bench", "tune", "verify", "report", "integrations", "pytest_plugin", "leak_report"),
+    ),
+    ("entry points", ("__main__", "")),
+]
+MAX_TOP_LEVEL_MODULES = 18
+MAX_LINES = 400
+
+
+def modules_of(package_dir: Path) -> Dict[str, Path]:
+    """Dotted name (relative to the package: ``"flag_ledger.ledger"``, ``""``) -> file."""
+    found = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _type_checking_nodes(tree: ast.AST) -> Set[int]:
+    skip: Set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+            if name == "TYPE_CHECKING":
+                for sub in node.body:
+                    skip.update(id(n) for n in ast.walk(sub))
+    return skip
+
+
+def import_graph(package_dir: Path) -> Dict[str, Set[str]]:
+    """Module -> the package's modules it imports (anywhere but under TYPE_CHECKING)."""
+    root = package_dir.name
+    modules = modules_of(package_dir)
+    edges: Dict[str, Set[str]] = {name: set() for name in modules}
+
+    def inside(dotted: str) -> Optional[str]:
+        # the innermost module of the package that ``dotted`` names, if any
+        if dotted != root and not dotted.startswith(root + "."):
+            return None
+        name = dotted[len(root) + 1 :]
+        while name not in modules:
+            if not name:
+                return None
+            name = name.rpartition(".")[0]
+        return name
+
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _type_checking_nodes(tree)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        here = [root, *package.split(".")] if package else [root]
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            targets: List[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[: len(here) - (node.level - 1)]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                # ``from . import x`` imports the submodule x when there is one, and
+                # ``from .m import name`` the module m (as package_shape.py counts them: running
+                # a package's __init__ on the way to its submodule is not an edge)
+                names = [f"{module}.{alias.name}" for alias in node.names]
+                subs = [n for n in names if inside(n) == n[len(root) + 1 :]]
+                targets = subs if len(subs) == len(names) else [*subs, module]
+            for target in targets:
+                found = inside(target)
+                if found is not None and found != name:
+                    edges[name].add(found)
+    return edges
+
+
+def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer_of(module: str, layers: List[Tuple[str, Tuple[str, ...]]] = LAYERS) -> Optional[int]:
+    """The index in ``layers`` of the entry that holds ``module`` (its longest prefix)."""
+    best: Optional[Tuple[int, int]] = None  # (length of the entry, layer)
+    for number, (_, entries) in enumerate(layers):
+        for entry in entries:
+            holds = module == entry or (entry and module.startswith(entry + "."))
+            if holds and (best is None or len(entry) > best[0]):
+                best = (len(entry), number)
+    return None if best is None else best[1]
+
+
+def upward_imports(
+    edges: Dict[str, Set[str]], layers: List[Tuple[str, Tuple[str, ...]]] = LAYERS
+) -> List[str]:
+    """Each import of a module in a higher layer, in words."""
+    found = []
+    for module, targets in sorted(edges.items()):
+        mine = layer_of(module, layers)
+        for target in sorted(targets):
+            theirs = layer_of(target, layers)
+            if mine is not None and theirs is not None and theirs > mine:
+                found.append(
+                    f"{module or '__init__'} ({layers[mine][0]}) imports {target} "
+                    f"({layers[theirs][0]})"
+                )
+    return found
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    assert cycles(import_graph(PACKAGE)) == []
+
+
+def test_no_layer_imports_one_above_it() -> None:
+    assert upward_imports(import_graph(PACKAGE)) == []
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [m for m in modules_of(PACKAGE) if layer_of(m) is None]
+    assert unplaced == [], f"add these to LAYERS (and docs/architecture.md): {unplaced}"
+
+
+def test_the_top_level_is_small_and_every_subpackage_says_what_it_holds() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+    for init in PACKAGE.glob("*/__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        assert "may import" in doc.lower(), (
+            f"{init.parent.name}/__init__.py: say what it may import"
+        )
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {
+        name: n
+        for name, path in modules_of(PACKAGE).items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def _write(root: Path, files: Dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return root
+
+
+def test_the_checks_see_cycles_through_functions_and_upward_imports(tmp_path: Path) -> None:
+    # The shape today's checks exist for: a core module reaching up into an upper layer
+    # from inside a function, relative and absolute, and an import under TYPE_CHECKING that
+    # must not count.
+    package = _write(
+        tmp_path / "pkg",
+        {
+            "__init__.py": "from .core import ledger\n",
+            "core/__init__.py": '"""May import: nothing."""\n',
+            "core/ledger.py": """
+                from typing import TYPE_CHECKING
+                if TYPE_CHECKING:
+                    from ..watch import spy
+                def note():
+                    from ..watch.spy import who
+                    return who()
+            """,
+            "watch/__init__.py": "",
+            "watch/spy.py": """
+                from pkg.core import ledger
+                def who():
+                    return ledger
+            """,
+        },
+    )
+    edges = import_graph(package)
+    assert edges["core.ledger"] == {"watch.spy"}  # not "watch" from the TYPE_CHECKING block
+    assert cycles(edges) == [["core.ledger", "watch.spy"]]
+    layers: List[Tuple[str, Tuple[str, ...]]] = [
+        ("core", ("core",)),
+        ("watch", ("watch",)),
+        ("top", ("",)),
+    ]
+    assert upward_imports(edges, layers) == ["core.ledger (core) imports watch.spy (watch)"]
+
+
+@pytest.mark.parametrize(
+    ("module", "layer"),
+    [("flag_ledger.ledger", "ledger"), ("levers.culprits", "levers"), ("", "entry points")],
+)
+def test_layer_of_takes_the_longest_entry(module: str, layer: str) -> None:
+    number = layer_of(module)
+    assert number is not None and LAYERS[number][0] == layer
