@@ -218,7 +218,12 @@ class FlagLedger(LedgerRecovery):
                     conflicts = self._conflicts(frame)
                     if conflicts:
                         notices = conflicts if notices is None else notices + conflicts
-                context.set(_without_closed(context.get()) + (frame,))  # noqa: RUF005
+                frames = context.get()
+                if frames and frames[-1].closed:  # the common case: close() left one there
+                    frames = frames[:-1]
+                    if frames and frames[-1].closed:
+                        frames = _without_closed(frames)
+                context.set(frames + (frame,))  # noqa: RUF005
                 if watched is not None:
                     watched.__exit__(None, None, None)
             except BaseException as exc:  # a failure, or an exception that interrupted us

@@ -171,9 +171,6 @@ class LedgerRecovery(LedgerPaths):
         restored: List[Any],
         notes: Optional[List[str]],
     ) -> None:
-        last = self._history[-1] if self._history else None
-        if last is not None and last[0] == RESTORE and last[4] == frame.id:
-            return  # recorded already (this runs again when interrupted after it)
         n = len(found)
         self._seq = seq = self._seq + n
         self._history.append(
@@ -201,7 +198,10 @@ class LedgerRecovery(LedgerPaths):
         frame.closed = True
         frame.task = None
         self._open.pop(frame.id, None)
-        self._record_close(frame, where, found, restored, notes)
+        last = self._history[-1] if self._history else None
+        # close() may have recorded it before the interruption (checked here, off its hot path)
+        if last is None or last[0] != RESTORE or last[4] != frame.id:
+            self._record_close(frame, where, found, restored, notes)
         _own_writes.leave(watched)
 
     def _on_a_stack(self, frame: Frame, i: int) -> bool:
