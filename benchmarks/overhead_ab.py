@@ -6,7 +6,9 @@ working tree), so both see the same machine at the same time. The table gives, p
 and variant, the median over the rounds of each run's median per call, and its ratio to
 plain torch measured in the same run:
 
-    .venv/bin/python benchmarks/overhead_ab.py --base 115d6cd [--rounds 8]
+    .venv/bin/python benchmarks/overhead_ab.py --base 115d6cd [--base b44ed0c] [--rounds 8]
+
+``--base`` may be given several times: every version named runs in each round.
 """
 
 from __future__ import annotations
@@ -53,13 +55,16 @@ def run_once(tree: Path, rounds: int, calls: int) -> Dict[str, float]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True, help="the git revision to compare with")
+    parser.add_argument(
+        "--base", required=True, action="append", help="a git revision to compare with (repeatable)"
+    )
     parser.add_argument("--rounds", type=int, default=8, help="alternating runs of each (8)")
     parser.add_argument("--inner-rounds", type=int, default=20)
     parser.add_argument("--calls", type=int, default=1000)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {args.base: export(args.base, Path(tmp)), "working tree": ROOT}
+        trees = {base: export(base, Path(tmp) / base) for base in args.base}
+        trees["working tree"] = ROOT
         runs: Dict[str, List[Dict[str, float]]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name, tree in trees.items():

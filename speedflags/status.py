@@ -19,6 +19,7 @@ from .flag_ledger.own_writes import section
 from .levers import _fp32_model as family
 from .levers import _fp32_torch as family_io
 from .levers._fp32_mixed import conflicts, heal_target
+from .levers.guarded import guarded_snapshot
 from .levers.registry import lever_snapshot, lever_spec
 from .watching.watcher import tf32_writer
 
@@ -29,11 +30,13 @@ AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def snapshot() -> Dict[str, Any]:
-    """Every lever's current observable state, by lever name. Never raises.
+    """Every lever's current observable state, by lever name, and every guarded setting's
+    (``default_dtype``, ``grad_enabled``, ...: torch state that changes numerics or kernels,
+    which speedflags watches but does not set; see ``docs/guarded.md``). Never raises.
 
     A PyTorch getter that would raise (a legacy TF32 getter in a mixed state) is reported
     as an :class:`~speedflags.Unreadable` value, which says so and compares equal to the
-    same failure. ``amp`` is the calling thread's autocast state per device type.
+    same failure. ``amp`` and the thread-scope settings are the calling thread's.
 
     Example:
         >>> import speedflags
@@ -44,7 +47,7 @@ def snapshot() -> Dict[str, Any]:
         >>> speedflags.snapshot() == before
         True
     """
-    return lever_snapshot(AUTOCAST_DEVICES)
+    return {**lever_snapshot(AUTOCAST_DEVICES), **guarded_snapshot()}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from speedflags import InvalidTypeError, InvalidValueError
 from speedflags.bench.configs import BASELINE_LEVERS
 from speedflags.levers import registry
 from speedflags.levers._base import Effect, SimpleLever
+from speedflags.levers.guarded import GUARDED
 from speedflags.levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
 
 
@@ -75,7 +76,7 @@ def test_lever_spec_refuses_unknown_names() -> None:
 
 def test_baseline_snapshot_and_candidates_come_from_the_registry() -> None:
     assert dict(BASELINE_LEVERS) == {s.name: s.baseline for s in REGISTRY if s.has_baseline}
-    assert set(speedflags.snapshot()) == set(LEVER_NAMES)
+    assert set(speedflags.snapshot()) == set(LEVER_NAMES) | {s.name for s in GUARDED}
     for spec in REGISTRY:  # every candidate and baseline is a value the lever accepts
         for value in spec.candidates + ((spec.baseline,) if spec.has_baseline else ()):
             spec.check("tune", value)

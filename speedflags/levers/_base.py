@@ -69,6 +69,33 @@ class Effect(NamedTuple):
     unsupported: bool = False
 
 
+class Guard(Protocol):
+    """What the watch and the leak check need of a piece of torch state: a lever, or a
+    guarded setting (:mod:`speedflags.levers.guarded`) that speedflags only reads and puts
+    back."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def scope(self) -> Scope: ...
+
+    @property
+    def domain(self) -> str: ...
+
+    def read(self) -> Hashable:
+        """The current state. Never raises."""
+        ...
+
+    def restore(self, target: Any, current: Any) -> Hashable:
+        """Bring the state from ``current`` back to ``target``; return the state read afterwards."""
+        ...
+
+    def describe(self, state: Any) -> Any:
+        """A JSON-friendly view of ``state`` for snapshots, reports and history records."""
+        ...
+
+
 class Lever(Protocol):
     """One reversible PyTorch setting.
 

@@ -41,27 +41,39 @@ from .._warn import PACKAGE_DIR
 from ..flag_ledger.ledger import format_where
 from ..flag_ledger.own_writes import Where
 from ..levers import _fp32_model as family
-from ..levers._base import Lever
-from ..levers.registry import AUTOCAST_DEVICE_TYPES, REGISTRY
+from ..levers._base import Guard
+from ..levers.guarded import GUARDED
+from ..levers.registry import AUTOCAST_DEVICE_TYPES, LEVER_NAMES, REGISTRY, lever_spec
 
-__all__ = ["SETTERS", "Domain", "Setter", "Write", "domains", "flatten", "writer_frame"]
+__all__ = [
+    "SETTERS",
+    "Domain",
+    "Setter",
+    "Write",
+    "domains",
+    "flatten",
+    "record_name",
+    "writer_frame",
+]
 
 
 class Setter(NamedTuple):
     """One wrapped function.
 
     Attributes:
-        name: its name in ``torch._C`` (and in ``torch`` when re-exported there).
-        lever: the registry name of the lever whose state it writes.
+        name: its name in ``owner`` (and in ``torch`` when re-exported there).
+        lever: the registry name of the lever (or guarded setting) whose state it writes.
         shown: how code writes it: an attribute (``"torch.backends.cudnn.benchmark"``) or,
             with ``call``, the function called.
         call: True when code calls a function rather than assigning an attribute.
+        owner: the module that holds it, ``"torch._C"`` or ``"torch"``.
     """
 
     name: str
     lever: str
     shown: str
     call: bool = False
+    owner: str = "torch._C"  # or "torch": a Python function of the torch module
 
     def describe(self, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]] = None) -> str:
         """The write, in the words of the code that made it."""
@@ -117,7 +129,18 @@ _TABLE = (
     Setter("set_autocast_gpu_dtype", "amp", "torch.set_autocast_gpu_dtype", call=True),
 )
 
-SETTERS: Dict[str, Setter] = {setter.name: setter for setter in _TABLE}
+# The guarded settings' setters come with their registry entries (levers/guarded.py).
+_GUARDED_SETTERS = tuple(
+    Setter(name, setting.name, shown, call, owner)
+    for setting in GUARDED
+    for owner, name, shown, call in setting.setters
+)
+SETTERS: Dict[str, Setter] = {setter.name: setter for setter in _TABLE + _GUARDED_SETTERS}
+
+
+def record_name(name: str) -> str:
+    """The name records and reports give a lever's (its shorthand) or a guarded setting's."""
+    return lever_spec(name).shorthand if name in LEVER_NAMES else name
 
 
 def _dirs(*files: Optional[str]) -> Tuple[str, ...]:
@@ -171,20 +194,21 @@ class Domain(NamedTuple):
 
     key: str  # the levers' domain: one piece of torch state
     thread: bool  # thread-local (autocast)
-    lever: Lever  # reads it
+    lever: Guard  # reads it (and puts it back, for the leak check)
     shorthand: str  # the record's lever name for a change found at a boundary
-    views: Tuple[Tuple[str, str, Lever], ...]  # (registry name, snapshot prefix, lever)
+    views: Tuple[Tuple[str, str, Guard], ...]  # (registry name, snapshot prefix, lever)
 
 
 def domains() -> Tuple[Domain, ...]:
-    """From the registry: one entry per domain; thread levers once per autocast device type."""
+    """From the registry: one entry per domain; thread levers once per autocast device type;
+    then one per guarded setting."""
     found: Dict[str, Domain] = {}
     for spec in REGISTRY:
         device_types = AUTOCAST_DEVICE_TYPES if spec.scope == "thread" else ("cpu",)
         for device_type in device_types:
             lever = spec.lever(device_type)
             prefix = spec.name if spec.scope == "process" else f"{spec.name}.{device_type}"
-            view = (spec.name, prefix, lever)
+            view: Tuple[str, str, Guard] = (spec.name, prefix, lever)
             old = found.get(lever.domain)
             if old is None:
                 found[lever.domain] = Domain(
@@ -192,6 +216,11 @@ def domains() -> Tuple[Domain, ...]:
                 )
             else:
                 found[lever.domain] = old._replace(views=(*old.views, view))
+    for setting in GUARDED:
+        view = (setting.name, setting.name, setting)
+        found[setting.domain] = Domain(
+            setting.domain, setting.scope == "thread", setting, setting.name, (view,)
+        )
     return tuple(found.values())
 
 

@@ -52,8 +52,8 @@ from ..levers import _fp32_model as family
 from ..levers import culprits
 from ..levers._base import Lever
 from ..levers.culprits import NOT_WATCHING
-from ..levers.registry import REGISTRY, lever_spec
-from .setters import SETTERS, Domain, Setter, Write, domains, flatten, writer_frame
+from ..levers.registry import lever_spec
+from .setters import SETTERS, Domain, Setter, Write, domains, flatten, record_name, writer_frame
 
 __all__ = ["last_writers", "tf32_writer"]
 
@@ -124,14 +124,15 @@ class _Watcher:
     def _install(self) -> None:
         wrappers: Dict[int, Tuple[Any, Any]] = {}  # id(original) -> (original, wrapper)
         for setter in SETTERS.values():
-            original = getattr(torch_C, setter.name, None)
+            owner = torch_C if setter.owner == "torch._C" else torch
+            original = getattr(owner, setter.name, None)
             if original is None:
                 continue
             wrapper = self._wrap(original, setter)
             wrappers[id(original)] = (original, wrapper)
-            self._patch(torch_C, setter.name, wrapper)
-            if getattr(torch, setter.name, None) is original:  # re-exported: torch.set_autocast_*
-                self._patch(torch, setter.name, wrapper)
+            self._patch(owner, setter.name, wrapper)
+            if owner is torch_C and getattr(torch, setter.name, None) is original:
+                self._patch(torch, setter.name, wrapper)  # re-exported: torch.set_autocast_*
         # The torch.backends module classes' descriptors (ContextProp) that hold a setter
         # itself rather than looking it up when called (cudnn.benchmark, cudnn.allow_tf32).
         for name, module in list(sys.modules.items()):
@@ -148,7 +149,7 @@ class _Watcher:
         setattr(owner, attr, new)
 
     def _wrap(self, original: Callable[..., Any], setter: Setter) -> Callable[..., Any]:
-        names = {spec.name for spec in REGISTRY}
+        names = {view[0] for domain in self.domains for view in domain.views}
         if setter.lever not in names:  # pragma: no cover - a table/registry mismatch
             raise ValueError(f"watch: setter {setter.name} names no lever: {setter.lever!r}")
         domains = tuple(
@@ -209,7 +210,7 @@ class _Watcher:
             function = frame.f_code.co_name if frame is not None else "<unknown>"
             where = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
             text = setter.describe(args, kwargs)
-            shorthand = lever_spec(setter.lever).shorthand
+            shorthand = record_name(setter.lever)
             thread = threading.current_thread().name
             out = []
             for domain, before, after in changed:
