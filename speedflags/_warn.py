@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -34,6 +35,19 @@ def warn_once(cause: Hashable, message: str, category: type[Warning]) -> bool:
         if len(_seen) < _MAX_CAUSES:
             _seen.add(cause)
     warnings.warn(message, category, stacklevel=user_stacklevel())
+    return True
+
+
+def log_once(cause: Hashable, message: str) -> bool:
+    """Log ``message`` at INFO on the ``speedflags`` logger unless ``cause`` was seen before:
+    for what is worth knowing but is nobody's mistake (never a warning, so never an error
+    under ``-W error``). True if it logged."""
+    with _lock:
+        if cause in _seen:
+            return False
+        if len(_seen) < _MAX_CAUSES:
+            _seen.add(cause)
+    logging.getLogger("speedflags").info(message)
     return True
 
 

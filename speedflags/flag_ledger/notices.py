@@ -15,11 +15,11 @@ from typing import Any, Hashable, Optional, Sequence, Tuple
 from .. import _warn
 from ..errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
 from ..levers._base import Lever
-from ..levers.culprits import culprit_note
+from ..levers.culprits import culprit_note, torch_write
 from .program import Frame
 
-# (cause for warn_once, message, category)
-Notice = Tuple[Hashable, str, type]
+# (cause for warn_once, message, category; None: informational, logged once, never a warning)
+Notice = Tuple[Hashable, str, Optional[type]]
 # (index of the lever in its frame's program, the exception its restore raised)
 Failure = Tuple[int, BaseException]
 
@@ -32,7 +32,10 @@ def speak(notices: Optional[Sequence[Notice]], error: Optional[BaseException] = 
     """
     try:
         for cause, message, category in notices or ():
-            _warn.warn_once(cause, message, category)
+            if category is None:
+                _warn.log_once(cause, message)
+            else:
+                _warn.warn_once(cause, message, category)
     finally:
         if error is not None:
             raise error
@@ -41,7 +44,20 @@ def speak(notices: Optional[Sequence[Notice]], error: Optional[BaseException] = 
 def drift(
     lever: Lever, found: Any, expected: Any, restoring: Any, frame: Frame
 ) -> Tuple[str, Notice]:
-    """The history note and the warning for a lever changed inside ``frame``'s block."""
+    """The history note and the warning for a lever changed inside ``frame``'s block.
+
+    A change PyTorch made by itself (seen by a running watch) is not the block's: it is
+    restored all the same, and said once, as information (logged), not as a warning.
+    """
+    by_torch = torch_write(lever, found)
+    if by_torch is not None:
+        message = (
+            f"{lever.name} was changed inside {frame.label!r} (entered at {frame.where}) by "
+            f"PyTorch itself, not by the block: {by_torch}; restoring "
+            f"{lever.describe(restoring)!r}."
+        )
+        note = f"changed by PyTorch itself: found {lever.describe(found)!r}"
+        return note, (("torch", lever.name, found), message, None)
     message = (
         f"{lever.name} was changed inside {frame.label!r} (entered at {frame.where}): found "
         f"{lever.describe(found)!r} where the block had set {lever.describe(expected)!r}; "

@@ -20,9 +20,16 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol
 
-from ._base import Lever
+from ._base import Guard, Lever
 
-__all__ = ["NOT_WATCHING", "CulpritSource", "culprit_note", "mixed_note", "set_source"]
+__all__ = [
+    "NOT_WATCHING",
+    "CulpritSource",
+    "culprit_note",
+    "mixed_note",
+    "set_source",
+    "torch_write",
+]
 
 NOT_WATCHING = "To learn which code wrote it, run under speedflags.watch() (or SPEEDFLAGS_WATCH=1)."
 
@@ -35,6 +42,9 @@ class CulpritSource(Protocol):
 
     def mixed_note(self, state: Any) -> str:
         """Which write made the TF32 family's ``state`` mixed (or why unknown)."""
+
+    def torch_write(self, lever: Guard, state: Any) -> Optional[str]:
+        """The write of ``lever``'s ``state`` in words, if PyTorch made it by itself."""
 
 
 _source: Optional[CulpritSource] = None
@@ -60,3 +70,10 @@ def mixed_note(state: Any) -> str:
     if source is None:
         return f" {NOT_WATCHING}"
     return source.mixed_note(state)
+
+
+def torch_write(lever: Guard, state: Any) -> Optional[str]:
+    """If a running watch saw PyTorch itself write ``lever``'s ``state`` (a lazy write of
+    its own, reached from the user's call), that write in words; otherwise None."""
+    source = _source
+    return None if source is None else source.torch_write(lever, state)

@@ -160,6 +160,45 @@ _PLUMBING = frozenset(
 )
 
 
+# torch's own API for its settings: a setter called from these files is the caller's
+# write (torch.backends.cudnn.benchmark = ..., torch.set_default_dtype, torch.autocast, no_grad,
+# sdpa_kernel); called from anywhere else in torch, it is torch writing by itself.
+_TORCH_DIRS = _dirs(torch.__file__)
+_SETTING_APIS = tuple(
+    base + part
+    for base in _TORCH_DIRS
+    for part in (
+        "__init__.py",
+        "backends" + os.sep,
+        "amp" + os.sep,
+        os.path.join("cuda", "amp") + os.sep,
+        os.path.join("cpu", "amp") + os.sep,
+        os.path.join("autograd", "grad_mode.py"),
+        os.path.join("nn", "attention") + os.sep,
+        os.path.join("utils", "_device.py"),
+    )
+)
+
+
+def torch_writer() -> Optional[types.FrameType]:
+    """The frame of torch's own code that called a setter by itself, or None.
+
+    That is the first frame up the calling stack outside speedflags, when it lies in torch
+    but not in one of torch's setting APIs: a write PyTorch makes lazily (the first SDPA call
+    on a Hopper GPU moves cuDNN attention to the front of the priority order,
+    pytorch/pytorch#185511), which is nobody's leak.
+    """
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(PACKAGE_DIR) or frame.f_code.co_filename in _PLUMBING
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    file = frame.f_code.co_filename
+    return frame if file.startswith(_TORCH_DIRS) and not file.startswith(_SETTING_APIS) else None
+
+
 def writer_frame() -> Optional[types.FrameType]:
     """The first frame of the calling stack outside torch, speedflags and the plumbing."""
     frame: Optional[types.FrameType] = sys._getframe(1)
@@ -180,12 +219,20 @@ class Write(NamedTuple):
     where: Where
     thread: str
     after: Hashable  # the raw state it left
+    # torch's own frame when torch wrote it by itself: (function, where)
+    by_torch: Optional[Tuple[str, Where]] = None
 
     def sentence(self) -> str:
         """``"torch.backends.fp32_precision set to 'tf32' by enable_tf32 at f.py:12"``."""
         if not self.function:
             return self.text
         at = f" at {format_where(self.where)}" if self.where else ""
+        if self.by_torch is not None:
+            function, where = self.by_torch
+            return (
+                f"{self.text} by PyTorch itself ({function} at {format_where(where)}), "
+                f"reached from {self.function}{at}"
+            )
         return f"{self.text} by {self.function}{at}"
 
 

@@ -50,10 +50,20 @@ from ..flag_ledger.ledger import format_where, ledger
 from ..flag_ledger.own_writes import OWN_WRITES, Where
 from ..levers import _fp32_model as family
 from ..levers import culprits
-from ..levers._base import Lever
+from ..levers._base import Guard, Lever
 from ..levers.culprits import NOT_WATCHING
 from ..levers.registry import lever_spec
-from .setters import SETTERS, Domain, Setter, Write, domains, flatten, record_name, writer_frame
+from .setters import (
+    SETTERS,
+    Domain,
+    Setter,
+    Write,
+    domains,
+    flatten,
+    record_name,
+    torch_writer,
+    writer_frame,
+)
 
 __all__ = ["last_writers", "tf32_writer"]
 
@@ -209,12 +219,18 @@ class _Watcher:
             frame = writer_frame()
             function = frame.f_code.co_name if frame is not None else "<unknown>"
             where = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
+            inside = torch_writer()
+            by_torch = (
+                None
+                if inside is None
+                else (inside.f_code.co_name, (inside.f_code.co_filename, inside.f_lineno))
+            )
             text = setter.describe(args, kwargs)
             shorthand = record_name(setter.lever)
             thread = threading.current_thread().name
             out = []
             for domain, before, after in changed:
-                item = Write(shorthand, text, function, where, thread, after)
+                item = Write(shorthand, text, function, where, thread, after, by_torch)
                 self._remember(item, domain, before, after)
                 out.append((item, domain, before, after))
             return out
@@ -304,6 +320,11 @@ class _Watcher:
     def mixed_note(self, state: Any) -> str:
         """For ``MixedTF32APIError``: the write that made the TF32 state mixed, if known."""
         return _note(tf32_writer(state))
+
+    def torch_write(self, lever: Guard, state: Any) -> Optional[str]:
+        """The write of ``lever``'s ``state``, in words, if PyTorch made it by itself."""
+        item = self.culprit(lever.domain, lever.scope == "thread", state)
+        return item.sentence() if item is not None and item.by_torch is not None else None
 
 
 def _describer(domain: Domain, lever_name: str) -> Callable[[Any], Any]:

@@ -1,0 +1,87 @@
+"""Writes PyTorch makes by itself are nobody's leak: named as torch's, never blamed on a block.
+
+On a Hopper GPU with a recent cuDNN, PyTorch's first SDPA call in a process moves cuDNN
+attention to the front of the priority order (pytorch/pytorch#185511). No CPU path makes
+such a lazy write, so these tests make one the same way: a function whose code lies in a
+torch module other than its setting APIs calls the setter (the file is only named, never
+written). The GPU check is listed in docs/gpu_check.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch._C as torch_C
+
+import speedflags
+from speedflags.errors import DriftWarning
+
+C: Any = torch_C
+TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _made_in(path: str, body: str) -> Callable[[], None]:
+    # a function whose frames report ``path`` as their file, as torch's own code would
+    namespace: dict = {"C": C}
+    exec(compile(f"def lazily():\n    {body}\n", path, "exec"), namespace)  # noqa: S102
+    return namespace["lazily"]  # type: ignore[no-any-return]
+
+
+TORCH_INTERNAL = os.path.join(TORCH_DIR, "nn", "functional.py")
+TORCH_API = os.path.join(TORCH_DIR, "backends", "cudnn", "__init__.py")
+
+
+def test_a_write_from_inside_torch_is_named_as_torchs_reached_from_the_caller() -> None:
+    lazily = _made_in(TORCH_INTERNAL, "C._set_cudnn_benchmark(True)")
+    try:
+        with speedflags.watch() as seen:
+            lazily()  # the user's call into torch
+        (record,) = [r for r in seen.records if r.lever == "cudnn_benchmark"]
+    finally:
+        C._set_cudnn_benchmark(False)
+    assert "by PyTorch itself (lazily at " in record.reason
+    assert "functional.py" in record.reason
+    assert "reached from test_a_write_from_inside_torch_is_named" in record.reason
+    assert "test_torch_writes.py:" in record.reason
+
+
+def test_a_write_through_torchs_setting_api_stays_the_callers() -> None:
+    through_api = _made_in(TORCH_API, "C._set_cudnn_benchmark(True)")
+    try:
+        with speedflags.watch() as seen:
+            through_api()
+        (record,) = [r for r in seen.records if r.lever == "cudnn_benchmark"]
+    finally:
+        C._set_cudnn_benchmark(False)
+    assert "PyTorch itself" not in record.reason
+    assert record.reason.startswith("torch.backends.cudnn.benchmark set to True by ")
+
+
+def test_a_block_is_not_blamed_for_torchs_own_write_and_still_restores(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lazily = _made_in(TORCH_INTERNAL, "C._set_cudnn_benchmark(False)")
+    caplog.set_level(logging.INFO, logger="speedflags")
+    with speedflags.watch(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # a DriftWarning would fail here
+        with speedflags.fast_math(cudnn_benchmark=True, device="cpu", label="step"):
+            lazily()
+    assert torch.backends.cudnn.benchmark is False  # restored: what the block found
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "speedflags"]
+    assert message.startswith("cudnn_benchmark was changed inside 'step' (entered at ")
+    assert "by PyTorch itself, not by the block: torch.backends.cudnn.benchmark set to " in message
+    record = speedflags.ledger().history[-1]
+    assert (record.lever, record.action) == ("cudnn_benchmark", "restore")
+    assert record.reason.startswith("changed by PyTorch itself")
+
+
+def test_the_same_change_by_the_block_is_still_drift() -> None:
+    with speedflags.watch(), pytest.warns(DriftWarning, match="Last written by: torch.backends"):
+        with speedflags.fast_math(cudnn_benchmark=True, device="cpu"):
+            torch.backends.cudnn.benchmark = False
+    assert torch.backends.cudnn.benchmark is False
