@@ -85,3 +85,61 @@ def test_the_same_change_by_the_block_is_still_drift() -> None:
         with speedflags.fast_math(cudnn_benchmark=True, device="cpu"):
             torch.backends.cudnn.benchmark = False
     assert torch.backends.cudnn.benchmark is False
+
+
+# --- the same write made in C++ (pytorch/pytorch#185511), where no watch can see it -------
+
+HAS_PRIORITY = hasattr(C, "_get_sdp_priority_order")
+CUDNN, MATH = 3, 0  # torch.nn.attention.SDPBackend codes
+needs_priority = pytest.mark.skipif(not HAS_PRIORITY, reason="no SDPA priority order here")
+# captured at import, before any watch wraps it: a call stands for PyTorch's C++ write
+_set_order_in_cpp = getattr(C, "_set_sdp_priority_order", None)
+
+
+def _cudnn_first() -> None:
+    order = [code for code in C._get_sdp_priority_order() if code != CUDNN]
+    _set_order_in_cpp([CUDNN, *order])
+
+
+@needs_priority
+@pytest.mark.parametrize("capability", [(9, 0), (10, 0)])
+def test_cudnn_moved_first_on_hopper_is_torchs_own_write_without_a_watch(
+    fake_gpu: Callable[..., None], capability: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Mocked: a CPU build cannot show a GPU's compute capability.
+    fake_gpu(capability)
+    caplog.set_level(logging.INFO, logger="speedflags")
+    before = C._get_sdp_priority_order()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with speedflags.fast_math(sdpa=("flash", "efficient", "math"), device="cpu"):
+            _cudnn_first()  # the block's first SDPA call, on the GPU
+    assert C._get_sdp_priority_order() == before  # restored all the same
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "speedflags"]
+    assert "by PyTorch itself, not by the block: PyTorch's first SDPA call" in message
+    assert "pytorch/pytorch#185511" in message
+
+
+@needs_priority
+def test_the_same_move_on_an_ampere_gpu_is_drift(fake_gpu: Callable[..., None]) -> None:
+    fake_gpu((8, 0))  # Mocked, as above: PyTorch does not make this write on sm80
+    with pytest.warns(DriftWarning, match="sdpa was changed inside"):
+        with speedflags.fast_math(sdpa=("flash", "efficient", "math"), device="cpu"):
+            _cudnn_first()
+
+
+@needs_priority
+def test_a_watch_records_the_cpp_move_as_torchs_at_the_next_boundary(
+    fake_gpu: Callable[..., None],
+) -> None:
+    fake_gpu((9, 0))
+    before = C._get_sdp_priority_order()
+    try:
+        with speedflags.watch() as seen:
+            _cudnn_first()
+            with speedflags.fast_math(cudnn_benchmark=False, device="cpu"):  # a boundary
+                pass
+    finally:
+        _set_order_in_cpp(before)
+    (record,) = [r for r in seen.records if r.lever == "sdpa_backend"]
+    assert record.reason.startswith("changed by PyTorch itself, around Python: PyTorch's first")

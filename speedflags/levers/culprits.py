@@ -77,3 +77,10 @@ def torch_write(lever: Guard, state: Any) -> Optional[str]:
     its own, reached from the user's call), that write in words; otherwise None."""
     source = _source
     return None if source is None else source.torch_write(lever, state)
+
+
+def known_torch_write(lever: Guard, before: Any, after: Any) -> Optional[str]:
+    """``before`` -> ``after`` in words if the lever knows it as a write PyTorch makes by
+    itself where no watch can see it (in C++); otherwise None. Needs no watch."""
+    explain = getattr(lever, "torch_write", None)
+    return None if explain is None else explain(before, after)  # type: ignore[no-any-return, unused-ignore]

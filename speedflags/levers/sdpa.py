@@ -133,6 +133,24 @@ class SdpaLever(SimpleLever):
         if target[1] is not None and target[1] != current[1]:
             _C._set_sdp_priority_order(list(target[1]))
 
+    def torch_write(self, before: SdpaState, after: SdpaState) -> Optional[str]:
+        """``before`` -> ``after`` in words if it is a change PyTorch makes by itself, in C++
+        where no watch sees it: on compute capability 9.x/10.x with cuDNN > 9.1.5, the first
+        SDPA call in a process moves cuDNN attention to the front of the priority order and
+        keeps the others' order (pytorch/pytorch#185511). Otherwise None."""
+        cudnn = _CODES["cudnn"]
+        old, new = before[1], after[1]
+        if before[0] != after[0] or old is None or new is None or not new or new[0] != cudnn:
+            return None
+        if old[:1] == (cudnn,) or tuple(c for c in old if c != cudnn) != new[1:]:
+            return None
+        if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in (9, 10):
+            return None
+        return (
+            "PyTorch's first SDPA call on this GPU moved cuDNN attention to the front of the "
+            "priority order (pytorch/pytorch#185511)"
+        )
+
     def describe(self, state: SdpaState) -> Any:
         flags, order = state
         out: dict[str, Any] = {name: flag for name, flag in zip(_ALL, flags) if flag is not None}

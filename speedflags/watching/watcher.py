@@ -51,7 +51,7 @@ from ..flag_ledger.own_writes import OWN_WRITES, Where
 from ..levers import _fp32_model as family
 from ..levers import culprits
 from ..levers._base import Guard, Lever
-from ..levers.culprits import NOT_WATCHING
+from ..levers.culprits import NOT_WATCHING, known_torch_write
 from ..levers.registry import lever_spec
 from .setters import (
     SETTERS,
@@ -280,12 +280,20 @@ class _Watcher:
             if was is None or was == now:
                 expected[domain.key] = now
                 continue
-            text = (
-                f"changed by {_UNKNOWN} (around Python: C++, or a path speedflags does not "
-                f"wrap) between {previous!r} at {format_where(previous_where) or '?'} and "
+            between = (
+                f"between {previous!r} at {format_where(previous_where) or '?'} and "
                 f"{label!r} at {format_where(where) or '?'}"
             )
-            item = Write(domain.shorthand, text, "", None, thread, now)
+            by_torch = known_torch_write(domain.lever, was, now)
+            if by_torch is not None:
+                text = f"changed by PyTorch itself, around Python: {by_torch}, {between}"
+            else:
+                text = (
+                    f"changed by {_UNKNOWN} (around Python: C++, or a path speedflags does "
+                    f"not wrap) {between}"
+                )
+            torch_frame = None if by_torch is None else ("PyTorch", None)
+            item = Write(domain.shorthand, text, "", None, thread, now, torch_frame)
             self._remember(item, domain, was, now)
             describe = domain.lever.describe
             rank = _history.rank_source()
