@@ -25,8 +25,10 @@ from conftest import autocast_enabled
 
 import speedflags
 from speedflags import RankMismatchError, fast_math, speedup
+from speedflags.distributed.compare import PER_RANK
 
 TIMEOUT = timedelta(seconds=30)
+THREADS = torch.get_num_threads()
 
 
 def rank_records(label_part: str) -> List[Dict[str, Any]]:
@@ -49,7 +51,7 @@ def scenario_agree(rank: int) -> Dict[str, Any]:
         "backend": common.backend,
         "reason": common.reason,
         "equals_snapshot": {k: v for k, v in common.items() if k != "numerics"}
-        == speedflags.snapshot(),
+        == {k: v for k, v in speedflags.snapshot().items() if k not in PER_RANK},
         "record_ranks": [r["rank"] for r in records],
         "check_records": rank_records("check_ranks()"),
     }
@@ -75,6 +77,25 @@ def scenario_planted_tf32(rank: int) -> Dict[str, Any]:
             torch._C._set_fp32_precision_setter("cuda", "matmul", "none")
         assert speedflags.snapshot() == before
     return {"raised": False}
+
+
+def scenario_default_dtype(rank: int) -> Dict[str, Any]:
+    # a guarded setting ranks must share, and two they need not (threads, default device)
+    torch.set_num_threads(1 + rank)
+    torch.set_default_device("cpu" if rank == 0 else "meta")
+    try:
+        agreed = speedflags.check_ranks().reason
+        if rank == 1:
+            torch.set_default_dtype(torch.float64)
+        try:
+            speedflags.check_ranks()
+            return {"raised": False, "agreed": agreed}
+        except RankMismatchError as exc:
+            return {"raised": True, "agreed": agreed, "message": str(exc)}
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.set_default_device(None)
+        torch.set_num_threads(THREADS)
 
 
 def scenario_first_entry(rank: int) -> Dict[str, Any]:
@@ -138,6 +159,7 @@ SCENARIOS: Dict[str, Callable[[int], Dict[str, Any]]] = {
     "planted_tf32": scenario_planted_tf32,
     "first_entry": scenario_first_entry,
     "ddp": scenario_ddp,
+    "default_dtype": scenario_default_dtype,
 }
 
 

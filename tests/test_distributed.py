@@ -189,6 +189,16 @@ def test_a_rank_with_tf32_switched_differently_is_caught_and_named(
     assert "2 ranks disagree on tf32" in messages[0]
 
 
+def test_ranks_must_agree_on_the_default_dtype_but_not_on_threads_or_device(
+    ranks: List[Dict[str, Any]],
+) -> None:
+    for result in scenario(ranks, "default_dtype"):
+        assert result["agreed"] == "all 2 ranks agree (gloo)"
+        assert result["raised"] is True
+        assert "2 ranks disagree on default_dtype" in result["message"]
+        assert "default_dtype: 'float32' on rank 0; 'float64' on rank 1" in result["message"]
+
+
 def test_check_ranks_true_checks_at_the_first_entry_and_rolls_it_back(
     ranks: List[Dict[str, Any]],
 ) -> None:
@@ -257,7 +267,17 @@ def test_without_a_process_group_nothing_is_checked_and_it_says_so() -> None:
     assert result.checked is False
     assert (result.rank, result.world_size, result.backend) == (None, 1, None)
     assert result.reason == "no torch.distributed process group: nothing to compare"
-    assert {k: v for k, v in result.items() if k != "numerics"} == speedflags.snapshot()
+    per_rank = {
+        "default_device",
+        "num_threads",
+        "grad_enabled",
+        "autocast_cache",
+        "autocast_nesting",
+    }
+    snapshot = speedflags.snapshot()
+    assert {k: v for k, v in result.items() if k != "numerics"} == {
+        k: v for k, v in snapshot.items() if k not in per_rank
+    }
     assert result["numerics"]["torch.backends.cudnn.deterministic"] is False
     record = speedflags.ledger().history[-1]
     assert (record.lever, record.action, record.reason) == ("ranks", "check", result.reason)

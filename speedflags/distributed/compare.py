@@ -11,14 +11,16 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 
 from ..levers._base import Unreadable
+from ..levers.guarded import GUARDED
 from ..status import snapshot
 
-# Flags that are not levers but change results, so ranks must agree on them too:
-# (name shown to users, object, attribute)
+# guarded settings each rank may hold its own value of
+PER_RANK = tuple(s.name for s in GUARDED if not s.ranks_agree)
+
+# Flags that change results and are neither levers nor guarded settings, so ranks must agree
+# on them too: (name shown to users, object, attribute)
 _NUMERICS: Tuple[Tuple[str, Any, str], ...] = (
-    ("torch.backends.cudnn.enabled", torch.backends.cudnn, "enabled"),
     ("torch.backends.cudnn.deterministic", torch.backends.cudnn, "deterministic"),
-    ("torch.backends.mkldnn.enabled", torch.backends.mkldnn, "enabled"),
     (
         "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
         torch.backends.cuda.matmul,
@@ -33,11 +35,13 @@ _NUMERICS: Tuple[Tuple[str, Any, str], ...] = (
 
 
 def rank_state() -> Dict[str, Any]:
-    """What ranks must agree on: :func:`speedflags.snapshot` plus a ``"numerics"`` entry.
+    """What ranks must agree on: :func:`speedflags.snapshot` (less the guarded settings that
+    may differ per rank: the default device, the thread count, the calling thread's grad mode
+    and autocast cache) plus a ``"numerics"`` entry.
 
-    ``"numerics"`` holds cuDNN ``enabled``/``deterministic``, oneDNN ``enabled``,
-    ``torch.use_deterministic_algorithms`` and the reduced-precision reduction flags, each
-    present only where this PyTorch has it. Never raises.
+    ``"numerics"`` holds cuDNN ``deterministic``, ``torch.use_deterministic_algorithms`` and
+    the reduced-precision reduction flags, each present only where this PyTorch has it.
+    Never raises.
     """
     numerics: Dict[str, Any] = {}
     for shown, owner, attribute in _NUMERICS:
@@ -54,6 +58,8 @@ def rank_state() -> Dict[str, Any]:
         torch.is_deterministic_algorithms_warn_only_enabled()
     )
     state = snapshot()
+    for name in PER_RANK:
+        state.pop(name, None)
     state["numerics"] = numerics
     return state
 
