@@ -285,9 +285,11 @@ def render_report(report: Dict[str, Any]) -> str:
 def _render_levers(flat: Dict[str, Any], writers: Dict[str, str]) -> List[str]:
     shown = {key: f"  {key} = {value!r}" for key, value in flat.items()}
     if not writers:
-        return ["levers (current state)", *shown.values()]
+        return ["levers and guarded settings (current state)", *shown.values()]
     width = max(len(line) for line in shown.values())
-    lines = [f"{'levers (current state)':{width}s}  last written by (speedflags.watch())"]
+    lines = [
+        f"{'levers and guarded settings (current state)':{width}s}  last written by (speedflags.watch())"
+    ]
     for key, line in shown.items():
         lines.append(f"{line:{width}s}  {writers[key]}" if key in writers else line)
     return lines
