@@ -85,7 +85,8 @@ class LeakReport:
         if found is not None:
             self.findings.append(found)
 
-    @pytest.hookimpl(trylast=True)  # after xdist's own session end: every report is in
+    # Every report is in by now: xdist's run loop ends once the last one has arrived. The
+    # terminal reporter prints its summary after this (its own sessionfinish wraps this one).
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.path is None:
             return
