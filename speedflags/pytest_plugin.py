@@ -14,6 +14,13 @@ both modes the state is put back (through the levers' ``restore()``, recorded on
 ledger), so the next test starts clean. Reading costs about ten getter calls per test
 (``benchmarks/test_watch_overhead.py``); a state is described only when it differs.
 
+Whatever the warnings settings, pytest's terminal summary gets a section ("speedflags: N
+tests left torch settings changed") naming each leaking test once, at its ``def`` line, with
+every setting's before and after and its writer; ``--speedflags-report=FILE.json`` writes
+the same as JSON (:mod:`speedflags.leak_report.findings` documents the shape). Under
+pytest-xdist each worker checks its own tests (``fail`` fails them there) and the controller
+prints one merged section and writes one file (:mod:`speedflags.leak_report.collect`).
+
 ``@pytest.mark.speedflags(**levers)`` runs the test function (not its fixtures) under
 ``speedflags.fast_math(**levers)``; a lever or value ``fast_math`` refuses makes the test an
 error, with ``fast_math``'s message.
@@ -51,9 +58,17 @@ from .errors import SpeedflagsError, SpeedflagsWarning
 from .fast_math import FastMath, fast_math
 from .flag_ledger.ledger import ledger
 from .flag_ledger.own_writes import section
+from .leak_report import findings
+from .leak_report.collect import (
+    ATTRIBUTE,
+    OPTION,
+    TORCH_ATTRIBUTE,
+    LeakReport,
+    check_report_path,
+)
 from .levers._base import Unreadable
-from .levers.registry import lever_spec
-from .watching.setters import Domain, Write, domains, flatten
+from .levers.culprits import known_torch_write
+from .watching.setters import Domain, Write, domains, flatten, record_name
 from .watching.watch import watch
 from .watching.watcher import _watcher
 
@@ -67,6 +82,7 @@ MARKER = (
 )
 _SPEC = pytest.StashKey[Optional[FastMath]]()
 _GUARD = "speedflags-leak-guard"
+_REPORT = "speedflags-leak-report"
 
 
 class FlagLeakWarning(SpeedflagsWarning):
@@ -83,6 +99,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail or warn about tests that leave TF32, matmul precision, cuDNN benchmark, "
         "SDPA or autocast changed, naming the code that wrote them (default: the ini option "
         "speedflags_leaks, else off)",
+    )
+    group.addoption(
+        OPTION,
+        dest="speedflags_report",
+        default=None,
+        metavar="FILE.json",
+        help="also write what --speedflags-leaks found as JSON, for CI (under pytest-xdist: "
+        "one file, every worker's findings)",
     )
     parser.addini(
         "speedflags_leaks",
@@ -119,8 +143,17 @@ def _mode(config: pytest.Config) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER)
     mode = _mode(config)
-    if mode != "off" and not config.pluginmanager.has_plugin(_GUARD):
-        config.pluginmanager.register(LeakGuard(mode), _GUARD)
+    # An xdist worker checks its tests and sends its findings inside their reports; the
+    # controller (or a run without xdist) gathers, prints and writes them.
+    worker = getattr(config, "workerinput", None)
+    manager = config.pluginmanager
+    if not manager.has_plugin(_REPORT) and worker is None:
+        value = config.getoption("speedflags_report")
+        path = None if value is None else check_report_path(value, config.invocation_params.dir)
+        if mode != "off" or path is not None:
+            manager.register(LeakReport(mode, path), _REPORT)
+    if mode != "off" and not manager.has_plugin(_GUARD):
+        manager.register(LeakGuard(mode, worker and worker.get("workerid")), _GUARD)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -128,6 +161,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if isinstance(guard, LeakGuard):
         guard.close()
         config.pluginmanager.unregister(guard)
+    report = config.pluginmanager.get_plugin(_REPORT)
+    if report is not None:
+        config.pluginmanager.unregister(report)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -168,8 +204,9 @@ State = Tuple[Hashable, ...]
 class LeakGuard:
     """The ``warn``/``fail`` half of the plugin: one per pytest session, watching throughout."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, worker: Optional[str] = None) -> None:
         self.mode = mode
+        self.worker = worker  # the xdist worker's id, named in its findings
         self.domains: Tuple[Domain, ...] = domains()
         self.watch = watch().start()
 
@@ -190,12 +227,16 @@ class LeakGuard:
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
         after = self.read()
         if after != before:
-            message = self.leaked(item, before, after, seen)
+            after = self.torchs_own(item, reports, before, after, seen)
+        if after != before:
+            line = _def_line(item)
+            message, found = self.leaked(item, line, before, after, seen)
+            if reports:  # travels with the report, to the summary (across xdist too)
+                setattr(_target(reports), ATTRIBUTE, found)
             if self.mode == "fail":
                 _fail(item, reports, message)
             else:
                 # shown at the test, where the leak is to be fixed
-                line = (item.location[1] or 0) + 1
                 try:
                     warnings.warn_explicit(message, FlagLeakWarning, str(item.path), line)
                 except FlagLeakWarning:  # filtered into an error (-W error): fail the test
@@ -205,15 +246,37 @@ class LeakGuard:
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def leaked(self, item: pytest.Item, before: State, after: State, seen: int) -> str:
-        """Put every changed state back and say what changed and who wrote it."""
-        lines = [
-            f"{item.nodeid} left torch flags changed (--speedflags-leaks={self.mode}); "
-            "speedflags put them back:"
-        ]
+    def torchs_own(
+        self, item: pytest.Item, reports: List[Any], before: State, after: State, seen: int
+    ) -> State:
+        """``after``, less the changes PyTorch made by itself (a lazy first-call write): no
+        test's leak, so left as torch set them and reported as information."""
+        kept = list(after)
+        notes: List[str] = []
+        for i, (domain, was, now) in enumerate(zip(self.domains, before, after)):
+            if was == now:
+                continue
+            writes = _watcher().writes_since(seen, domain.key)
+            if writes and all(w.by_torch is not None for w in writes):
+                why: Optional[str] = writes[-1].sentence()
+            else:
+                why = known_torch_write(domain.lever, was, now)
+            if why is not None:
+                kept[i] = was  # compared as unchanged; the state stays as torch left it
+                notes.append(f"{domain.shorthand}: {why} (during {item.nodeid})")
+        if notes and reports:
+            setattr(_target(reports), TORCH_ATTRIBUTE, notes)
+        return tuple(kept)
+
+    def leaked(
+        self, item: pytest.Item, line: int, before: State, after: State, seen: int
+    ) -> Tuple[str, findings.Finding]:
+        """Put every changed state back; say what changed and who wrote it (text, finding)."""
+        lines: List[str] = []
+        settings: List[Dict[str, Any]] = []
         the_ledger = ledger()
         label = f"pytest --speedflags-leaks: put back after {item.nodeid}"
-        where = (str(item.path), (item.location[1] or 0) + 1)
+        where = (str(item.path), line)
         restored: List[Tuple[Domain, Any, Any, Any, str]] = []
         with the_ledger._lock, section(the_ledger, label, where):
             for domain, was, now in zip(self.domains, before, after):
@@ -225,34 +288,57 @@ class LeakGuard:
                     restored.append((domain, was, now, now, f"could not put it back: {exc!r}"))
         for domain, was, now, back, problem in restored:
             describe = domain.lever.describe
-            names = ", ".join(dict.fromkeys(lever_spec(n).shorthand for n, _, _ in domain.views))
-            changes = _changes(describe(was), describe(now))
-            if len(changes) == 1 and ":" not in changes[0]:
-                lines.append(f"  {names}: {changes[0]}")
+            names = ", ".join(dict.fromkeys(record_name(n) for n, _, _ in domain.views))
+            changes = _changes(domain.views[0][1], describe(was), describe(now))
+            writes: List[Optional[Write]] = [*_watcher().writes_since(seen, domain.key)]
+            seen_writes = [findings.write_info(w.sentence(), w.function, w.where, w.thread)
+                           for w in writes if w is not None]  # fmt: skip
+            if len(changes) == 1 and not changes[0][0]:
+                lines.append(f"  {names}: {changes[0][2]} -> {changes[0][3]}")
             else:
                 lines.append(f"  {names}:")
-                lines += [f"    {change}" for change in changes]
-            writes: List[Optional[Write]] = [*_watcher().writes_since(seen, domain.key)]
+                lines += [f"    {key}: {old} -> {new}" for key, _, old, new in changes]
             for write in writes or [None]:
                 lines.append(f"    write: {_writer(write)}")
             if problem:
                 lines.append(f"    {problem}")
+            settings += [findings.setting(names, name, old, new, seen_writes, problem)
+                         for _, name, old, new in changes]  # fmt: skip
             the_ledger.note(domain.shorthand, "restore", problem or label,
                             before=describe(now), after=describe(back), label=label,
                             where=where)  # fmt: skip
-        return "\n".join(lines)
+        header = (
+            f"{item.nodeid} left torch flags changed (--speedflags-leaks={self.mode}); "
+            "speedflags put them back:"
+        )
+        path = item.location[0]
+        found = findings.finding(item.nodeid, path, line, settings, lines, self.worker)
+        return "\n".join([header, *lines]), found
 
 
-def _changes(was: Any, now: Any) -> List[str]:
+def _changes(prefix: str, was: Any, now: Any) -> List[Tuple[str, str, str, str]]:
+    """(key as shown, name as snapshot() keys it, before, after) per changed setting."""
     old = flatten("", was, {})
     new = flatten("", now, {})
     if set(old) == {""}:
-        return [f"{_shown(was)} -> {_shown(now)}"]
+        return [("", prefix, _shown(was), _shown(now))]
     return [
-        f"{key.lstrip('.')}: {_shown(old.get(key))} -> {_shown(new.get(key))}"
+        (key.lstrip("."), _name(prefix, key), _shown(old.get(key)), _shown(new.get(key)))
         for key in new
         if old.get(key) != new.get(key)
     ]
+
+
+def _name(prefix: str, key: str) -> str:
+    # the fp32_precision domain's keys are torch's own names; the others are fields of a lever
+    return key.lstrip(".") if key.startswith(".torch.") else prefix + key
+
+
+def _def_line(item: pytest.Item) -> int:
+    # pytest's location is a decorated function's first decorator line (0-based)
+    function = getattr(item, "obj", None)
+    found = findings.def_line(function) if callable(function) else None
+    return found if found is not None else (item.location[1] or 0) + 1
 
 
 def _shown(value: Any) -> str:
@@ -270,10 +356,15 @@ def _writer(write: Optional[Write]) -> str:
     return write.sentence() + thread
 
 
+def _target(reports: List[Any]) -> Any:
+    # the report that speaks for the test: its call, else the last (a setup that failed)
+    return next((r for r in reports if r.when == "call"), reports[-1])
+
+
 def _fail(item: pytest.Item, reports: List[Any], message: str) -> None:
-    target = next((r for r in reports if r.when == "call"), reports[-1] if reports else None)
-    if target is None:  # pragma: no cover - pytest always reports at least the setup
+    if not reports:  # pragma: no cover - pytest always reports at least the setup
         return
+    target = _target(reports)
     if target.failed:
         target.sections.append(("speedflags: torch flags leaked", message))
         return

@@ -31,7 +31,7 @@ from .levers import autocast as autocast_module
 from .levers import sdpa as sdpa_module
 from .recommend import recommended
 from .status import snapshot, tf32_status
-from .watching.watcher import last_writers
+from .watching.writers import last_writers
 
 __all__ = ["build_report", "render_report"]
 
@@ -287,9 +287,8 @@ def _render_levers(flat: Dict[str, Any], writers: Dict[str, str]) -> List[str]:
     if not writers:
         return ["levers and guarded settings (current state)", *shown.values()]
     width = max(len(line) for line in shown.values())
-    lines = [
-        f"{'levers and guarded settings (current state)':{width}s}  last written by (speedflags.watch())"
-    ]
+    heading = "levers and guarded settings (current state)"
+    lines = [f"{heading:{width}s}  last written by (speedflags.watch())"]
     for key, line in shown.items():
         lines.append(f"{line:{width}s}  {writers[key]}" if key in writers else line)
     return lines

@@ -21,7 +21,9 @@ def test_the_plan_runs_the_gpu_tests_first_and_the_suite_only_on_a_gpu(tmp_path:
     gpu = gpu_check.plan(str(tmp_path), gpu=True)
     assert [s.name for s in cpu] == [s.name for s in gpu]
     tests = [a for a in cpu[0].argv if a.startswith("tests/")]
-    assert tests == [f"tests/test_gpu_{n}.py" for n in ("kernels", "tf32", "training")]
+    assert tests == [
+        f"tests/test_gpu_{n}.py" for n in ("kernels", "tf32", "torch_writes", "training")
+    ]
     assert cpu[-1].why_skipped and not gpu[-1].why_skipped
     override = next(s for s in gpu if s.name == "verify-tf32-override")
     assert override.env == {"NVIDIA_TF32_OVERRIDE": "0"} and override.expect == 1

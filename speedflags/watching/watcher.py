@@ -23,7 +23,7 @@ Scope: process; autocast states per thread.
 
 Example:
     >>> import torch, speedflags
-    >>> from speedflags.watching.watcher import last_writers
+    >>> from speedflags.watching.writers import last_writers
     >>> with speedflags.watch():
     ...     torch.backends.cudnn.benchmark = True
     ...     print(last_writers()["cudnn_benchmark"])
@@ -65,7 +65,7 @@ from .setters import (
     writer_frame,
 )
 
-__all__ = ["last_writers", "tf32_writer"]
+__all__ = ["tf32_writer"]
 
 _UNKNOWN = "unknown code"
 NOT_SEEN = (
@@ -373,26 +373,6 @@ def tf32_writer(state: Any) -> Optional[Write]:
     if last is None or family.is_consistent(state):
         return last
     return watcher.mixed_by or last
-
-
-def last_writers() -> Dict[str, str]:
-    """Snapshot key (``"tf32.torch.backends.fp32_precision"``) -> who set its current value.
-
-    Only values still current, written through Python while a watch was on; autocast keys
-    for the calling thread.
-    """
-    watcher = _WATCHER
-    if watcher is None or watcher.count == 0:
-        return {}
-    out: Dict[str, str] = {}
-    tid = threading.get_ident()
-    for domain in watcher.domains:
-        for _, prefix, lever in domain.views:
-            for key, value in flatten(prefix, lever.describe(domain.lever.read()), {}).items():
-                known = watcher.by_getter.get((key, tid if domain.thread else None))
-                if known is not None and known[1] == value:
-                    out[key] = known[0].sentence()
-    return out
 
 
 def _changed(domains: Tuple[Domain, ...], befores: List[Any]) -> List[Tuple[Domain, Any, Any]]:
