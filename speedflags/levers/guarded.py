@@ -117,12 +117,22 @@ _DEVICE_CONTEXT_IS_THREAD_LOCAL = isinstance(
 )
 
 
-def _default_device() -> Optional[str]:
-    # the context torch.set_default_device installed (None: unset, tensors go to the CPU);
-    # read raw: torch.get_default_device() allocates a tensor to resolve an index
-    holder: Any = torch._GLOBAL_DEVICE_CONTEXT  # type: ignore[attr-defined, unused-ignore]
-    context = getattr(holder, "device_context", None) if _DEVICE_CONTEXT_IS_THREAD_LOCAL else holder
-    return None if context is None else str(context.device)
+def _default_device() -> Any:
+    # The device of the context torch.set_default_device installed (None: unset, tensors go
+    # to the CPU); read raw: torch.get_default_device() allocates a tensor to resolve an index.
+    # Read on every test by the leak check, so the thread-local holder is looked up once.
+    if _DEVICE_HOLDER is not None:
+        context = getattr(_DEVICE_HOLDER, "device_context", None)
+    else:  # PyTorch < 2.3: the module global is the context itself, or None
+        context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    return None if context is None else context.device
+
+
+_DEVICE_HOLDER: Any = torch._GLOBAL_DEVICE_CONTEXT if _DEVICE_CONTEXT_IS_THREAD_LOCAL else None  # type: ignore[attr-defined, unused-ignore]
+
+
+def _device_name(device: Any) -> Optional[str]:
+    return None if device is None else str(device)
 
 
 def _set_default_device(device: Optional[str]) -> None:
@@ -176,7 +186,7 @@ def _candidates() -> Tuple[Tuple[Setting, ...], Dict[str, str]]:
         lambda: Setting(
             "default_device", "thread" if _DEVICE_CONTEXT_IS_THREAD_LOCAL else "process",
             "torch.set_default_device() (None: unset, the CPU)",
-            _default_device, _set_default_device, lambda state: state,
+            _default_device, _set_default_device, _device_name,
             (("torch", "set_default_device", "torch.set_default_device", True),),
             ranks_agree=False,  # each rank's own GPU
         ),
