@@ -33,7 +33,8 @@ from .flag_ledger.interrupts import critical, deliver_pending
 from .flag_ledger.ledger import Frame, LeverItem, Program, Where, ledger
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
 from .levers.autocast import AUTO
-from .levers.registry import check_levers, document_levers, lever_spec, shown_levers
+from .levers.lever_sets import document_levers
+from .levers.registry import check_levers, lever_spec, shown_levers
 from .recommend import recommended
 
 if TYPE_CHECKING:
