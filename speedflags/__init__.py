@@ -1,9 +1,9 @@
 """speedflags: PyTorch's Tensor Core fast paths, switched on safely and restored exactly.
 
 Every lever (TF32, matmul precision, cuDNN benchmark, SDPA kernels, deterministic
-algorithms, cuBLAS reduced-precision reductions, autocast) is a reversible context manager and decorator built on one :class:`FlagLedger`, which records the
-state before and after each change, restores it exactly, and refuses to mix PyTorch's legacy
-and new TF32 APIs.
+algorithms, cuBLAS reduced-precision reductions, autocast) is a reversible context manager
+and decorator built on one :class:`FlagLedger`, which records the state before and after
+each change, restores it exactly, and refuses to mix PyTorch's legacy and new TF32 APIs.
 
 Example:
     >>> import torch, speedflags

@@ -1,8 +1,8 @@
 """The lever registry is the one list of levers: everything else derives from it.
 
 The last test adds a toy lever (the sparse tensor invariant checks, a real torch flag that no
-lever covers) to the registry for its duration and checks that ``fast_math``, ``@speedup``, ``Schedule``, the
-snapshot and the bench baseline take it with no other change.
+lever covers) to the registry for its duration and checks that ``fast_math``, ``@speedup``,
+``Schedule``, the snapshot and the bench baseline take it with no other change.
 """
 
 from __future__ import annotations

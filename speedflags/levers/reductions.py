@@ -108,9 +108,9 @@ class ReducedPrecisionReductionLever(SimpleLever):
     def _write(self, target: State, current: State, action: str) -> State:
         if current == target:
             return target
-        for index, dtype in enumerate(_DTYPES):
-            if current[index] != target[index]:
-                _write_pair(dtype, target[index])
+        for dtype, want, now in zip(_DTYPES, target[:2], current[:2]):
+            if now != want:
+                _write_pair(dtype, want)
         if target[2] is not None and current[2] != target[2]:
             _C._set_cublas_allow_fp16_accumulation(target[2])
         return verified(self, action, target, self.read())  # type: ignore[no-any-return]
