@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 import torch
 
 import speedflags
-from speedflags.levers.registry import LEVER_NAMES, baseline_levers
+from speedflags.levers.lever_sets import baseline_levers
+from speedflags.levers.registry import LEVER_NAMES
 
 # Plain fp32: TF32 off, matmul precision "highest", no autocast, no cuDNN benchmark.
 FP32: Dict[str, Any] = baseline_levers()

@@ -1,9 +1,9 @@
 """speedflags: PyTorch's Tensor Core fast paths, switched on safely and restored exactly.
 
-Every lever (TF32, matmul precision, cuDNN benchmark, SDPA kernels, autocast) is a
-reversible context manager and decorator built on one :class:`FlagLedger`, which records the
-state before and after each change, restores it exactly, and refuses to mix PyTorch's legacy
-and new TF32 APIs.
+Every lever (TF32, matmul precision, cuDNN benchmark, SDPA kernels, deterministic
+algorithms, cuBLAS reduced-precision reductions, autocast) is a reversible context manager
+and decorator built on one :class:`FlagLedger`, which records the state before and after
+each change, restores it exactly, and refuses to mix PyTorch's legacy and new TF32 APIs.
 
 Example:
     >>> import torch, speedflags
@@ -46,7 +46,15 @@ from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
 from .recommend import Recommendation, recommended
 from .schedule import Schedule, TF32Schedule
-from .shorthands import autocast, cudnn_benchmark, matmul_precision, sdpa_backend, tf32
+from .shorthands import (
+    autocast,
+    cudnn_benchmark,
+    deterministic,
+    matmul_precision,
+    reduced_precision_reduction,
+    sdpa_backend,
+    tf32,
+)
 from .speedup import SpeedupStats, speedup
 from .status import TF32Status, heal_tf32, snapshot, tf32_status
 from .training import fast_optimizer, grad_scaler, to_device
@@ -77,6 +85,7 @@ __all__ = [
     "capabilities",
     "check_ranks",
     "cudnn_benchmark",
+    "deterministic",
     "fast_math",
     "fast_optimizer",
     "grad_scaler",
@@ -85,6 +94,7 @@ __all__ = [
     "load_levers",
     "matmul_precision",
     "recommended",
+    "reduced_precision_reduction",
     "sdpa_backend",
     "signal_safe",
     "snapshot",

@@ -33,7 +33,8 @@ from .flag_ledger.interrupts import critical, deliver_pending
 from .flag_ledger.ledger import Frame, LeverItem, Program, Where, ledger
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
 from .levers.autocast import AUTO
-from .levers.registry import check_levers, document_levers, lever_spec, shown_levers
+from .levers.lever_sets import document_levers
+from .levers.registry import check_levers, lever_spec, shown_levers
 from .recommend import recommended
 
 if TYPE_CHECKING:
@@ -62,8 +63,9 @@ class FastMath:
     ``with`` and every decorated call opens its own ledger frame (reusable, reentrant,
     recursion-safe). ``with spec as frame:`` binds the :class:`~speedflags.Frame`.
 
-    Scope: ``tf32``, ``matmul_precision``, ``cudnn_benchmark`` and ``sdpa`` are
-    process-wide; ``amp`` is thread-local. Restores: every lever it set, to the exact state
+    Scope: ``amp`` is thread-local; every other lever (``tf32``, ``matmul_precision``,
+    ``cudnn_benchmark``, ``sdpa``, ``deterministic``, ``reduced_precision_reduction``) is
+    process-wide. Restores: every lever it set, to the exact state
     found on entry. With ``check_ranks=True`` its first entry (with a process group) also
     checks, after applying the levers, that every rank runs with the same flags.
 

@@ -6,13 +6,16 @@ by itself; inert by default. Without installing (a source checkout): ``-p
 speedflags.pytest_plugin``. Both may be given; it registers once.
 
 ``--speedflags-leaks=off|warn|fail`` (or the ini option ``speedflags_leaks``; default
-``off``). In ``warn`` and ``fail`` every lever's state is read before each test (before its
-setup) and after it (after its teardown). On a difference the test fails (``fail``) or gets
-a ``FlagLeakWarning`` (``warn``), naming the test, each lever with before and after, and
-the code that wrote it (``file:line``: :func:`speedflags.watch` is on in these modes); in
-both modes the state is put back (through the levers' ``restore()``, recorded on the
-ledger), so the next test starts clean. Reading costs about ten getter calls per test
-(``benchmarks/test_watch_overhead.py``); a state is described only when it differs.
+``off``). In ``warn`` and ``fail`` every lever's state and every guarded setting's
+(:mod:`speedflags.levers.guarded`: default dtype and device, grad mode, ...) is read before
+each test (before its setup) and after it (after its teardown). On a difference the test
+fails (``fail``) or gets a ``FlagLeakWarning`` (``warn``), naming the test, each setting
+with before and after, and the code that wrote it (``file:line``: :func:`speedflags.watch`
+is on in these modes); in both modes the state is put back (through ``restore()``, recorded
+on the ledger), so the next test starts clean. A change PyTorch made by itself is no leak:
+it is listed once, as information, and left as PyTorch set it. Reading costs about thirty
+getter calls per test (``benchmarks/test_watch_overhead.py``); a state is described only
+when it differs.
 
 Whatever the warnings settings, pytest's terminal summary gets a section ("speedflags: N
 tests left torch settings changed") naming each leaking test once, at its ``def`` line, with

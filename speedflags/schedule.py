@@ -37,7 +37,8 @@ class Schedule:
 
     Args:
         schedule: epoch -> ``fast_math`` keyword arguments (``tf32``, ``matmul_precision``,
-            ``cudnn_benchmark``, ``sdpa``, ``amp``).
+            ``cudnn_benchmark``, ``sdpa``, ``deterministic``, ``reduced_precision_reduction``,
+            ``amp``).
         device: the device the levers target, as in ``fast_math``.
         strict: as in ``fast_math``: refuse levers with no native effect on the device.
 

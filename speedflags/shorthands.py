@@ -1,17 +1,25 @@
 """The single-lever shorthands: ``tf32()``, ``matmul_precision()``, ``cudnn_benchmark()``,
-``sdpa_backend()`` and ``autocast()``, each a :class:`~speedflags.FastMath` for one lever with
-a label that names the call.
+``sdpa_backend()``, ``deterministic()``, ``reduced_precision_reduction()`` and ``autocast()``,
+each a :class:`~speedflags.FastMath` for one lever with a label that names the call.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 from .fast_math import AmpArg, FastMath
 from .hardware import DeviceLike, normalize_device
 from .levers.registry import lever_spec
 
-__all__ = ["autocast", "cudnn_benchmark", "matmul_precision", "sdpa_backend", "tf32"]
+__all__ = [
+    "autocast",
+    "cudnn_benchmark",
+    "deterministic",
+    "matmul_precision",
+    "reduced_precision_reduction",
+    "sdpa_backend",
+    "tf32",
+]
 
 
 def tf32(enabled: bool = True, *, strict: bool = False) -> FastMath:
@@ -76,6 +84,58 @@ def sdpa_backend(*backends: Any, strict: bool = False) -> FastMath:
     shown = ", ".join(repr(b) for b in backends)
     value = lever_spec("sdpa").check("sdpa_backend", given, "backends")
     return FastMath(sdpa=value, strict=strict, label=f"sdpa_backend({shown})")
+
+
+def deterministic(mode: Union[bool, str] = True, *, strict: bool = False) -> FastMath:
+    """Deterministic algorithms for a block: ``fast_math(deterministic=mode)``.
+
+    ``True``: ``torch.use_deterministic_algorithms(True)`` (an operation with no deterministic
+    implementation raises) and ``torch.backends.cudnn.deterministic = True``; ``"warn"``: the
+    same in warn-only mode (it warns instead); ``False``: all of it off. Often slower, never
+    faster. Refused together with ``cudnn_benchmark=True`` in one spec.
+
+    Scope: process. Restores the deterministic mode, its warn-only flag and
+    ``cudnn.deterministic`` exactly as found.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.deterministic("warn"):
+        ...     torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+        (True, True)
+        >>> torch.are_deterministic_algorithms_enabled()
+        False
+    """
+    value = lever_spec("deterministic").check("deterministic", mode, "mode")
+    return FastMath(deterministic=value, strict=strict, label=f"deterministic({value!r})")
+
+
+def reduced_precision_reduction(enabled: bool = True, *, strict: bool = False) -> FastMath:
+    """cuBLAS reductions of fp16/bf16 GEMMs in reduced precision (``True``, PyTorch's default)
+    or in fp32 (``False``): ``fast_math(reduced_precision_reduction=enabled)``.
+
+    Writes ``torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`` and
+    ``allow_bf16_reduced_precision_reduction``; ``False`` also turns
+    ``allow_fp16_accumulation`` off where PyTorch has it. No effect on a CPU.
+
+    Scope: process. Restores both flags (with their split-K part where PyTorch has one) and
+    ``allow_fp16_accumulation`` exactly as found.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.reduced_precision_reduction(False):
+        ...     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        False
+        >>> torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        True
+    """
+    value = lever_spec("reduced_precision_reduction").check(
+        "reduced_precision_reduction", enabled, "enabled"
+    )
+    return FastMath(
+        reduced_precision_reduction=value,
+        strict=strict,
+        label=f"reduced_precision_reduction({value!r})",
+    )
 
 
 def autocast(dtype: AmpArg, device: DeviceLike = None, *, strict: bool = False) -> FastMath:

@@ -22,7 +22,8 @@ from .fast_math import FastMath
 from .flag_ledger.decorate import decorate
 from .flag_ledger.ledger import Frame, ledger
 from .hardware import DeviceLike
-from .levers.registry import document_levers, shown_levers
+from .levers.lever_sets import document_levers
+from .levers.registry import shown_levers
 from .recommend import recommended
 
 __all__ = ["SpeedupStats", "speedup"]

@@ -20,7 +20,8 @@ from .levers import _fp32_model as family
 from .levers import _fp32_torch as family_io
 from .levers._fp32_mixed import conflicts, heal_target
 from .levers.guarded import guarded_snapshot
-from .levers.registry import lever_snapshot, lever_spec
+from .levers.lever_sets import lever_snapshot
+from .levers.registry import lever_spec
 from .watching.watcher import tf32_writer
 
 __all__ = ["TF32Status", "heal_tf32", "snapshot", "tf32_status"]

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, settings
 import speedflags
 from speedflags import _warn, hardware
 from speedflags.flag_ledger.ledger import ledger
+from speedflags.levers.reductions import ReducedPrecisionReductionLever
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest inside pytest
 
@@ -160,6 +161,9 @@ def reset_all() -> None:
         getattr(C, f"_set_sdp_use_{name}")(enabled)
     if hasattr(C, "_set_sdp_priority_order"):
         C._set_sdp_priority_order(PRISTINE_SDP_ORDER)
+    C._set_deterministic_algorithms(False, warn_only=False)
+    C._set_cudnn_deterministic(False)
+    reductions.restore(PRISTINE_REDUCTIONS, reductions.read())
     set_autocast_enabled("cpu", False)
     set_autocast_dtype("cpu", torch.bfloat16)
     set_autocast_enabled("cuda", False)
@@ -169,6 +173,8 @@ def reset_all() -> None:
     ledger()._forget_frames()  # a test that left frames open must not poison the next ones
 
 
+reductions = ReducedPrecisionReductionLever()
+PRISTINE_REDUCTIONS = reductions.read()  # PyTorch's defaults: reduced precision allowed
 PRISTINE_SDP_ORDER = (
     list(C._get_sdp_priority_order()) if hasattr(C, "_get_sdp_priority_order") else []
 )

@@ -83,6 +83,8 @@ def test_baseline_levers_are_a_valid_fast_math_spec() -> None:
         "tf32": False,
         "matmul_precision": "highest",
         "cudnn_benchmark": False,
+        "deterministic": False,
+        "reduced_precision_reduction": False,
         "amp": False,
     }
 

@@ -212,7 +212,10 @@ def test_tune_refuses_levers_naming_no_lever_or_an_unknown_one(
 ) -> None:
     assert main(["tune", f"{steps}:step", "--levers", levers]) == 2
     line = _one_line_naming(capsys.readouterr().err, f"--levers {levers!r}")
-    assert "valid: amp, compile, cudnn_benchmark, matmul_precision, sdpa, tf32" in line
+    assert (
+        "valid: amp, compile, cudnn_benchmark, deterministic, matmul_precision, "
+        "reduced_precision_reduction, sdpa, tf32" in line
+    )
     assert not (steps.parent / "factory-ran").exists()
 
 

@@ -204,7 +204,7 @@ def test_check_ranks_true_checks_at_the_first_entry_and_rolls_it_back(
 ) -> None:
     for result in scenario(ranks, "first_entry"):
         assert "entered_while_mismatched" not in result
-        assert "numerics.torch.backends.cudnn.deterministic" in result["first_entry_error"]
+        assert "deterministic.torch.backends.cudnn.deterministic" in result["first_entry_error"]
         assert "False on rank 0; True on rank 1" in result["first_entry_error"]
         assert result["restored_after_refusal"] is True
         assert result["benchmark_after_refusal"] is False
@@ -275,10 +275,8 @@ def test_without_a_process_group_nothing_is_checked_and_it_says_so() -> None:
         "autocast_nesting",
     }
     snapshot = speedflags.snapshot()
-    assert {k: v for k, v in result.items() if k != "numerics"} == {
-        k: v for k, v in snapshot.items() if k not in per_rank
-    }
-    assert result["numerics"]["torch.backends.cudnn.deterministic"] is False
+    assert dict(result) == {k: v for k, v in snapshot.items() if k not in per_rank}
+    assert result["deterministic"]["torch.backends.cudnn.deterministic"] is False
     record = speedflags.ledger().history[-1]
     assert (record.lever, record.action, record.reason) == ("ranks", "check", result.reason)
     assert record.rank is None

@@ -21,6 +21,8 @@ CHANGES_FLAGS = {
     "matmul_precision",
     "cudnn_benchmark",
     "sdpa_backend",
+    "deterministic",
+    "reduced_precision_reduction",
     "autocast",
     "heal_tf32",
     "speedup",

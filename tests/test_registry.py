@@ -1,8 +1,8 @@
 """The lever registry is the one list of levers: everything else derives from it.
 
-The last test adds a toy lever (cuDNN's ``deterministic`` flag, a real torch flag) to the
-registry for its duration and checks that ``fast_math``, ``@speedup``, ``Schedule``, the
-snapshot and the bench baseline take it with no other change.
+The last test adds a toy lever (the sparse tensor invariant checks, a real torch flag that no
+lever covers) to the registry for its duration and checks that ``fast_math``, ``@speedup``,
+``Schedule``, the snapshot and the bench baseline take it with no other change.
 """
 
 from __future__ import annotations
@@ -16,14 +16,22 @@ import torch
 import speedflags
 from speedflags import InvalidTypeError, InvalidValueError
 from speedflags.bench.configs import BASELINE_LEVERS
-from speedflags.levers import registry
+from speedflags.levers import lever_sets, registry
 from speedflags.levers._base import Effect, SimpleLever
 from speedflags.levers.guarded import GUARDED
 from speedflags.levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
 
 
 def test_names_order_and_levers_agree() -> None:
-    assert LEVER_NAMES == ("tf32", "matmul_precision", "cudnn_benchmark", "sdpa", "amp")
+    assert LEVER_NAMES == (
+        "tf32",
+        "matmul_precision",
+        "cudnn_benchmark",
+        "sdpa",
+        "deterministic",
+        "reduced_precision_reduction",
+        "amp",
+    )
     for spec in REGISTRY:
         for device_type in ("cpu", "cuda"):
             lever = spec.lever(device_type)
@@ -34,6 +42,8 @@ def test_names_order_and_levers_agree() -> None:
         "matmul_precision",
         "cudnn_benchmark",
         "sdpa_backend",
+        "deterministic",
+        "reduced_precision_reduction",
         "autocast",
     ]
     for spec in REGISTRY:  # the shorthand is a public function of that name
@@ -63,7 +73,10 @@ def test_signature_and_docstring_list_every_lever(func: Any) -> None:
 def test_unknown_lever_names_the_valid_ones(make: Any) -> None:
     with pytest.raises(InvalidTypeError, match="unexpected keyword argument 'tf33'") as info:
         make()
-    assert "amp, cudnn_benchmark, matmul_precision, sdpa, tf32" in str(info.value)
+    assert (
+        "amp, cudnn_benchmark, deterministic, matmul_precision, reduced_precision_reduction, "
+        "sdpa, tf32" in str(info.value)
+    )
     assert "fast_math" in str(info.value) or "speedup" in str(info.value)
 
 
@@ -91,12 +104,12 @@ def test_check_levers_orders_drops_none_and_refuses_contradictions() -> None:
         registry.check_levers("f", {"tf32": False, "matmul_precision": "high"})
 
 
-class _DeterministicLever(SimpleLever):
+class _SparseChecksLever(SimpleLever):
     """A toy lever over a real torch flag, to show that one registry entry is enough."""
 
-    name = "cudnn_deterministic"
+    name = "sparse_checks"
     scope = "process"
-    domain = "cudnn_deterministic"
+    domain = "sparse_checks"
 
     @staticmethod
     def validate(value: object) -> bool:
@@ -105,31 +118,40 @@ class _DeterministicLever(SimpleLever):
         return value
 
     def read(self) -> bool:
-        return bool(torch.backends.cudnn.deterministic)
+        return _sparse_checks()
 
     def apply(self, value: bool, before: bool) -> bool:
-        torch.backends.cudnn.deterministic = value
+        _set_sparse_checks(value)
         return self.read()
 
     def restore(self, target: bool, current: bool) -> bool:
-        torch.backends.cudnn.deterministic = target
+        _set_sparse_checks(target)
         return self.read()
 
     def available(self, value: bool, device: torch.device) -> Effect:
-        return Effect(device.type == "cuda", "cuDNN is for CUDA devices")
+        return Effect(True, "")
+
+
+def _sparse_checks() -> bool:
+    return bool(torch.sparse.check_sparse_tensor_invariants.is_enabled())
+
+
+def _set_sparse_checks(value: bool) -> None:
+    checks = torch.sparse.check_sparse_tensor_invariants
+    checks.enable() if value else checks.disable()
 
 
 def test_a_new_lever_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    lever = _DeterministicLever()
+    lever = _SparseChecksLever()
     toy = LeverSpec(
-        name="cudnn_deterministic",
-        shorthand="cudnn_deterministic",
+        name="sparse_checks",
+        shorthand="sparse_checks",
         scope="process",
         values="True or False",
         annotation=bool,
-        validate=_DeterministicLever.validate,
+        validate=_SparseChecksLever.validate,
         make=lambda device_type: lever,
-        summary="deterministic cuDNN algorithms",
+        summary="sparse tensor invariant checks",
         accuracy="none",
         baseline=False,
         candidates=(True,),
@@ -139,25 +161,25 @@ def test_a_new_lever_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(registry, "LEVER_NAMES", tuple(s.name for s in extended))
     monkeypatch.setattr(registry, "_BY_NAME", {s.name: s for s in extended})
 
-    assert torch.backends.cudnn.deterministic is False
-    with speedflags.fast_math(cudnn_deterministic=True, device="cpu"):
-        assert torch.backends.cudnn.deterministic is True
-    assert torch.backends.cudnn.deterministic is False
+    assert _sparse_checks() is False
+    with speedflags.fast_math(sparse_checks=True, device="cpu"):
+        assert _sparse_checks() is True
+    assert _sparse_checks() is False
 
-    @speedflags.speedup(cudnn_deterministic=True, device="cpu")
+    @speedflags.speedup(sparse_checks=True, device="cpu")
     def step() -> bool:
-        return bool(torch.backends.cudnn.deterministic)
+        return _sparse_checks()
 
     assert step() is True
-    assert step.stats.levers == {"cudnn_deterministic": True}
-    with speedflags.Schedule({0: {"cudnn_deterministic": True}}, device="cpu") as schedule:
+    assert step.stats.levers == {"sparse_checks": True}
+    with speedflags.Schedule({0: {"sparse_checks": True}}, device="cpu") as schedule:
         schedule.step(0)
-        assert torch.backends.cudnn.deterministic is True
-    assert torch.backends.cudnn.deterministic is False
-    assert speedflags.snapshot()["cudnn_deterministic"] is False
-    assert registry.baseline_levers()["cudnn_deterministic"] is False
-    with pytest.raises(InvalidTypeError, match=r"fast_math\(cudnn_deterministic='on'\)"):
-        speedflags.fast_math(cudnn_deterministic="on")
+        assert _sparse_checks() is True
+    assert _sparse_checks() is False
+    assert speedflags.snapshot()["sparse_checks"] is False
+    assert lever_sets.baseline_levers()["sparse_checks"] is False
+    with pytest.raises(InvalidTypeError, match=r"fast_math\(sparse_checks='on'\)"):
+        speedflags.fast_math(sparse_checks="on")
 
 
 def test_readme_lever_table_lists_the_registry_in_order() -> None:

@@ -20,7 +20,8 @@ from conftest import CPU_AUTOCAST_FP16, autocast_enabled
 import speedflags
 from speedflags.bench.timing import Timing
 from speedflags.errors import InvalidTypeError, InvalidValueError
-from speedflags.levers.registry import LEVER_NAMES, with_baseline
+from speedflags.levers.lever_sets import with_baseline
+from speedflags.levers.registry import LEVER_NAMES
 from speedflags.tune import run
 from speedflags.tune.compare import MIN_GAIN, faster
 from speedflags.tune.state import error_against, reference_outputs
@@ -208,8 +209,11 @@ def test_baseline_levers_that_contradict_a_candidate_are_left_out() -> None:
     assert with_baseline((("tf32", True),))["tf32"] is True
     assert "matmul_precision" not in with_baseline((("tf32", True),))
     assert with_baseline(()) == {
-        "tf32": False, "matmul_precision": "highest", "cudnn_benchmark": False, "amp": False,
+        "tf32": False, "matmul_precision": "highest", "cudnn_benchmark": False,
+        "deterministic": False, "reduced_precision_reduction": False, "amp": False,
     }  # fmt: skip
+    # deterministic=False beside cudnn_benchmark=True is no contradiction: both kept
+    assert with_baseline((("cudnn_benchmark", True),))["deterministic"] is False
 
 
 def test_every_flag_reads_as_before_after_tune() -> None:

@@ -1,7 +1,8 @@
 """The lever configurations a benchmark compares, each applied through speedflags itself.
 
-Every measurement runs inside a baseline frame, ``fast_math(tf32=False,
-matmul_precision="highest", cudnn_benchmark=False, amp=False)``, so whatever the process had
+Every measurement runs inside a baseline frame, ``fast_math(**baseline_levers())``
+(``tf32=False, matmul_precision="highest", cudnn_benchmark=False, deterministic=False,
+reduced_precision_reduction=False, amp=False``), so whatever the process had
 set before cannot leak in; a configuration opens its own ``fast_math`` frame inside it. Both
 frames restore everything on exit, Ctrl-C included.
 """
@@ -17,7 +18,8 @@ import torch
 from ..fast_math import fast_math
 from ..hardware import capabilities
 from ..levers import Effect
-from ..levers.registry import baseline_levers, lever_spec
+from ..levers.lever_sets import baseline_levers
+from ..levers.registry import lever_spec
 from .accuracy import coarsest
 
 __all__ = ["BASELINE_LEVERS", "Config"]

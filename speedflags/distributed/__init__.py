@@ -2,10 +2,10 @@
 
 One rank with TF32 on and another with it off (or cuDNN deterministic on some ranks only)
 compute different numbers; data-parallel replicas then drift apart without any error of
-their own. :func:`check_ranks` gathers every rank's :func:`~speedflags.snapshot`, plus the
-determinism flags that are not levers, and raises :class:`~speedflags.RankMismatchError`
-naming what differs. It works with whatever backend the process group uses (gloo on CPUs,
-NCCL on GPUs).
+their own. :func:`check_ranks` gathers every rank's :func:`~speedflags.snapshot` (levers and
+guarded settings, less those each rank may hold its own value of: the default device, the
+thread count) and raises :class:`~speedflags.RankMismatchError` naming what differs. It
+works with whatever backend the process group uses (gloo on CPUs, NCCL on GPUs).
 
 This package's ``__init__`` holds the check; what is compared and how differences read is
 in :mod:`.compare`, and the exchange (the rank, the process group, the JSON gather, the rank
@@ -50,8 +50,9 @@ _dist: Any = torch.distributed
 class RankSnapshot(Dict[str, Any]):
     """The state every rank shares, as returned by :func:`check_ranks`: a ``dict``.
 
-    It holds :func:`speedflags.snapshot`'s entries plus ``"numerics"`` (determinism flags
-    that are not levers), and says how it was obtained. Scope: a read of the calling
+    It holds :func:`speedflags.snapshot`'s entries that every rank must share (not the
+    default device, the thread count, grad mode or autocast's cache and depth), and says
+    how it was obtained. Scope: a read of the calling
     thread's and the process's flags; it changes and restores nothing.
 
     Attributes:

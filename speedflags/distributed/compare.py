@@ -8,59 +8,22 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence, Tuple
 
-import torch
-
-from ..levers._base import Unreadable
 from ..levers.guarded import GUARDED
 from ..status import snapshot
 
 # guarded settings each rank may hold its own value of
 PER_RANK = tuple(s.name for s in GUARDED if not s.ranks_agree)
 
-# Flags that change results and are neither levers nor guarded settings, so ranks must agree
-# on them too: (name shown to users, object, attribute)
-_NUMERICS: Tuple[Tuple[str, Any, str], ...] = (
-    ("torch.backends.cudnn.deterministic", torch.backends.cudnn, "deterministic"),
-    (
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
-        torch.backends.cuda.matmul,
-        "allow_fp16_reduced_precision_reduction",
-    ),
-    (
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
-        torch.backends.cuda.matmul,
-        "allow_bf16_reduced_precision_reduction",
-    ),
-)
-
 
 def rank_state() -> Dict[str, Any]:
-    """What ranks must agree on: :func:`speedflags.snapshot` (less the guarded settings that
-    may differ per rank: the default device, the thread count, the calling thread's grad mode
-    and autocast cache) plus a ``"numerics"`` entry.
-
-    ``"numerics"`` holds cuDNN ``deterministic``, ``torch.use_deterministic_algorithms`` and
-    the reduced-precision reduction flags, each present only where this PyTorch has it.
-    Never raises.
+    """What ranks must agree on: :func:`speedflags.snapshot`, every lever (deterministic mode
+    and cuBLAS's reduced-precision reductions among them) and every guarded setting, less
+    those each rank may hold its own value of (the default device, the thread count, the
+    calling thread's grad mode and autocast cache and depth). Never raises.
     """
-    numerics: Dict[str, Any] = {}
-    for shown, owner, attribute in _NUMERICS:
-        try:
-            numerics[shown] = getattr(owner, attribute)
-        except AttributeError:  # not in this PyTorch: left out, and shown as absent
-            continue
-        except RuntimeError as exc:
-            numerics[shown] = Unreadable.from_exception(exc)
-    numerics["torch.are_deterministic_algorithms_enabled()"] = (
-        torch.are_deterministic_algorithms_enabled()
-    )
-    numerics["torch.is_deterministic_algorithms_warn_only_enabled()"] = (
-        torch.is_deterministic_algorithms_warn_only_enabled()
-    )
     state = snapshot()
     for name in PER_RANK:
         state.pop(name, None)
-    state["numerics"] = numerics
     return state
 
 
@@ -133,7 +96,7 @@ def describe_values(values: Sequence[Any]) -> str:
 
 
 def levers_of(diffs: Dict[str, Tuple[Any, ...]]) -> Tuple[str, ...]:
-    """The top-level names (``"tf32"``, ``"numerics"``, ``"torch"``) of differing getters."""
+    """The top-level names (``"tf32"``, ``"default_dtype"``, ``"torch"``) of differing getters."""
     out: List[str] = []
     for key in diffs:
         lever = key.split(".", 1)[0]

@@ -5,14 +5,17 @@ of its single-lever shorthand), which values it accepts and how a bad one is ref
 scope, which :class:`~speedflags.levers._base.Lever` reads, writes and describes its torch
 state, its "off" value and the values worth trying when tuning. ``fast_math``, ``@speedup``,
 ``Schedule``, the report, the bench configurations, the rank check, ``watch``, the pytest
-plugin, the integrations and ``tune`` all derive their lever lists from :data:`REGISTRY`.
+plugin, the integrations and ``tune`` all derive their lever lists from :data:`REGISTRY`;
+the lever sets built from it (the baseline, a snapshot) are in
+:mod:`speedflags.levers.lever_sets`.
 
 Adding a lever means one module with its ``Lever`` class and one entry here.
 
 Example:
     >>> from speedflags.levers.registry import LEVER_NAMES, lever_spec
-    >>> LEVER_NAMES
-    ('tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'amp')
+    >>> LEVER_NAMES  # doctest: +NORMALIZE_WHITESPACE
+    ('tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'deterministic',
+     'reduced_precision_reduction', 'amp')
     >>> spec = lever_spec("amp")
     >>> spec.shorthand, spec.scope, spec.check("fast_math", "bf16")
     ('autocast', 'thread', torch.bfloat16)
@@ -20,8 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -34,7 +35,9 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Lever, Scope
 from .autocast import AUTO, AutocastLever, validate_amp
 from .cudnn import CudnnBenchmarkLever
+from .deterministic import WARN, DeterministicLever
 from .precision import MatmulPrecisionLever
+from .reductions import ReducedPrecisionReductionLever
 from .sdpa import BACKENDS, SdpaLever
 from .tf32 import TF32Lever
 
@@ -129,6 +132,8 @@ _PROCESS_LEVERS: Dict[str, Lever] = {
     "matmul_precision": MatmulPrecisionLever(),
     "cudnn_benchmark": CudnnBenchmarkLever(),
     "sdpa": SdpaLever(),
+    "deterministic": DeterministicLever(),
+    "reduced_precision_reduction": ReducedPrecisionReductionLever(),
 }
 _autocast: Dict[str, AutocastLever] = {}
 _autocast_lock = threading.Lock()
@@ -152,6 +157,8 @@ _BACKEND_CHOICES = ", ".join(repr(b) for b in BACKENDS)
 # matmuls (mm, addmm, bmm, ...), convolutions, recurrent layers and attention: the kernels
 # TF32, matmul precision and autocast change
 _MATMUL_OPS = ("mm", "matmul", "linear", "einsum", "conv", "lstm", "gru", "rnn", "scaled_dot")
+# the cuBLAS GEMMs (no convolutions: cuDNN never reads the reduction flags)
+_GEMM_OPS = ("mm", "matmul", "linear", "einsum", "lstm", "gru", "rnn", "scaled_dot")
 
 # Application order: TF32 before matmul precision (they share state and both are checked
 # for a mixed TF32 state first), autocast last.
@@ -212,6 +219,44 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         ops=("scaled_dot_product",),
     ),
     LeverSpec(
+        name="deterministic",
+        shorthand="deterministic",
+        scope="process",
+        values=f"True, False or {WARN!r}",
+        annotation=Optional[Union[bool, str]],
+        validate=DeterministicLever.validate,
+        make=_process_lever("deterministic"),
+        summary=(
+            "torch.use_deterministic_algorithms (True: errors on a nondeterministic op; "
+            "'warn': warns) plus cudnn.deterministic; never faster, often slower"
+        ),
+        accuracy="none (the same precision, reproducible run to run); often slower",
+        # off: PyTorch's default and plain eager's; never a tune candidate (it never pays)
+        baseline=False,
+    ),
+    LeverSpec(
+        name="reduced_precision_reduction",
+        shorthand="reduced_precision_reduction",
+        scope="process",
+        values="True or False",
+        annotation=Optional[bool],
+        validate=ReducedPrecisionReductionLever.validate,
+        make=_process_lever("reduced_precision_reduction"),
+        summary=(
+            "cuBLAS may reduce fp16/bf16 GEMMs in fp16/bf16 (True, PyTorch's default) or "
+            "only in fp32 (False, which also turns off allow_fp16_accumulation); CUDA only"
+        ),
+        accuracy=(
+            "True: fp16/bf16 GEMM partial sums rounded to fp16/bf16 (split-K), error growing "
+            "with the reduction length; False: fp32 reductions"
+        ),
+        # off: fp32 reductions, the accurate path (as tf32=False is, though PyTorch's own
+        # default is True); tune measures True on top of it
+        baseline=False,
+        candidates=(True,),
+        ops=_GEMM_OPS,
+    ),
+    LeverSpec(
         name="amp",
         shorthand="autocast",
         scope="thread",
@@ -261,7 +306,7 @@ def check_levers(call: str, given: Mapping[str, object]) -> Tuple[Tuple[str, Any
     ``InvalidTypeError`` (like any unexpected keyword argument) listing the valid ones; a
     bad value raises what :meth:`LeverSpec.check` raises; ``tf32`` and
     ``matmul_precision`` asking for opposite cuBLAS TF32 settings raise
-    ``InvalidValueError``.
+    ``InvalidValueError``, and so do ``deterministic=True`` and ``cudnn_benchmark=True``.
 
     Example:
         >>> from speedflags.levers.registry import check_levers
@@ -300,6 +345,13 @@ def shown_levers(given: Mapping[str, object]) -> list[str]:
 
 
 def _refuse_contradictions(call: str, values: Mapping[str, Any]) -> None:
+    if values.get("deterministic") is True and values.get("cudnn_benchmark") is True:
+        raise InvalidValueError(
+            f"{call}(deterministic=True, cudnn_benchmark=True): contradictory: cuDNN "
+            "benchmarking times algorithms per shape and may pick a different one each run, "
+            "which deterministic=True promises not to; use cudnn_benchmark=False, or leave "
+            "one of them out"
+        )
     tf32 = values.get("tf32")
     precision = values.get("matmul_precision")
     if tf32 is None or precision is None or tf32 == (precision != "highest"):
@@ -310,83 +362,3 @@ def _refuse_contradictions(call: str, values: Mapping[str, Any]) -> None:
         f"precision {precision!r} turns cuBLAS TF32 {'on' if precision != 'highest' else 'off'}; "
         f"use {fix}, or leave one of them out"
     )
-
-
-def baseline_levers() -> Dict[str, Any]:
-    """Every lever's "off" value: plain fp32 eager (the bench and ``tune`` reference).
-
-    Example:
-        >>> from speedflags.levers.registry import baseline_levers
-        >>> baseline_levers()
-        {'tf32': False, 'matmul_precision': 'highest', 'cudnn_benchmark': False, 'amp': False}
-    """
-    return {spec.name: spec.baseline for spec in REGISTRY if spec.has_baseline}
-
-
-def with_baseline(levers: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
-    """``levers`` on top of every other lever's "off" value, as one ``fast_math`` call.
-
-    An off value that would contradict a candidate (``tf32=False`` beside
-    ``matmul_precision='medium'``, which turns cuBLAS TF32 on) is left out.
-
-    Example:
-        >>> from speedflags.levers.registry import with_baseline
-        >>> with_baseline((("matmul_precision", "medium"),))
-        {'matmul_precision': 'medium', 'cudnn_benchmark': False, 'amp': False}
-    """
-    merged: Dict[str, Any] = dict(levers)
-    for name, value in baseline_levers().items():
-        if name in merged:
-            continue
-        try:
-            check_levers("with_baseline", {**merged, name: value})
-        except InvalidValueError:
-            continue
-        merged[name] = value
-    return {spec.name: merged[spec.name] for spec in REGISTRY if spec.name in merged}
-
-
-def lever_snapshot(device_types: Sequence[str] = AUTOCAST_DEVICE_TYPES) -> Dict[str, Any]:
-    """Every lever's state now, described, by ``fast_math`` keyword. Never raises.
-
-    Thread-scope levers (``amp``) are described per device type, for the calling thread.
-    """
-    out: Dict[str, Any] = {}
-    for spec in REGISTRY:
-        if spec.scope == "thread":
-            out[spec.name] = {dt: spec.current(dt) for dt in device_types}
-        else:
-            out[spec.name] = spec.current()
-    return out
-
-
-def document_levers(func: Callable[..., Any]) -> None:
-    """Give ``func`` (which takes ``**levers``) one keyword per lever in its signature and
-    a "Levers:" section in its docstring (the ``{levers}`` placeholder), from the registry.
-
-    So ``help(speedflags.fast_math)``, IDEs and ``inspect.signature`` show every lever,
-    while the lever list itself lives only here.
-    """
-    signature = inspect.signature(func)
-    given = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    levers = [
-        inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation=spec.annotation)
-        for spec in REGISTRY
-    ]  # fmt: skip
-    # the levers first among the keyword-only arguments, as users write them
-    first = next((i for i, p in enumerate(given) if p.kind is p.KEYWORD_ONLY), len(given))
-    params = given[:first] + levers + given[first:]
-    func.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-    if func.__doc__ and "{levers}" in func.__doc__:
-        # The entries go one level under the placeholder's own indentation, which Python 3.13
-        # strips from docstrings at compile time and older Pythons keep.
-        def entries(placeholder: re.Match[str]) -> str:
-            indent = placeholder.group(1) + "    "
-            lines = []
-            for spec in REGISTRY:
-                lines.append(f"{indent}{spec.name}: {spec.summary}. Accepts {spec.values}.")
-                lines.append(f"{indent}    Scope: {spec.scope}. Accuracy: {spec.accuracy}.")
-            return "\n".join(lines)
-
-        func.__doc__ = re.sub(r"^([ \t]*)\{levers\}$", entries, func.__doc__, flags=re.MULTILINE)

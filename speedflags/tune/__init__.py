@@ -78,7 +78,9 @@ def tune(
             (``["amp", "matmul_precision"]``, ``"compile"`` included or not), or a dict of
             name to the values to try (``{"amp": ["bf16"], "sdpa": ["flash"]}``). One that
             names nothing to try (``[]``, ``{}``, ``{"amp": []}``) is refused: nothing
-            would be measured, and "plain fp32 wins" would be a claim never tested.
+            would be measured, and "plain fp32 wins" would be a claim never tested. A
+            lever named without values that ``tune`` never tries by itself
+            (``deterministic``: never faster) is left out; give it values to time it.
         device: the device the levers target (default: the device of the first tensor
             found in the arguments or the modules, else CUDA if available, else CPU).
 
@@ -180,6 +182,7 @@ def _wanted(levers: LeversArg) -> Tuple[Optional[Dict[str, Sequence[Any]]], bool
             f"name to values; names: {_CHOICES}"
         )
     wanted: Dict[str, Sequence[Any]] = {}
+    never_tried: list[str] = []  # named alone, and the registry tries none of its values
     try_compile = False
     for name, values in items:
         if name == COMPILE:
@@ -190,6 +193,9 @@ def _wanted(levers: LeversArg) -> Tuple[Optional[Dict[str, Sequence[Any]]], bool
                 f"tune(levers=...): unknown lever {short_repr(name)}; valid: {_CHOICES}"
             )
         spec = lever_spec(name, "tune")
+        if values is None and not spec.candidates:  # deterministic: never faster
+            never_tried.append(name)
+            continue
         if values is None:
             wanted[name] = spec.candidates
         elif isinstance(values, (list, tuple)):
@@ -204,9 +210,14 @@ def _wanted(levers: LeversArg) -> Tuple[Optional[Dict[str, Sequence[Any]]], bool
         for value in wanted[name]:  # refuse a bad value now, not after the reference ran
             spec.check("tune", value, f"levers[{name!r}]")
     if not wanted and not try_compile:  # nothing would be measured, yet fp32 would "win"
+        hint = "".join(
+            f"; {name} has no value tune tries by itself (never faster): give values, "
+            f"levers={{{name!r}: [...]}}"
+            for name in never_tried
+        )
         raise InvalidValueError(
             f"tune(levers={short_repr(levers)}): names nothing to try; give one or more of "
-            f"{_CHOICES}, or None for all"
+            f"{_CHOICES}, or None for all{hint}"
         )
     return wanted, try_compile
 

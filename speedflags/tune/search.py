@@ -41,7 +41,7 @@ import torch
 from ..bench.runner import measure_rounds, warm_up
 from ..bench.timing import Timing, plan_rounds, synchronize, timer_for
 from ..fast_math import fast_math
-from ..levers.registry import with_baseline
+from ..levers.lever_sets import with_baseline
 from ..status import snapshot
 from .candidates import calls_of, can_compile, candidates, combinations
 from .compare import Plan, compare, faster

@@ -28,12 +28,14 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
 
     For every lever of the registry and each value ``tune`` would try (``tf32=True``,
     ``matmul_precision="high"`` and ``"medium"``, ``cudnn_benchmark=True``, each fused SDPA
-    kernel, bf16 and fp16 autocast), a small probe runs under ``fast_math`` on top of the
-    baseline (every lever off) and measures: the error of a float32 matmul (and conv)
-    against float64 for TF32 and matmul precision (TF32 about 3e-4, fp32 about 1e-7; on a
-    CPU, ``"medium"`` by the oneDNN route's result), the output dtype and error level for
-    autocast, the autotuner's trial kernels for cuDNN benchmark, the operator (and on CUDA
-    the kernels) that ran for SDPA. The baseline itself is checked first: fp32 everywhere.
+    kernel, ``reduced_precision_reduction=True``, bf16 and fp16 autocast), a small probe
+    runs under ``fast_math`` on top of the baseline (every lever off) and measures: the
+    error of a float32 matmul (and conv) against float64 for TF32 and matmul precision
+    (TF32 about 3e-4, fp32 about 1e-7; on a CPU, ``"medium"`` by the oneDNN route's
+    result), the output dtype and error level for autocast, the autotuner's trial kernels
+    for cuDNN benchmark, the operator (and on CUDA the kernels) that ran for SDPA, whether
+    long fp16/bf16 GEMMs differ from their fp32-reduction results (CUDA) for the
+    reductions. The baseline itself is checked first: fp32 everywhere.
 
     Each value gets a :class:`~speedflags.verify.result.Verdict`: *verified* (with the
     figure), *no effect here* (with the capability's reason), or *requested but not in

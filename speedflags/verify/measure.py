@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, FrozenSet, List, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, FrozenSet, List, Sequence, Tuple
 
 import torch
 
@@ -22,6 +22,7 @@ from ..bench.accuracy import relative_error
 __all__ = [
     "FP32_MAX",
     "TF32_MAX",
+    "Observation",
     "Trace",
     "arithmetic",
     "aten_ops",
@@ -151,3 +152,21 @@ def short(name: str, width: int = 60) -> str:
         'void pytorch_flash::flash_fwd_ker...'
     """
     return name if len(name) <= width else name[: width - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one probe measured.
+
+    Attributes:
+        in_effect: the measurement shows the lever working.
+        figure: the measurement in words.
+        measured: the numbers behind it.
+        inside: what the flags read inside the frame (``tf32_status``, cuDNN and oneDNN
+            switches), for finding a cause.
+    """
+
+    in_effect: bool
+    figure: str
+    measured: Dict[str, Any] = field(default_factory=dict)
+    inside: Dict[str, Any] = field(default_factory=dict)

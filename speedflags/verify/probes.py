@@ -16,6 +16,8 @@ read inside the frame (for :mod:`speedflags.verify.causes`).
 ``sdpa``               which SDPA operator ran: dispatched ATen operators on a CPU, the profiler's
                        operators and kernel names on CUDA
 ``amp``                a float32 matmul's output dtype and its error level (bf16 or fp16)
+``reduced_precision_``  CUDA: a long fp16 and bf16 GEMM differ from their fp32-reduction results
+``reduction``          (``probe_reductions.py``)
 =====================  =========================================================================
 """
 
@@ -24,16 +26,25 @@ from __future__ import annotations
 import importlib
 import itertools
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from ..fast_math import fast_math
-from ..levers.registry import baseline_levers, with_baseline
+from ..levers.lever_sets import baseline_levers, with_baseline
 from ..status import tf32_status
-from .measure import FP32_MAX, arithmetic, aten_ops, cuda_trace, inputs, relative_error, short
+from .measure import (
+    FP32_MAX,
+    Observation,
+    arithmetic,
+    aten_ops,
+    cuda_trace,
+    inputs,
+    relative_error,
+    short,
+)
+from .probe_reductions import reduced_precision_reduction
 
 __all__ = ["PROBES", "Context", "Observation", "baseline"]
 
@@ -45,24 +56,6 @@ SDPA_OPS = {
     "cudnn": "_scaled_dot_product_cudnn_attention",
 }
 _shapes = itertools.count()  # a new convolution shape per autotuning probe (cuDNN caches per shape)
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What one probe measured.
-
-    Attributes:
-        in_effect: the measurement shows the lever working.
-        figure: the measurement in words.
-        measured: the numbers behind it.
-        inside: what the flags read inside the frame (``tf32_status``, cuDNN and oneDNN
-            switches), for finding a cause.
-    """
-
-    in_effect: bool
-    figure: str
-    measured: Dict[str, Any] = field(default_factory=dict)
-    inside: Dict[str, Any] = field(default_factory=dict)
 
 
 class Context:
@@ -388,5 +381,6 @@ PROBES: Dict[str, Probe] = {
     "matmul_precision": matmul_precision,
     "cudnn_benchmark": cudnn_benchmark,
     "sdpa": sdpa,
+    "reduced_precision_reduction": reduced_precision_reduction,
     "amp": amp,
 }

@@ -2,14 +2,16 @@
 and the frame it names as the writer.
 
 Every Python path that writes a lever's state ends in one of a few functions of
-``torch._C``: the ``torch.backends`` attributes (``cudnn.benchmark``, ``allow_tf32``, every
-``fp32_precision``) are descriptors or ``__setattr__`` methods calling them,
-``torch.set_float32_matmul_precision``, ``cudnn.flags()``/``set_flags``, the SDPA
-``enable_*_sdp`` functions and ``sdpa_kernel`` call them by attribute at call time, and
+``torch._C``: the ``torch.backends`` attributes (``cudnn.benchmark``, ``cudnn.deterministic``,
+``allow_tf32``, every ``fp32_precision``, the ``cuda.matmul`` reduction flags) are
+descriptors or ``__setattr__`` methods calling them, ``torch.set_float32_matmul_precision``,
+``torch.use_deterministic_algorithms``, ``torch.set_deterministic_debug_mode``,
+``cudnn.flags()``/``set_flags``, the SDPA ``enable_*_sdp`` functions and ``sdpa_kernel``
+call them by attribute at call time, and
 ``torch.autocast`` calls ``torch.set_autocast_*`` (the ``torch._C`` functions themselves,
 re-exported). So wrapping these names covers every path, including functions imported by
-name before watching started. Verified on PyTorch 2.13 and against the 2.4 sources; a
-setter this PyTorch lacks is skipped.
+name before watching started. Verified on PyTorch 2.13 and against the 2.4 sources (the
+determinism and reduction setters against 2.1's too); a setter this PyTorch lacks is skipped.
 
 The states are the registry's lever *domains* (:func:`domains`: one per piece of torch
 state, autocast once per device type), read raw through each lever's ``read()``.
@@ -92,6 +94,10 @@ class Setter(NamedTuple):
             return f"{shown} set to {args[2]!r}"
         if self.call:
             return f"{self.shown}({', '.join(repr(a) for a in args)})"
+        if self.name in _SPLITK_SETTERS and len(args) == 2:
+            # 2.10+: torch passes (allow, allow_splitk); `= False` arrives as (False, True)
+            shown_value = args[0] if args[1] is True else tuple(args)
+            return f"{self.shown} set to {shown_value!r}"
         value = args[-1] if args else None
         return f"{self.shown} set to {value!r}"
 
@@ -121,6 +127,30 @@ _TABLE = (
     Setter("_set_sdp_use_cudnn", "sdpa", "torch.backends.cuda.enable_cudnn_sdp", call=True),
     Setter("_set_sdp_use_overrideable", "sdpa", "torch._C._set_sdp_use_overrideable", call=True),
     Setter("_set_sdp_priority_order", "sdpa", "torch._C._set_sdp_priority_order", call=True),
+    # torch.use_deterministic_algorithms and set_deterministic_debug_mode call it by attribute
+    Setter(
+        "_set_deterministic_algorithms",
+        "deterministic",
+        "torch.use_deterministic_algorithms",
+        call=True,
+    ),
+    Setter("_set_cudnn_deterministic", "deterministic", "torch.backends.cudnn.deterministic"),
+    Setter(
+        "_set_cublas_allow_fp16_reduced_precision_reduction",
+        "reduced_precision_reduction",
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+    ),
+    Setter(
+        "_set_cublas_allow_bf16_reduced_precision_reduction",
+        "reduced_precision_reduction",
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+    ),
+    # PyTorch 2.7+
+    Setter(
+        "_set_cublas_allow_fp16_accumulation",
+        "reduced_precision_reduction",
+        "torch.backends.cuda.matmul.allow_fp16_accumulation",
+    ),
     Setter("set_autocast_enabled", "amp", "torch.set_autocast_enabled", call=True),
     Setter("set_autocast_dtype", "amp", "torch.set_autocast_dtype", call=True),
     # PyTorch < 2.4's per-device setters (still present, deprecated, in 2.13)
@@ -141,6 +171,11 @@ SETTERS: Dict[str, Setter] = {setter.name: setter for setter in _TABLE + _GUARDE
 def record_name(name: str) -> str:
     """The name records and reports give a lever's (its shorthand) or a guarded setting's."""
     return lever_spec(name).shorthand if name in LEVER_NAMES else name
+
+
+_SPLITK_SETTERS = frozenset(
+    f"_set_cublas_allow_{dtype}_reduced_precision_reduction" for dtype in ("fp16", "bf16")
+)
 
 
 def _dirs(*files: Optional[str]) -> Tuple[str, ...]:

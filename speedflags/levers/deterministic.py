@@ -1,0 +1,115 @@
+"""The ``deterministic`` lever: deterministic algorithms (with their warn-only mode) and
+``torch.backends.cudnn.deterministic``, as one piece of state.
+
+``True`` is ``torch.use_deterministic_algorithms(True)`` (an operation with no deterministic
+implementation raises) plus ``cudnn.deterministic = True``; ``"warn"`` is
+``use_deterministic_algorithms(True, warn_only=True)`` (it warns instead) plus
+``cudnn.deterministic = True``; ``False`` switches all three off. The state read and restored
+is the three getters together, so whatever combination a block finds (``warn_only`` left on
+with the mode off, ``cudnn.deterministic`` on alone) is the combination it puts back.
+
+It is written through the ``torch._C`` setters the public paths end in:
+``torch.use_deterministic_algorithms`` and ``torch.set_deterministic_debug_mode`` call
+``torch._C._set_deterministic_algorithms(mode, warn_only=...)``, and
+``torch.backends.cudnn.deterministic`` (and ``cudnn.flags()``) call
+``torch._C._set_cudnn_deterministic``. PyTorch 2.1 to 2.13 have the same four accessors.
+Left alone: ``torch.utils.deterministic.fill_uninitialized_memory`` (2.2+) and
+``torch.backends.mkldnn.deterministic`` (2.7+), and the ``CUBLAS_WORKSPACE_CONFIG``
+environment variable that deterministic cuBLAS needs on CUDA (read once by cuBLAS; a process
+setting, not a flag).
+
+It never makes anything faster: deterministic kernels are often slower, so ``tune`` never
+tries it (no candidates).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple, Union
+
+import torch
+import torch._C as torch_C
+
+from ..errors import InvalidTypeError, InvalidValueError
+from ._base import Effect, SimpleLever, verified
+
+_C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
+
+WARN = "warn"
+Mode = Union[bool, str]
+# (use_deterministic_algorithms, warn_only, cudnn.deterministic)
+State = Tuple[bool, bool, bool]
+
+TARGETS: Dict[Mode, State] = {
+    True: (True, False, True),
+    WARN: (True, True, True),
+    False: (False, False, False),
+}
+GETTERS = (
+    "torch.are_deterministic_algorithms_enabled()",
+    "torch.is_deterministic_algorithms_warn_only_enabled()",
+    "torch.backends.cudnn.deterministic",
+)
+
+
+def validate_mode(value: object) -> Mode:
+    """``True``, ``False`` or ``"warn"``; else an error naming the valid choices."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value == WARN:
+            return WARN
+        raise InvalidValueError(f"not a deterministic mode; valid: True, False, {WARN!r}")
+    raise InvalidTypeError(f"expected True, False or {WARN!r}, got {type(value).__name__}")
+
+
+class DeterministicLever(SimpleLever):
+    """``deterministic=True|False|"warn"``: deterministic algorithms and cuDNN determinism.
+
+    Scope: process. Restores all three getters exactly (the mode, its warn-only flag and
+    ``torch.backends.cudnn.deterministic``), whatever combination was found.
+    """
+
+    name = "deterministic"
+    scope = "process"
+    domain = "deterministic"
+
+    validate = staticmethod(validate_mode)
+
+    def read(self) -> State:
+        return (
+            bool(_C._get_deterministic_algorithms()),
+            bool(_C._get_deterministic_algorithms_warn_only()),
+            bool(_C._get_cudnn_deterministic()),
+        )
+
+    def apply(self, value: Mode, before: State) -> State:
+        return self._write(TARGETS[value], before, "apply")
+
+    def restore(self, target: State, current: State) -> State:
+        return self._write(target, current, "restore")
+
+    def _write(self, target: State, current: State, action: str) -> State:
+        if current == target:
+            return target
+        mode, warn_only, cudnn = target
+        if current[:2] != (mode, warn_only):
+            _C._set_deterministic_algorithms(mode, warn_only=warn_only)
+        if current[2] != cudnn:
+            _C._set_cudnn_deterministic(cudnn)
+        return verified(self, action, target, self.read())  # type: ignore[no-any-return]
+
+    def describe(self, state: Any) -> Any:
+        if isinstance(state, tuple) and len(state) == len(GETTERS):
+            return dict(zip(GETTERS, state))
+        return state
+
+    def available(self, value: Mode, device: torch.device) -> Effect:
+        if value is False:
+            return Effect(True, "")
+        if device.type == "cuda":
+            return Effect(True, "deterministic kernels are often slower")
+        return Effect(
+            True,
+            f"deterministic algorithms apply on {device.type} too (cudnn.deterministic only on "
+            "CUDA); deterministic kernels are often slower",
+        )
