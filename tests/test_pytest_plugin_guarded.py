@@ -98,3 +98,23 @@ def test_a_write_pytorch_makes_by_itself_is_information_not_a_leak(
         assert torch.backends.cudnn.benchmark is True  # left as PyTorch set it
     finally:
         torch.backends.cudnn.benchmark = before
+
+
+def test_a_getter_that_raises_reads_as_unreadable_in_the_leak_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from speedflags.levers._base import Unreadable
+    from speedflags.pytest_plugin import LeakGuard
+
+    def broken() -> None:
+        raise RuntimeError("no dtype today")
+
+    guard = setting("default_dtype")
+    monkeypatch.setattr(guard, "_get", broken)  # a getter PyTorch might make raise
+    leaks = LeakGuard("fail")
+    try:
+        state = dict(zip([d.key for d in leaks.domains], leaks.read()))
+    finally:
+        leaks.close()
+    assert state["default_dtype"] == Unreadable("RuntimeError", "no dtype today")
+    assert state["grad_enabled"] is True

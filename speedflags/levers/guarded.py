@@ -76,6 +76,12 @@ class Setting:
         self.setters = setters
         self.ranks_agree = ranks_agree
 
+    @property
+    def fast_read(self) -> Callable[[], Any]:
+        """The raw getter: :meth:`read` without its guard, for a caller that reads many
+        settings under one ``try`` of its own (the leak check, every test)."""
+        return self._get
+
     def read(self) -> Hashable:
         """The state now (never raises)."""
         try:
@@ -122,7 +128,8 @@ def _default_device() -> Any:
     # to the CPU); read raw: torch.get_default_device() allocates a tensor to resolve an index.
     # Read on every test by the leak check, so the thread-local holder is looked up once.
     if _DEVICE_HOLDER is not None:
-        context = getattr(_DEVICE_HOLDER, "device_context", None)
+        # the thread's own __dict__: a getattr that misses costs ~10x (an AttributeError)
+        context = _DEVICE_HOLDER.__dict__.get("device_context")
     else:  # PyTorch < 2.3: the module global is the context itself, or None
         context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
     return None if context is None else context.device
