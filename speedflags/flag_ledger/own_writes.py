@@ -68,8 +68,9 @@ class Watcher(Protocol):
     def boundary(self, ledger: Any, label: str, where: Where) -> None:
         """Before speedflags writes: report changes made around Python since the last one."""
 
-    def settled(self, label: str, where: Where) -> None:
-        """After speedflags wrote: remember the state it left (not an external change)."""
+    def settled(self, label: str, where: Where, levers_only: bool = False) -> None:
+        """After speedflags wrote: remember the state it left (not an external change);
+        ``levers_only``: it wrote levers only (a ledger frame), so only they are read again."""
 
 
 # Set and cleared by speedflags.watching.watcher with the ledger's lock held, so that no section is
@@ -93,13 +94,16 @@ _IDLE = _Idle()
 class _Watched:
     """A watched section; the caller holds the ledger's lock (which is the watcher's)."""
 
-    __slots__ = ("added", "exited", "label", "ledger", "watcher", "where")
+    __slots__ = ("added", "exited", "label", "ledger", "levers_only", "watcher", "where")
 
-    def __init__(self, watcher: Watcher, ledger: Any, label: str, where: Where) -> None:
+    def __init__(
+        self, watcher: Watcher, ledger: Any, label: str, where: Where, levers_only: bool = False
+    ) -> None:
         self.watcher = watcher
         self.ledger = ledger
         self.label = label
         self.where = where
+        self.levers_only = levers_only
         self.added = False
         self.exited = False  # set once __exit__ completed (an interrupted ledger checks it)
 
@@ -115,7 +119,7 @@ class _Watched:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self.watcher.settled(self.label, self.where)
+            self.watcher.settled(self.label, self.where, self.levers_only)
         finally:
             self._unmark()
             self.exited = True
@@ -126,11 +130,12 @@ class _Watched:
 
 
 def enter(ledger: Any, label: str, where: Where) -> Any:
-    """Enter a watched section now (the ledger's hot path, which avoids ``with``)."""
+    """Enter a watched section now (the ledger's hot path, which avoids ``with``): a ledger
+    frame, which writes levers only."""
     watcher = WATCHER
     if watcher is None:
         return None
-    watched = _Watched(watcher, ledger, label, where)
+    watched = _Watched(watcher, ledger, label, where, levers_only=True)
     watched.__enter__()
     return watched
 

@@ -35,7 +35,7 @@ import functools
 import os
 import sys
 import types
-from typing import Any, Dict, Hashable, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -279,6 +279,13 @@ class Domain(NamedTuple):
     lever: Guard  # reads it (and puts it back, for the leak check)
     shorthand: str  # the record's lever name for a change found at a boundary
     views: Tuple[Tuple[str, str, Guard], ...]  # (registry name, snapshot prefix, lever)
+
+    def describer(self, name: str) -> Callable[[Any], Any]:
+        """How the lever (or setting) called ``name`` describes this domain's state."""
+        for view_name, _, lever in self.views:
+            if view_name == name:
+                return lever.describe
+        return self.lever.describe
 
 
 def domains() -> Tuple[Domain, ...]:

@@ -8,16 +8,13 @@ last writer. Writes made while ``OWN_WRITES.depth`` is above zero are speedflags
 pass straight through.
 
 At each ledger boundary (:func:`speedflags.flag_ledger.own_writes.section`) the watcher
-compares every state with what it expected (the state the last boundary or watched write left): a
-difference was made around Python, and is recorded as made by unknown code between the two
-boundaries. A lock held by sections and around each watched write keeps another thread's
-write from being taken for speedflags' own, or the reverse.
-
-The last-writer maps answer :func:`culprit_note` (``DriftWarning``), :func:`mixed_note`
-(``MixedTF32APIError``), :func:`tf32_writer` (``tf32_status``) and :func:`last_writers`
-(``speedflags report``). A last writer is named only while the state is still the one it
-left, and only while a watch is on (once stopped, an unseen write could have left the
-same state).
+compares every state with what it expected: a difference was made around Python (C++, or
+PyTorch by itself, which its lever may recognise) and is recorded. A lock held by sections
+and around each watched write keeps another thread's write from being taken for speedflags'
+own, or the reverse. The last-writer maps answer the hooks of
+:mod:`speedflags.levers.culprits` (``DriftWarning``, ``MixedTF32APIError``),
+:func:`tf32_writer` and :func:`speedflags.watching.writers.last_writers`, and only while a
+watch is on and the state is still the one the writer left.
 
 Scope: process; autocast states per thread.
 
@@ -52,6 +49,7 @@ from ..levers import _fp32_model as family
 from ..levers import culprits
 from ..levers._base import Guard, Lever
 from ..levers.culprits import NOT_WATCHING, known_torch_write
+from ..levers.guarded import GUARDED
 from ..levers.registry import lever_spec
 from .setters import (
     SETTERS,
@@ -79,6 +77,12 @@ class _Watcher:
 
     def __init__(self) -> None:
         self.domains = domains()
+        # every boundary reads every domain: (key, read, domain), bound once, by scope
+        self._process_reads = [(d.key, d.lever.read, d) for d in self.domains if not d.thread]
+        self._thread_reads = [(d.key, d.lever.read, d) for d in self.domains if d.thread]
+        guarded = {setting.domain for setting in GUARDED}
+        self._process_levers = [r for r in self._process_reads if r[0] not in guarded]
+        self._thread_levers = [r for r in self._thread_reads if r[0] not in guarded]
         self.family = lever_spec("tf32").lever().domain
         self.count = 0  # started watches
         self.ever = False
@@ -199,7 +203,7 @@ class _Watcher:
         finally:
             the_ledger = ledger()
             for item, domain, before, after in found:  # outside our lock: note() takes the ledger's
-                describe = _describer(domain, setter.lever)
+                describe = domain.describer(setter.lever)
                 the_ledger.note(item.lever, "external", item.sentence(),
                                 before=describe(before), after=describe(after),
                                 label=item.function, where=item.where)  # fmt: skip
@@ -257,9 +261,11 @@ class _Watcher:
                     self.by_getter[(key, tid)] = (item, new.get(key))
 
     def _expected_for(self, domain: Domain) -> Dict[str, Hashable]:
-        if not domain.thread:
-            return self._expected
-        expected: Optional[Dict[str, Hashable]] = getattr(self._local, "expected", None)
+        return self._thread_expected() if domain.thread else self._expected
+
+    def _thread_expected(self) -> Dict[str, Hashable]:
+        # the thread's own __dict__: a getattr that misses costs ~10x (an AttributeError)
+        expected: Optional[Dict[str, Hashable]] = self._local.__dict__.get("expected")
         if expected is None:
             expected = self._local.expected = {}
         return expected
@@ -271,39 +277,51 @@ class _Watcher:
 
     def boundary(self, the_ledger: Any, label: str, where: Where) -> None:
         """Changes since the last boundary that no watched write explains: recorded as unknown."""
+        for reads, expected in (
+            (self._process_reads, self._expected),
+            (self._thread_reads, self._thread_expected()),
+        ):
+            for key, read, domain in reads:
+                now = read()
+                was = expected.get(key)
+                if was is None or was == now:
+                    expected[key] = now
+                    continue
+                self._unexplained(the_ledger, label, where, domain, was, now)
+
+    def _unexplained(
+        self, the_ledger: Any, label: str, where: Where, domain: Domain, was: Any, now: Any
+    ) -> None:
         previous, previous_where = self._boundary
         thread = threading.current_thread().name
-        for domain in self.domains:
-            expected = self._expected_for(domain)
-            now = domain.lever.read()
-            was = expected.get(domain.key)
-            if was is None or was == now:
-                expected[domain.key] = now
-                continue
-            between = (
-                f"between {previous!r} at {format_where(previous_where) or '?'} and "
-                f"{label!r} at {format_where(where) or '?'}"
+        between = (
+            f"between {previous!r} at {format_where(previous_where) or '?'} and "
+            f"{label!r} at {format_where(where) or '?'}"
+        )
+        by_torch = known_torch_write(domain.lever, was, now)
+        if by_torch is not None:
+            text = f"changed by PyTorch itself, around Python: {by_torch}, {between}"
+        else:
+            text = (
+                f"changed by {_UNKNOWN} (around Python: C++, or a path speedflags does "
+                f"not wrap) {between}"
             )
-            by_torch = known_torch_write(domain.lever, was, now)
-            if by_torch is not None:
-                text = f"changed by PyTorch itself, around Python: {by_torch}, {between}"
-            else:
-                text = (
-                    f"changed by {_UNKNOWN} (around Python: C++, or a path speedflags does "
-                    f"not wrap) {between}"
-                )
-            torch_frame = None if by_torch is None else ("PyTorch", None)
-            item = Write(domain.shorthand, text, "", None, thread, now, torch_frame)
-            self._remember(item, domain, was, now)
-            describe = domain.lever.describe
-            rank = _history.rank_source()
-            the_ledger._one(_UNKNOWN, 0, thread, rank, None, domain.shorthand, "external",
-                            text, describe(was), describe(now))  # fmt: skip
+        torch_frame = None if by_torch is None else ("PyTorch", None)
+        item = Write(domain.shorthand, text, "", None, thread, now, torch_frame)
+        self._remember(item, domain, was, now)
+        describe = domain.lever.describe
+        rank = _history.rank_source()
+        the_ledger._one(_UNKNOWN, 0, thread, rank, None, domain.shorthand, "external",
+                        text, describe(was), describe(now))  # fmt: skip
 
-    def settled(self, label: str, where: Where) -> None:
-        """After speedflags' own writes: their result is the expected state from now on."""
-        for domain in self.domains:
-            self._expected_for(domain)[domain.key] = domain.lever.read()
+    def settled(self, label: str, where: Where, levers_only: bool = False) -> None:
+        """After speedflags' own writes: their result is the expected state from now on.
+        ``levers_only`` (a ledger frame): the guarded settings read at the boundary stand."""
+        process, thread = self._process_reads, self._thread_reads
+        if levers_only:
+            process, thread = self._process_levers, self._thread_levers
+        self._expected.update({key: read() for key, read, _ in process})
+        self._thread_expected().update({key: read() for key, read, _ in thread})
         self._boundary = (label, where)
 
     # --- who wrote it --------------------------------------------------------------------
@@ -333,13 +351,6 @@ class _Watcher:
         """The write of ``lever``'s ``state``, in words, if PyTorch made it by itself."""
         item = self.culprit(lever.domain, lever.scope == "thread", state)
         return item.sentence() if item is not None and item.by_torch is not None else None
-
-
-def _describer(domain: Domain, lever_name: str) -> Callable[[Any], Any]:
-    for name, _, lever in domain.views:
-        if name == lever_name:
-            return lever.describe
-    return domain.lever.describe
 
 
 _WATCHER: Optional[_Watcher] = None
