@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pickle
 
 import pytest
 
@@ -101,6 +103,26 @@ def test_public_classes_report_the_package() -> None:
         obj = getattr(speedflags, name)
         if inspect.isclass(obj):
             assert obj.__module__ == "speedflags", name
+
+
+def test_every_public_name_resolves_through_its_module_and_qualname() -> None:
+    # What pickle, documentation tools and "where is this defined?" do: the private layout
+    # may move (issue 20), the path an object gives for itself must still lead back to it.
+    for name in PUBLIC:
+        obj = getattr(speedflags, name)
+        if not hasattr(obj, "__qualname__"):
+            continue
+        found: object = importlib.import_module(obj.__module__)
+        for part in obj.__qualname__.split("."):
+            found = getattr(found, part)
+        assert found is obj, name
+
+
+@pytest.mark.parametrize("name", sorted(errors.__all__))
+def test_every_public_error_and_warning_pickles(name: str) -> None:
+    cls = getattr(speedflags, name)
+    copy = pickle.loads(pickle.dumps(cls("a message")))  # noqa: S301 - our own bytes
+    assert type(copy) is cls and str(copy) == "a message"
 
 
 def test_error_hierarchy() -> None:
