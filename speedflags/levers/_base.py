@@ -96,8 +96,8 @@ class Guard(Protocol):
         ...
 
 
-class Lever(Protocol):
-    """One reversible PyTorch setting.
+class Lever(Guard, Protocol):
+    """One reversible PyTorch setting: a :class:`Guard` that speedflags also writes.
 
     Attributes:
         name: the ``fast_math`` argument it implements (``"tf32"``).
@@ -108,21 +108,8 @@ class Lever(Protocol):
     """
 
     @property
-    def name(self) -> str: ...
-
-    @property
-    def scope(self) -> Scope: ...
-
-    @property
-    def domain(self) -> str: ...
-
-    @property
     def checks_state(self) -> bool:
         """True if check() can refuse (the ledger skips the call otherwise)."""
-        ...
-
-    def read(self) -> Hashable:
-        """The current state. Never raises."""
         ...
 
     def check(self, state: Any) -> None:
@@ -131,14 +118,6 @@ class Lever(Protocol):
 
     def apply(self, value: Any, before: Any) -> Hashable:
         """Write ``value`` on top of ``before``; return the state read afterwards."""
-        ...
-
-    def restore(self, target: Any, current: Any) -> Hashable:
-        """Bring the state from ``current`` back to ``target``; return the state read afterwards."""
-        ...
-
-    def describe(self, state: Any) -> Any:
-        """A JSON-friendly view of ``state`` for snapshots, reports and history records."""
         ...
 
     def describe_value(self, value: Any) -> Any:
