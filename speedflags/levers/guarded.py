@@ -143,7 +143,8 @@ def _device_name(device: Any) -> Optional[str]:
 
 
 def _set_default_device(device: Optional[str]) -> None:
-    torch.set_default_device(device)
+    set_default_device: Any = torch.set_default_device  # untyped in PyTorch 2.1's stubs
+    set_default_device(device)
 
 
 # --- autocast's nesting depth: only readable by moving it and moving it back --------------
