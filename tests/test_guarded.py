@@ -104,7 +104,8 @@ def test_a_pytorch_without_a_setting_skips_it_with_the_reason(
     monkeypatch.delattr(torch._C, "_get_blas_preferred_backend", raising=False)
     found, skipped = guarded._candidates()
     assert "blas_library" not in {s.name for s in found}
-    assert skipped["blas_library"] == (
+    # (PyTorch 2.1 lacks the setter too, and says so after it)
+    assert skipped["blas_library"].startswith(
         f"this PyTorch ({torch.__version__}) has no _get_blas_preferred_backend"
     )
 
