@@ -12,8 +12,9 @@ Example:
     >>> from speedflags.levers import culprits
     >>> from speedflags.levers.registry import lever_spec
     >>> lever = lever_spec("cudnn_benchmark").lever()
-    >>> culprits.culprit_note(lever, True)  # no watch running
-    ' To learn which code wrote it, run under speedflags.watch() (or SPEEDFLAGS_WATCH=1).'
+    >>> note = culprits.culprit_note(lever, True)  # who set cudnn.benchmark to True?
+    >>> "speedflags.watch()" in note  # no watch: how to learn it; watching: what it saw
+    True
 """
 
 from __future__ import annotations
