@@ -70,7 +70,7 @@ from .leak_report.collect import (
     check_report_path,
 )
 from .levers._base import Unreadable
-from .levers.culprits import known_torch_write
+from .levers.culprits import made_by_torch
 from .watching.setters import Domain, Write, domains, flatten, record_name
 from .watching.watch import watch
 from .watching.watcher import _watcher
@@ -237,7 +237,7 @@ class LeakGuard:
         reports = runtestprotocol(item, nextitem=nextitem, log=False)
         after = self.read()
         if after != before:
-            after = self.torchs_own(item, reports, before, after, seen)
+            after = self.torchs_own(item, reports, before, after)
         if after != before:
             line = _def_line(item)
             message, found = self.leaked(item, line, before, after, seen)
@@ -257,7 +257,7 @@ class LeakGuard:
         return True
 
     def torchs_own(
-        self, item: pytest.Item, reports: List[Any], before: State, after: State, seen: int
+        self, item: pytest.Item, reports: List[Any], before: State, after: State
     ) -> State:
         """``after``, less the changes PyTorch made by itself (a lazy first-call write): no
         test's leak, so left as torch set them and reported as information."""
@@ -266,11 +266,7 @@ class LeakGuard:
         for i, (domain, was, now) in enumerate(zip(self.domains, before, after)):
             if was == now:
                 continue
-            writes = _watcher().writes_since(seen, domain.key)
-            if writes and all(w.by_torch is not None for w in writes):
-                why: Optional[str] = writes[-1].sentence()
-            else:
-                why = known_torch_write(domain.lever, was, now)
+            why = made_by_torch(domain.lever, was, now)
             if why is not None:
                 kept[i] = was  # compared as unchanged; the state stays as torch left it
                 notes.append(f"{domain.shorthand}: {why} (during {item.nodeid})")

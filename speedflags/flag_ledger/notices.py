@@ -15,7 +15,7 @@ from typing import Any, Hashable, Optional, Sequence, Tuple
 from .. import _warn
 from ..errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
 from ..levers._base import Lever
-from ..levers.culprits import culprit_note, known_torch_write, torch_write
+from ..levers.culprits import culprit_note, made_by_torch
 from .program import Frame
 
 # (cause for warn_once, message, category; None: informational, logged once, never a warning)
@@ -49,7 +49,7 @@ def drift(
     A change PyTorch made by itself (seen by a running watch) is not the block's: it is
     restored all the same, and said once, as information (logged), not as a warning.
     """
-    by_torch = torch_write(lever, found) or known_torch_write(lever, expected, found)
+    by_torch = made_by_torch(lever, expected, found)
     if by_torch is not None:
         message = (
             f"{lever.name} was changed inside {frame.label!r} (entered at {frame.where}) by "

@@ -85,3 +85,10 @@ def known_torch_write(lever: Guard, before: Any, after: Any) -> Optional[str]:
     itself where no watch can see it (in C++); otherwise None. Needs no watch."""
     explain = getattr(lever, "torch_write", None)
     return None if explain is None else explain(before, after)  # type: ignore[no-any-return, unused-ignore]
+
+
+def made_by_torch(lever: Guard, before: Any, after: Any) -> Optional[str]:
+    """``before`` -> ``after`` in words if PyTorch made it by itself: a running watch saw the
+    write come from torch's own code, or the lever knows it as a C++ write of PyTorch's.
+    What the ledger's drift check and the leak check ask; None otherwise."""
+    return torch_write(lever, after) or known_torch_write(lever, before, after)

@@ -66,7 +66,6 @@ class Setting:
         ranks_agree: bool = True,
     ) -> None:
         self.name = name
-        self.shorthand = name
         self.scope = scope
         self.domain = name
         self.summary = summary
