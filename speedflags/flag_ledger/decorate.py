@@ -17,6 +17,7 @@ from typing import Any, AsyncGenerator, Callable, Generator, Optional, Tuple, Ty
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, SpeedflagsError
+from .interrupts import hand_off_after
 from .ledger import ledger
 
 if sys.version_info >= (3, 10):
@@ -114,6 +115,7 @@ def decorate(
     the_ledger = ledger()
 
     @functools.wraps(func)
+    @hand_off_after("func")  # Python 3.9: see interrupts.py
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         where = caller_where()
         mark = the_ledger._last_id
@@ -140,6 +142,7 @@ def decorate(
     return wrapper  # type: ignore[return-value]
 
 
+@hand_off_after("open_frame")
 def _steps(
     it: Any, open_frame: OpenFrame, close_frame: CloseFrame, where: Where
 ) -> Generator[Any, Any, Any]:
