@@ -121,15 +121,12 @@ def test_steps_are_critical_from_their_first_open_on() -> None:
         yield torch.backends.cudnn.benchmark
         yield torch.backends.cudnn.benchmark
 
-    seen: List[Tuple[int, bool]] = []
-    recorder = OpcodeRecorder(decorate._steps.__code__)
-    sys.settrace(recorder)
-    try:
-        assert list(numbers()) == [True, True]
-    finally:
-        sys.settrace(None)
-    seen = recorder.seen
-    assert_critical_from(seen, _HAND_OFFS[decorate._steps.__code__])
+    code = decorate._steps.__code__
+    values: List[bool] = []
+    seen = record(code, lambda: values.extend(numbers()))
+    assert_critical_from(seen, _HAND_OFFS[code])
+    assert values == [True, True]  # the levers held at each step
+    assert not torch.backends.cudnn.benchmark
 
 
 def test_hand_off_after_refuses_a_function_that_never_makes_the_call() -> None:
