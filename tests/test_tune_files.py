@@ -102,7 +102,19 @@ def test_the_table_shows_every_row_and_the_choice() -> None:
     assert text.splitlines()[0].startswith("speedflags tune on cpu, error budget 0.05")
     assert "amp='bf16'" in text and "1.70x" in text and "inf" in text
     assert "skipped (no effect)" in text and text.splitlines()[-1] == "best: fast_math(amp='bf16')"
-    assert "best: plain fp32" in str(_result({}))
+    assert "best: plain fp32 (no lever beats it within the budget)" in str(_result({}))
+
+
+def test_a_choice_with_nothing_measured_says_so_rather_than_no_lever_beats_fp32() -> None:
+    # on a CPU, TF32 and cuDNN autotuning are skipped as without effect: nothing was timed
+    result = speedflags.tune(
+        lambda x: x @ x, torch.ones(8, 8), levers=["tf32", "cudnn_benchmark"], device="cpu"
+    )
+    assert result.best == {} and all(row.speedup is None for row in result.rows)
+    last = str(result).splitlines()[-1]
+    assert last == (
+        "best: plain fp32 (nothing was measured against it: every candidate was skipped or failed)"
+    )
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

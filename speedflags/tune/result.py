@@ -183,7 +183,7 @@ class TuneResult:
             missing=PLOT_MISSING,
             xlabel="relative error against fp32 (log scale)",
             ylabel="speedup over fp32 (x)",
-            title=f"speedflags tune on {self.device}: {_choice(self.best)}",
+            title=f"speedflags tune on {self.device}: {_choice(self)}",
         ) as ax:
             for accepted, marker, name in ((True, "o", "accepted"), (False, "x", "not accepted")):
                 group = [r for r in rows if r.accepted == accepted]
@@ -208,10 +208,14 @@ class TuneResult:
         return render(self)
 
 
-def _choice(best: Dict[str, Any]) -> str:
-    if not best:
-        return "plain fp32 (no lever beats it within the budget)"
-    return "fast_math(" + ", ".join(f"{k}={v!r}" for k, v in best.items()) + ")"
+def _choice(result: TuneResult) -> str:
+    if result.best:
+        return "fast_math(" + ", ".join(f"{k}={v!r}" for k, v in result.best.items()) + ")"
+    if not any(row.speedup is not None for row in result.rows):
+        # every candidate skipped (no effect here) or failed: "beats" would claim a race
+        # that was never run
+        return "plain fp32 (nothing was measured against it: every candidate was skipped or failed)"
+    return "plain fp32 (no lever beats it within the budget)"
 
 
 def ms(seconds: Optional[float]) -> str:
@@ -246,7 +250,7 @@ def render(result: TuneResult) -> str:
         left = cells[0].ljust(widths[0])
         mid = [cells[1].rjust(widths[1]), cells[2].ljust(widths[2]), cells[3].ljust(widths[3])]
         lines.append(f"  {left}  {'  '.join(mid)}  {cells[4]}".rstrip())
-    lines.append(f"best: {_choice(result.best)}")
+    lines.append(f"best: {_choice(result)}")
     if result.confidence != "clear":
         lines.append(f"confidence: {result.confidence_note or result.confidence}")
     if result.compile is not None:
