@@ -239,8 +239,8 @@ class LeakGuard:
         if after != before:
             after = self.torchs_own(item, reports, before, after)
         if after != before:
-            line = _def_line(item)
-            message, found = self.leaked(item, line, before, after, seen)
+            shown, path, line = _def_location(item)
+            message, found = self.leaked(item, (shown, path, line), before, after, seen)
             if reports:  # travels with the report, to the summary (across xdist too)
                 setattr(_target(reports), ATTRIBUTE, found)
             if self.mode == "fail":
@@ -248,7 +248,7 @@ class LeakGuard:
             else:
                 # shown at the test, where the leak is to be fixed
                 try:
-                    warnings.warn_explicit(message, FlagLeakWarning, str(item.path), line)
+                    warnings.warn_explicit(message, FlagLeakWarning, path, line)
                 except FlagLeakWarning:  # filtered into an error (-W error): fail the test
                     _fail(item, reports, message)
         for report in reports:
@@ -275,14 +275,15 @@ class LeakGuard:
         return tuple(kept)
 
     def leaked(
-        self, item: pytest.Item, line: int, before: State, after: State, seen: int
+        self, item: pytest.Item, at: Tuple[str, str, int], before: State, after: State, seen: int
     ) -> Tuple[str, findings.Finding]:
         """Put every changed state back; say what changed and who wrote it (text, finding)."""
         lines: List[str] = []
         settings: List[Dict[str, Any]] = []
         the_ledger = ledger()
         label = f"pytest --speedflags-leaks: put back after {item.nodeid}"
-        where = (str(item.path), line)
+        shown, path, line = at
+        where = (path, line)
         restored: List[Tuple[Domain, Any, Any, Any, str]] = []
         with the_ledger._lock, section(the_ledger, label, where):
             for domain, was, now in zip(self.domains, before, after):
@@ -317,8 +318,7 @@ class LeakGuard:
             f"{item.nodeid} left torch flags changed (--speedflags-leaks={self.mode}); "
             "speedflags put them back:"
         )
-        path = item.location[0]
-        found = findings.finding(item.nodeid, path, line, settings, lines, self.worker)
+        found = findings.finding(item.nodeid, shown, line, settings, lines, self.worker)
         return "\n".join([header, *lines]), found
 
 
@@ -340,11 +340,16 @@ def _name(prefix: str, key: str) -> str:
     return key.lstrip(".") if key.startswith(".torch.") else prefix + key
 
 
-def _def_line(item: pytest.Item) -> int:
-    # pytest's location is a decorated function's first decorator line (0-based)
+def _def_location(item: pytest.Item) -> Tuple[str, str, int]:
+    """(the file as pytest shows it, the file, the line) of the test's ``def``. pytest's
+    location is the right file (where the function is defined, which is not the collecting
+    module for an imported test) but a decorated test's first decorator line."""
+    shown, zero_based = item.location[0], item.location[1] or 0
     function = getattr(item, "obj", None)
-    found = findings.def_line(function) if callable(function) else None
-    return found if found is not None else (item.location[1] or 0) + 1
+    found = findings.def_location(function) if callable(function) else None
+    if found is None:
+        return shown, str(item.path), zero_based + 1
+    return shown, found[0], found[1]
 
 
 def _shown(value: Any) -> str:

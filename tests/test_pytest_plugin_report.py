@@ -117,6 +117,36 @@ def test_the_location_is_the_def_line_of_a_decorated_parametrized_test(
     )
 
 
+def test_a_test_imported_from_another_module_is_located_where_it_is_defined(
+    pytester: pytest.Pytester,
+) -> None:
+    # shared checks defined once and imported by several test modules (a common layout)
+    pytester.makepyfile(
+        shared_checks="""
+        import torch
+
+
+        def test_shared_leak():
+            torch.backends.cudnn.benchmark = True
+        """,
+        test_uses_shared="""
+        from shared_checks import test_shared_leak
+        """,
+    )
+    report = pytester.path / "leaks.json"
+    result = pytester.runpytest_subprocess(
+        *PLUGIN, "--speedflags-leaks=warn", f"--speedflags-report={report}", "-W", "default"
+    )
+    result.assert_outcomes(passed=1)
+    (test,) = json.loads(report.read_text())["tests"]
+    assert test["nodeid"] == "test_uses_shared.py::test_shared_leak"
+    assert test["location"] == {"path": "shared_checks.py", "line": 4}
+    output = result.stdout.str()
+    assert "test_uses_shared.py::test_shared_leak  (shared_checks.py:4)" in output
+    # the warning is shown at the def too, not at the importing module's line 4
+    assert "shared_checks.py:4: FlagLeakWarning" in output, output
+
+
 LIBRARY = textwrap.dedent(
     """\
     import threading

@@ -44,7 +44,7 @@ import re
 import textwrap
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["FORMAT", "def_line", "document", "finding", "setting", "summary", "write_info"]
+__all__ = ["FORMAT", "def_location", "document", "finding", "setting", "summary", "write_info"]
 
 FORMAT = "speedflags-leaks/1"
 Finding = Dict[str, Any]
@@ -140,28 +140,36 @@ def summary(findings: Sequence[Finding], mode: str) -> Tuple[str, List[str]]:
 _DEF = re.compile(r"\s*(async\s+)?def\s")
 
 
-def def_line(function: Callable[..., Any]) -> Optional[int]:
-    """The 1-based line of ``function``'s ``def``, below its decorators; None without source.
+def def_location(function: Callable[..., Any]) -> Optional[Tuple[str, int]]:
+    """The source file of ``function`` and the 1-based line of its ``def``, below its
+    decorators; None without source.
 
     A code object's first line is its first decorator's (``@pytest.mark.parametrize`` and
-    the like), and pytest reports that line as the test's location.
+    the like), and pytest reports that line as the test's location; and a test imported into
+    the module that collects it is defined in another file.
 
     >>> import json
-    >>> source = inspect.getsource(json).splitlines()
-    >>> source[def_line(json.dumps) - 1].startswith("def dumps(")
+    >>> path, line = def_location(json.dumps)
+    >>> path == inspect.getsourcefile(json)
     True
-    >>> def_line(len) is None
+    >>> inspect.getsource(json).splitlines()[line - 1].startswith("def dumps(")
+    True
+    >>> def_location(len) is None
     True
     """
     function = inspect.unwrap(getattr(function, "__func__", function))
     try:
+        path = inspect.getsourcefile(function)
         lines, first = inspect.getsourcelines(function)
     except (OSError, TypeError):
+        return None
+    if path is None:
         return None
     try:
         node = ast.parse(textwrap.dedent("".join(lines))).body[0]
     except (SyntaxError, IndexError):  # a source dedent cannot parse: the first def line
-        return next((first + n for n, text in enumerate(lines) if _DEF.match(text)), None)
+        found = next((first + n for n, text in enumerate(lines) if _DEF.match(text)), None)
+        return None if found is None else (path, found)
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return first + node.lineno - 1
+        return path, first + node.lineno - 1
     return None
