@@ -110,6 +110,9 @@ class Schedule:
         self._entries: Tuple[Tuple[int, Dict[str, Any], Optional[FastMath]], ...] = tuple(entries)
         self._frame: Optional[Frame] = None
         self._active: Optional[int] = None
+        # True from the start of a switch until it completes: a switch interrupted half-way
+        # (Ctrl-C) is made again by the next step, whatever _active still says.
+        self._switching = False
         shown = ", ".join(f"{epoch}: {settings!r}" for epoch, settings, _ in entries)
         self._label = f"{self._name}({{{shown}}})"
 
@@ -147,15 +150,23 @@ class Schedule:
         key = None if entry is None else entry[0]
         caller = sys._getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)
-        if key == self._active:  # same entry: nothing to switch
+        if key == self._active and not self._switching:  # same entry: nothing to switch
             return {} if entry is None else dict(entry[1])
         before = self.settings_at(self._active) if self._active is not None else {}
+        self._switching = True
         self._close(where)
+        self._active = None
         spec = None if entry is None else entry[2]
         if spec is not None:
             plan = spec._plan()
-            self._frame = _LEDGER.open(plan.program, spec.label, where, self, plan.device)
+            mark = _LEDGER._last_id
+            try:
+                self._frame = _LEDGER.open(plan.program, spec.label, where, self, plan.device)
+            except BaseException:  # interrupted after the open returned: not kept, so closed
+                _LEDGER.cancel_open(self, mark, where)
+                raise
         self._active = key
+        self._switching = False
         after = {} if entry is None else dict(entry[1])
         _LEDGER.note(
             "schedule",
@@ -175,9 +186,13 @@ class Schedule:
         self._active = None
 
     def _close(self, where: Tuple[str, int]) -> None:
-        frame, self._frame = self._frame, None
+        # closed, then forgotten: an interruption in between leaves a closed frame, skipped
+        # by the next call, never an open one nobody holds
+        frame = self._frame
         if frame is not None:
-            _LEDGER.close(frame, where)
+            if not frame.closed:
+                _LEDGER.close(frame, where)
+            self._frame = None
 
     def _entry(self, epoch: int) -> Optional[Tuple[int, Dict[str, Any], Optional[FastMath]]]:
         found = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, List
 
@@ -172,3 +173,43 @@ def test_device_and_strict_are_checked_even_when_every_entry_is_empty(
     with pytest.raises(error) as excinfo:
         Schedule(schedule, **kwargs)
     assert str(excinfo.value).startswith(message)
+
+
+def test_a_switch_interrupted_at_any_line_is_made_again_by_the_next_step() -> None:
+    # Ctrl-C during step(): KeyboardInterrupt injected at every line of step and _close in
+    # turn (sys.settrace). The next steps must apply their epochs' settings (not believe
+    # they hold), no frame may be left open, and close() must leave every flag as before.
+    from test_interrupts import Injector, statement_lines
+
+    before = speedflags.snapshot()
+    targets = (Schedule.step, Schedule._close)
+    fired = 0
+    for target in targets:
+        for line in statement_lines(target):
+            schedule = Schedule(
+                {0: {"cudnn_benchmark": True}, 2: {"matmul_precision": "high"}}, device="cpu"
+            )
+            schedule.step(0)
+            injector = Injector(target.__code__, line, 1, KeyboardInterrupt)
+            sys.settrace(injector)
+            try:
+                schedule.step(2)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            fired += injector.fired
+            where = f"{target.__name__} line {line}"
+            # back to the epoch it was leaving: its settings must be applied again
+            assert schedule.step(1) == {"cudnn_benchmark": True}, where
+            assert torch.backends.cudnn.benchmark, where
+            assert len(speedflags.ledger().open_frames()) == 1, where
+            assert schedule.step(2) == {"matmul_precision": "high"}, where
+            assert torch.get_float32_matmul_precision() == "high", where
+            assert not torch.backends.cudnn.benchmark, where
+            assert schedule.active == 2, where
+            assert len(speedflags.ledger().open_frames()) == 1, where
+            schedule.close()
+            assert not speedflags.ledger().open_frames(), where
+            assert speedflags.snapshot() == before, where
+    assert fired >= 10  # the injections really landed
