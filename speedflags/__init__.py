@@ -35,7 +35,6 @@ if "torch" not in _sys.modules and _numpy_missing():
         import torch  # noqa: F401
 
 from . import errors
-from ._sentinel import UNSET
 from ._version import __version__
 from .distributed import RankSnapshot, check_ranks
 from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
@@ -44,6 +43,7 @@ from .flag_ledger.interrupts import signal_safe
 from .flag_ledger.ledger import FlagLedger, FlagRecord, Frame, ledger
 from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
+from .levers._unset import UNSET
 from .recommend import Recommendation, recommended
 from .schedule import Schedule, TF32Schedule
 from .shorthands import (

@@ -25,13 +25,13 @@ from typing import (
 import torch
 
 from . import _warn
-from ._sentinel import UNSET
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
 from .flag_ledger.decorate import decorate
 from .flag_ledger.interrupts import critical, deliver_pending, hand_off_after
 from .flag_ledger.ledger import Frame, LeverItem, Program, Where, ledger
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
+from .levers._unset import UNSET
 from .levers.autocast import AUTO
 from .levers.lever_sets import document_levers
 from .levers.registry import check_levers, lever_spec, shown_levers

@@ -22,7 +22,7 @@ PACKAGE = Path(speedflags.__file__).resolve().parent
 # Bottom to top. A module may import its own layer and those below it, never one above.
 # Each entry is a module or subpackage under ``speedflags`` ("" is the package's __init__).
 LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
-    ("base", ("errors", "_version", "_sentinel", "_short_repr", "_warn", "hardware", "recommend")),
+    ("base", ("errors", "_version", "_short_repr", "_warn", "hardware", "recommend")),
     ("levers", ("levers",)),
     ("ledger", ("flag_ledger",)),
     ("watch, compile", ("watching", "compile")),
@@ -36,7 +36,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ),
     ("entry points", ("__main__", "")),
 ]
-MAX_TOP_LEVEL_MODULES = 18
+MAX_TOP_LEVEL_MODULES = 16  # the issue asked for at most 18; the house aims at 16
 MAX_LINES = 400
 
 

@@ -14,7 +14,7 @@
 - :mod:`.decorate`: turning "open a frame / close a frame" into a decorator.
 
 May import: the levers (:mod:`speedflags.levers`) and the base modules (``errors``,
-``hardware``, ``_warn``, ``_short_repr``, ``_sentinel``, ``_version``). It never imports the
+``hardware``, ``_warn``, ``_short_repr``, ``_version``). It never imports the
 watch, ``fast_math`` or anything above them: a running watch reaches the ledger through
 :mod:`.own_writes` and :mod:`speedflags.levers.culprits`, hooks it registers.
 """

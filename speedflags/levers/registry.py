@@ -29,10 +29,10 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Unio
 
 import torch
 
-from .._sentinel import UNSET
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Lever, Scope
+from ._unset import UNSET
 from .autocast import AUTO, AutocastLever, validate_amp
 from .cudnn import CudnnBenchmarkLever
 from .deterministic import WARN, DeterministicLever
