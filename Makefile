@@ -14,7 +14,7 @@
 # One Python and one PyTorch per virtual environment. CI (.ci/run) runs `make test` for three:
 #   make test-default   Python 3.11, torch 2.13.0 (the CPU wheel) and every optional extra, in .venv
 #                       (plain `make test` is this leg when python3 is 3.11)
-#   make test-floor     Python 3.9, torch 2.1.2: the oldest the package claims (legacy TF32 API only)
+#   make test-floor     Python 3.10, torch 2.1.2: the oldest the package claims (legacy TF32 API only)
 #   make test-newest    Python 3.13, the newest torch release the registry serves for it
 # PYTHON=... (a command or a path) and TORCH_VERSION=... choose any other pair, in a
 # virtual environment of its own (.venv-pyX.Y-torchV; VENV=... to choose);
@@ -24,11 +24,11 @@ PYTHON ?= python3
 # X.Y of $(PYTHON), or empty when it does not run
 PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 ifeq ($(PYTHON_VERSION),)
-$(error PYTHON=$(PYTHON): no such Python interpreter (not on the PATH, or it does not run); give a command or a path, e.g. PYTHON=$$(.ci/find_python.sh 3.9))
+$(error PYTHON=$(PYTHON): no such Python interpreter (not on the PATH, or it does not run); give a command or a path, e.g. PYTHON=$$(.ci/find_python.sh 3.10))
 endif
 DEFAULT_PYTHON_VERSION := 3.11
 DEFAULT_TORCH := 2.13.0
-FLOOR_PYTHON_VERSION := 3.9
+FLOOR_PYTHON_VERSION := 3.10
 FLOOR_TORCH := 2.1.2
 # torch 2.1 was built against NumPy 1.x; its torch.onnx imports transformers when installed,
 # and transformers from 4.56 on needs a newer torch (torch.utils._pytree.register_pytree_node);
@@ -105,7 +105,7 @@ gpu-check:
 	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m speedflags.verify.gpu_check --out "$(GPU_OUT)"
 
 # Which Python and torch this environment runs, and where torch came from (disk or registry):
-# CI logs it per leg, e.g. "=== leg: Python 3.9.18, torch 2.1.2 (registry) ===".
+# CI logs it per leg, e.g. "=== leg: Python 3.10.13, torch 2.1.2 (registry) ===".
 torch-source: setup
 	@$(PY) .ci/torch_source.py --show $(TORCH_REPORT)
 

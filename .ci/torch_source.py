@@ -10,7 +10,7 @@ the pinned torch, e.g. set up again after setup.cfg changed) REPORT.json, from t
 that did, is kept and described.
 
 `torch_source.py --show REPORT.json` is what `make torch-source` (and so `make test`) runs:
-the leg's line for the CI log, `=== leg: Python 3.9.18, torch 2.1.2 (registry) ===`, then
+the leg's line for the CI log, `=== leg: Python 3.10.13, torch 2.1.2 (registry) ===`, then
 where torch came from.
 """
 
@@ -53,7 +53,7 @@ def main(path: str) -> None:
 
 
 def leg_line(report: Mapping[str, object]) -> str:
-    """``=== leg: Python 3.9.18, torch 2.1.2 (registry) ===``: this Python, the report's torch."""
+    """``=== leg: Python 3.10.13, torch 2.1.2 (registry) ===``: this Python, the report's torch."""
     version, source, _ = torch_install(report)
     return f"=== leg: Python {platform.python_version()}, torch {version} ({source}) ==="
 

@@ -28,7 +28,7 @@ from . import _warn
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
 from .flag_ledger.decorate import decorate
-from .flag_ledger.interrupts import critical, deliver_pending, hand_off_after
+from .flag_ledger.interrupts import critical, deliver_pending
 from .flag_ledger.ledger import Frame, LeverItem, Program, Where, ledger
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
 from .levers._unset import UNSET
@@ -231,7 +231,6 @@ class FastMath:
     # a speedflags.signal_safe handler called at its very first instruction, where no
     # except clause can catch anything yet, waits until the ledger's close is done.
 
-    @hand_off_after("_open")  # Python 3.9: see flag_ledger/interrupts.py
     def __enter__(self) -> Frame:
         caller = sys._getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)
@@ -258,7 +257,6 @@ class FastMath:
     # plain ``with`` inside a coroutine is the same thing; this spelling reads as what it is).
     # The bodies repeat __enter__'s and __exit__'s: a call between them would be one more
     # place for an exception to land outside the except clauses.
-    @hand_off_after("_open")
     async def __aenter__(self) -> Frame:
         caller = sys._getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)

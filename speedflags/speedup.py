@@ -20,7 +20,6 @@ from .compile.guarded import COMPILED, GuardedCompile, compile_options
 from .errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from .fast_math import FastMath
 from .flag_ledger.decorate import decorate
-from .flag_ledger.interrupts import hand_off_after
 from .flag_ledger.ledger import Frame, ledger
 from .hardware import DeviceLike
 from .levers.lever_sets import document_levers
@@ -215,7 +214,6 @@ class _Speedup:
         # An exception that lands between the ledger's open and the try, or before the
         # ledger's close begins, is caught too (as in fast_math's decorator).
         @functools.wraps(func)
-        @hand_off_after("target")  # Python 3.9: see flag_ledger/interrupts.py
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             caller = getframe(1)
             where = (caller.f_code.co_filename, caller.f_lineno)

@@ -71,7 +71,7 @@ def statement_lines(func: Callable[..., Any]) -> List[int]:
 
     A ``try:`` line's own trace event comes before its protection begins, but no signal
     handler can run there: CPython checks for signals at calls, function starts and loop
-    back edges (3.10+), and never just before entering a ``try`` (3.9).
+    back edges (3.10+).
     """
     code = func.__code__
     source, first = inspect.getsourcelines(func)
@@ -83,8 +83,7 @@ def statement_lines(func: Callable[..., Any]) -> List[int]:
 def passes(func: Callable[..., Any], line: int) -> Tuple[int, ...]:
     """Which passes of ``line`` to inject at: a loop's first three. A ``with`` line's second
     event is the block's exit, just before ``__exit__`` is called, where no signal handler
-    runs on Python 3.10+ (bpo-29988; on 3.9 critical code there is covered by signal_safe
-    handlers only): its first pass only."""
+    runs (bpo-29988, Python 3.10+): its first pass only."""
     source, first = inspect.getsourcelines(func)
     return (1,) if source[line - first].lstrip().startswith("with ") else (1, 2, 3)
 
@@ -290,12 +289,6 @@ def test_thousands_of_blocks_under_a_fast_timer_with_a_signal_safe_handler() -> 
 
 
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
-@pytest.mark.skipif(
-    sys.version_info < (3, 10),
-    reason="Python 3.9 runs signal handlers between a with block's end and its __exit__ "
-    "(bpo-29988, fixed in 3.10): a plain handler can leave the ledger's lock held there; "
-    "signal_safe handlers cannot (the timer test above)",
-)
 def test_a_plain_handler_on_the_timer_never_hangs_the_ledger() -> None:
     # Without signal_safe, each interruption is still handled, but this timer also lands
     # inside the handling of the one before, and at __exit__'s first instruction: flags may

@@ -209,9 +209,8 @@ def test_a_block_records_its_entry_and_its_exit_at_the_with_line() -> None:
     benchmark = [(r.before, r.after, r.where) for r in w.records if r.lever == "cudnn_benchmark"]
     line = first_line(cudnn_flags_block)
     where = f"{HERE}:{line}"
-    # Python 3.9 puts a with block's exit on the body's last line (3.10's PEP 626: the with's)
-    exit_where = where if sys.version_info >= (3, 10) else f"{HERE}:{line + 1}"
-    assert benchmark == [(False, True, where), (True, False, exit_where)]
+    # PEP 626 (Python 3.10): a with block's exit is reported at the with's line
+    assert benchmark == [(False, True, where), (True, False, where)]
 
 
 @needs_generic_autocast  # the per-device setters before it take no keywords

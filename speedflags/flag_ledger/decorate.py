@@ -13,17 +13,12 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from contextlib import aclosing
 from typing import Any, AsyncGenerator, Callable, Generator, Optional, Tuple, TypeVar
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, SpeedflagsError
-from .interrupts import hand_off_after
 from .ledger import ledger
-
-if sys.version_info >= (3, 10):
-    from contextlib import aclosing
-else:  # pragma: no cover - Python 3.9
-    from contextlib2 import aclosing
 
 F = TypeVar("F", bound=Callable[..., Any])
 Where = Optional[Tuple[str, int]]
@@ -115,7 +110,6 @@ def decorate(
     the_ledger = ledger()
 
     @functools.wraps(func)
-    @hand_off_after("func")  # Python 3.9: see interrupts.py
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         where = caller_where()
         mark = the_ledger._last_id
@@ -142,7 +136,6 @@ def decorate(
     return wrapper  # type: ignore[return-value]
 
 
-@hand_off_after("open_frame")
 def _steps(
     it: Any, open_frame: OpenFrame, close_frame: CloseFrame, where: Where
 ) -> Generator[Any, Any, Any]:

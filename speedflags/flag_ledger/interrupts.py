@@ -14,23 +14,17 @@ is complete, outside its lock.
 Code is registered by the modules that own it, with :func:`critical`. This module imports
 nothing of speedflags but its errors.
 
-Python 3.9 checks for signals between almost any two bytecodes (3.10 moved the checks to
-calls and loop back edges, bpo-29988), so on 3.9 a handler can also run inside the code that
-takes a frame from the ledger and hands it back: the except and finally clauses of
-``__enter__`` and of the decorators' wrappers, before they reach the ledger, or just after a
-``try`` block ended and before its ``finally`` clause began. A second interruption landing
-there would leave the frame open. :func:`hand_off_after` marks that part of such a function
-(from its call of the ledger or of the user's function on) as critical on Python 3.9.
+Python 3.10 and later check for signals only at calls, a function's first instruction and
+loop back edges (bpo-29988), which is what the above relies on; Python 3.9, which checked
+between almost any two bytecodes, is not supported.
 """
 
 from __future__ import annotations
 
-import dis
 import functools
-import sys
 import threading
 from types import CodeType, FrameType
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar
+from typing import Any, Callable, List, Optional, Set, Tuple, TypeVar
 
 from ..errors import InvalidTypeError
 
@@ -42,10 +36,6 @@ _MAX_DEPTH = 40  # frames walked up from the interrupted one; the ledger's stack
 # Handler calls deferred out of critical code, run by deliver_pending() (main thread only).
 PENDING: List[Tuple[Handler, int, Optional[FrameType]]] = []
 _MAIN_THREAD = [threading.main_thread()]
-# Python 3.9 only: a hand-off function's code -> the offset of the call from which on its own
-# instructions are critical (see hand_off_after).
-_HAND_OFFS: Dict[CodeType, int] = {}
-_PER_OPCODE_CHECKS = sys.version_info < (3, 10)
 
 
 def critical(func: F) -> F:
@@ -56,60 +46,10 @@ def critical(func: F) -> F:
     return func
 
 
-def hand_off_after(name: str) -> Callable[[F], F]:
-    """Mark the instructions of the decorated function from its call of ``name`` on as
-    critical, on Python 3.9 (elsewhere it returns the function unchanged).
-
-    For the functions that receive a frame from the ledger and must hand it back whatever
-    happens: ``__enter__`` (``name="_open"``: once the ledger's open returned, the frame
-    must reach the ``with`` statement or be cancelled), a decorator's wrapper (the user's
-    function: once it returned, or raised, the frame must be closed). Only the function's
-    own instructions count: while the user's function runs (a frame of its own), a handler
-    runs at once. The call is found in the bytecode when the function is decorated; a
-    function without it is a programming error (``ValueError``).
-
-    Example:
-        >>> @hand_off_after("print")
-        ... def greet():
-        ...     print("hello")
-        ...     return 1
-        >>> greet()
-        hello
-        1
-    """
-
-    def mark(func: F) -> F:
-        if _PER_OPCODE_CHECKS:
-            code = getattr(func, "__func__", func).__code__
-            if code not in _HAND_OFFS:
-                _HAND_OFFS[code] = _call_offset(code, name)
-        return func
-
-    return mark
-
-
-def _call_offset(code: CodeType, name: str) -> int:
-    # The first call instruction after the first load of ``name``. At a signal check point
-    # Python 3.9's f_lasti is the instruction just executed: the call itself once it
-    # returned (or raised, when the check is the one at its exception handler's start).
-    loaded = False
-    for instruction in dis.get_instructions(code):
-        if not loaded:
-            loaded = instruction.opname.startswith("LOAD_") and instruction.argval == name
-        elif instruction.opname.startswith("CALL_"):
-            return instruction.offset
-    raise ValueError(f"hand_off_after({name!r}): {code.co_name} never calls {name!r}")
-
-
 @critical  # see signal_safe's guarded: a signal arriving during the walk waits
 def in_critical_section(frame: Optional[FrameType]) -> bool:
     """True if the Python frame ``frame`` (a signal handler's second argument), or one of
-    its callers, runs speedflags' critical code (on Python 3.9 also: ``frame`` is in the
-    critical part of a :func:`hand_off_after` function)."""
-    if _HAND_OFFS and frame is not None:
-        start = _HAND_OFFS.get(frame.f_code)
-        if start is not None and frame.f_lasti >= start:
-            return True
+    its callers, runs speedflags' critical code."""
     depth = 0
     while frame is not None and depth < _MAX_DEPTH:
         if frame.f_code in _CRITICAL:
