@@ -15,10 +15,8 @@ from typing import (
     Dict,
     NamedTuple,
     Optional,
-    Sequence,
     Tuple,
     TypeVar,
-    Union,
     overload,
 )
 
@@ -38,15 +36,15 @@ from .levers.registry import check_levers, lever_spec, shown_levers
 from .recommend import recommended
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from .distributed import FirstEntryCheck
+    from .levers.arguments import LeverArgs
 
 __all__ = ["FastMath", "fast_math"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
-
-SdpaArg = Union[str, Sequence[Any], Any]
-AmpArg = Union[str, torch.dtype, bool]
 
 
 class _Plan(NamedTuple):
@@ -106,7 +104,7 @@ class FastMath:
         strict: bool = False,
         label: Optional[str] = None,
         check_ranks: bool = False,
-        **levers: Any,
+        **levers: Unpack[LeverArgs],
     ) -> None:
         # None means "leave unchanged" (so fast_math(**config) can carry blanks); the
         # registry validates and orders the rest, and refuses unknown names.
@@ -317,7 +315,7 @@ def fast_math(
     strict: bool = ...,
     label: Optional[str] = ...,
     check_ranks: bool = ...,
-    **levers: Any,
+    **levers: Unpack[LeverArgs],
 ) -> FastMath: ...
 
 
@@ -329,7 +327,7 @@ def fast_math(
     strict: bool = False,
     label: Optional[str] = None,
     check_ranks: bool = False,
-    **levers: Any,
+    **levers: Unpack[LeverArgs],
 ) -> Any:
     """Switch PyTorch's fast paths on for a block or a function, and restore them exactly after.
 
@@ -393,3 +391,4 @@ def fast_math(
 
 
 document_levers(fast_math)
+document_levers(FastMath.__init__)

@@ -9,7 +9,7 @@ for the new settings, and the history records every switch.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
@@ -17,6 +17,9 @@ from .fast_math import FastMath
 from .flag_ledger.ledger import Frame, ledger
 from .hardware import DeviceLike, normalize_device
 from .levers.registry import lever_spec
+
+if TYPE_CHECKING:
+    from .levers.arguments import LeverArgs
 
 __all__ = ["Schedule", "TF32Schedule"]
 
@@ -64,7 +67,7 @@ class Schedule:
 
     def __init__(
         self,
-        schedule: Mapping[int, Mapping[str, Any]],
+        schedule: Mapping[int, LeverArgs],
         *,
         device: DeviceLike = None,
         strict: bool = False,
@@ -86,15 +89,15 @@ class Schedule:
         entries = []
         for epoch in sorted(schedule, key=_epoch_order):
             _check_epoch(self._name, epoch)
-            settings = schedule[epoch]
-            if not isinstance(settings, Mapping):
+            given: object = schedule[epoch]
+            if not isinstance(given, Mapping):
                 raise InvalidTypeError(
                     f"{self._name}: epoch {epoch}: expected a dict of fast_math arguments, "
-                    f"got {short_repr(settings)}"
+                    f"got {short_repr(given)}"
                 )
-            for name in settings:
+            for name in given:
                 lever_spec(name, f"{self._name}: epoch {epoch}")  # refuses unknown names
-            settings = dict(settings)
+            settings: Dict[str, Any] = dict(given)
             spec: Optional[FastMath] = None
             if settings:  # fast_math() with no argument would mean "recommended levers"
                 try:

@@ -5,10 +5,12 @@ each a :class:`~speedflags.FastMath` for one lever with a label that names the c
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Union
 
-from .fast_math import AmpArg, FastMath
+from .fast_math import FastMath
 from .hardware import DeviceLike, normalize_device
+from .levers.arguments import AmpArg, DeterministicArg, MatmulPrecisionArg, SdpaName
 from .levers.registry import lever_spec
 
 __all__ = [
@@ -37,7 +39,7 @@ def tf32(enabled: bool = True, *, strict: bool = False) -> FastMath:
     return FastMath(tf32=value, strict=strict, label=f"tf32({value!r})")
 
 
-def matmul_precision(value: str, *, strict: bool = False) -> FastMath:
+def matmul_precision(value: MatmulPrecisionArg, *, strict: bool = False) -> FastMath:
     """Float32 matmul precision for a block: ``fast_math(matmul_precision=value)``.
 
     Scope: process. Restores the legacy precision and the cuBLAS and oneDNN matmul nodes.
@@ -68,7 +70,7 @@ def cudnn_benchmark(enabled: bool = True, *, strict: bool = False) -> FastMath:
     return FastMath(cudnn_benchmark=value, strict=strict, label=f"cudnn_benchmark({value!r})")
 
 
-def sdpa_backend(*backends: Any, strict: bool = False) -> FastMath:
+def sdpa_backend(*backends: Union[SdpaName, enum.Enum], strict: bool = False) -> FastMath:
     """Preferred SDPA kernels, in order: ``fast_math(sdpa=backends)``.
 
     The math kernel stays enabled as the fallback, so inputs the preferred kernels cannot
@@ -86,7 +88,7 @@ def sdpa_backend(*backends: Any, strict: bool = False) -> FastMath:
     return FastMath(sdpa=value, strict=strict, label=f"sdpa_backend({shown})")
 
 
-def deterministic(mode: Union[bool, str] = True, *, strict: bool = False) -> FastMath:
+def deterministic(mode: DeterministicArg = True, *, strict: bool = False) -> FastMath:
     """Deterministic algorithms for a block: ``fast_math(deterministic=mode)``.
 
     ``True``: ``torch.use_deterministic_algorithms(True)`` (an operation with no deterministic

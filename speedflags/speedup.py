@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, TypeVar, Union, overload
 
 import torch
 
@@ -25,6 +25,11 @@ from .hardware import DeviceLike
 from .levers.lever_sets import document_levers
 from .levers.registry import shown_levers
 from .recommend import recommended
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .levers.arguments import LeverArgs
 
 __all__ = ["SpeedupStats", "speedup"]
 
@@ -120,7 +125,7 @@ class _Speedup:
 
     def __init__(
         self,
-        levers: Dict[str, Any],
+        levers: LeverArgs,
         device: DeviceLike,
         strict: bool,
         compile: object,
@@ -289,7 +294,7 @@ def speedup(
     compile: Union[bool, Dict[str, Any]] = ...,
     inference: bool = ...,
     check_ranks: bool = ...,
-    **levers: Any,
+    **levers: Unpack[LeverArgs],
 ) -> Callable[[F], F]: ...
 
 
@@ -302,7 +307,7 @@ def speedup(
     compile: Union[bool, Dict[str, Any]] = False,
     inference: bool = False,
     check_ranks: bool = False,
-    **levers: Any,
+    **levers: Unpack[LeverArgs],
 ) -> Any:
     """Decorate a train (or eval) step: fast paths on for every call, restored after it.
 

@@ -17,10 +17,11 @@ from torch.optim.optimizer import Optimizer  # the public path; 2.4's stubs lack
 
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
-from .fast_math import AmpArg, _resolve_auto
+from .fast_math import _resolve_auto
 from .flag_ledger.decorate import caller_where
 from .flag_ledger.ledger import ledger
 from .hardware import DeviceLike, capabilities, resolve_device
+from .levers.arguments import AmpArg
 from .levers.autocast import AUTO, CPU_FP16_MISSING, cpu_autocast_takes_fp16
 from .levers.registry import lever_spec
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
@@ -33,6 +33,7 @@ from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Lever, Scope
 from ._unset import UNSET
+from .arguments import lever_annotations
 from .autocast import AUTO, AutocastLever, validate_amp
 from .cudnn import CudnnBenchmarkLever
 from .deterministic import WARN, DeterministicLever
@@ -64,7 +65,8 @@ class LeverSpec:
             ``watch`` and the pytest plugin give the torch state this lever guards.
         scope: ``"process"`` (C++-global flags) or ``"thread"`` (autocast).
         values: the accepted values, in words (for errors and help).
-        annotation: the keyword's type, for ``fast_math``'s signature.
+        annotation: the keyword's type, for ``fast_math``'s run-time signature (from
+            :class:`~speedflags.levers.arguments.LeverArgs`, what type checkers read).
         validate: normalises a value or raises ``InvalidValueError`` / ``InvalidTypeError``
             saying what is wrong (without saying where: :meth:`check` adds that).
         make: the :class:`Lever` that reads, writes and describes the state, per device
@@ -153,6 +155,8 @@ def autocast_lever(device_type: str) -> AutocastLever:
     return lever
 
 
+# one type per lever, written once in arguments.LeverArgs (what mypy checks callers against)
+_ANNOTATIONS = lever_annotations()
 _BACKEND_CHOICES = ", ".join(repr(b) for b in BACKENDS)
 # matmuls (mm, addmm, bmm, ...), convolutions, recurrent layers and attention: the kernels
 # TF32, matmul precision and autocast change
@@ -168,7 +172,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         shorthand="tf32",
         scope="process",
         values="True or False",
-        annotation=Optional[bool],
+        annotation=_ANNOTATIONS["tf32"],
         validate=TF32Lever.validate,
         make=_process_lever("tf32"),
         summary="TF32 tensor cores for float32 cuBLAS matmuls and cuDNN conv/rnn",
@@ -182,7 +186,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         shorthand="matmul_precision",
         scope="process",
         values="'highest', 'high' or 'medium'",
-        annotation=Optional[str],
+        annotation=_ANNOTATIONS["matmul_precision"],
         validate=MatmulPrecisionLever.validate,
         make=_process_lever("matmul_precision"),
         summary="float32 matmul precision: TF32 on CUDA ('high'), oneDNN bf16 on CPU ('medium')",
@@ -196,7 +200,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         shorthand="cudnn_benchmark",
         scope="process",
         values="True or False",
-        annotation=Optional[bool],
+        annotation=_ANNOTATIONS["cudnn_benchmark"],
         validate=CudnnBenchmarkLever.validate,
         make=_process_lever("cudnn_benchmark"),
         summary="cuDNN times its convolution algorithms per input shape",
@@ -210,7 +214,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         shorthand="sdpa_backend",
         scope="process",
         values=f"a backend ({_BACKEND_CHOICES}) or an ordered sequence of them",
-        annotation=Optional[Union[str, Sequence[Any]]],
+        annotation=_ANNOTATIONS["sdpa"],
         validate=SdpaLever.validate,
         make=_process_lever("sdpa"),
         summary="preferred scaled_dot_product_attention kernels (math kept as the fallback)",
@@ -223,7 +227,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         shorthand="deterministic",
         scope="process",
         values=f"True, False or {WARN!r}",
-        annotation=Optional[Union[bool, str]],
+        annotation=_ANNOTATIONS["deterministic"],
         validate=DeterministicLever.validate,
         make=_process_lever("deterministic"),
         summary=(
@@ -239,7 +243,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         shorthand="reduced_precision_reduction",
         scope="process",
         values="True or False",
-        annotation=Optional[bool],
+        annotation=_ANNOTATIONS["reduced_precision_reduction"],
         validate=ReducedPrecisionReductionLever.validate,
         make=_process_lever("reduced_precision_reduction"),
         summary=(
@@ -261,7 +265,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         shorthand="autocast",
         scope="thread",
         values="'bf16', 'fp16', 'auto', torch.bfloat16, torch.float16 or False",
-        annotation=Optional[Union[str, torch.dtype, bool]],
+        annotation=_ANNOTATIONS["amp"],
         validate=validate_amp,
         make=autocast_lever,
         summary="autocast: matmuls and convolutions in bf16 or fp16, on one device type",

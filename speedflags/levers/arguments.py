@@ -1,0 +1,77 @@
+"""The levers as typed keyword arguments: what a type checker and an editor see.
+
+:class:`LeverArgs` has one key per lever of the registry, typed with the values that lever
+accepts. ``fast_math``, ``FastMath``, ``@speedup`` and ``Schedule``'s entries take their
+levers as ``**levers: Unpack[LeverArgs]`` (PEP 692), so mypy and pyright refuse
+``fast_math(tf33=True)`` or ``amp="bf17"`` before the program runs, and an editor completes
+the lever names. The registry's ``annotation`` of each lever is read from here, and
+``tests/test_lever_arguments.py`` keeps the keys equal to the registry's lever names and
+each type equal to what the lever's ``validate`` accepts, as numpy keeps ``errstate``'s
+stub equal to its implementation.
+
+``None`` (or leaving the keyword out) means "leave this lever unchanged".
+
+Example:
+    >>> from speedflags.levers.arguments import LeverArgs
+    >>> list(LeverArgs.__annotations__)  # doctest: +NORMALIZE_WHITESPACE
+    ['tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'deterministic',
+     'reduced_precision_reduction', 'amp']
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Dict, Literal, Optional, Sequence, TypedDict, Union, get_type_hints
+
+import torch
+
+__all__ = [
+    "AmpArg",
+    "DeterministicArg",
+    "LeverArgs",
+    "MatmulPrecisionArg",
+    "SdpaArg",
+    "SdpaName",
+    "lever_annotations",
+]
+
+MatmulPrecisionArg = Literal["highest", "high", "medium"]
+SdpaName = Literal["flash", "efficient", "cudnn", "math"]
+# torch.nn.attention.SDPBackend (2.2+) and torch.backends.cuda.SDPBackend (2.1) are enums
+SdpaArg = Union[SdpaName, enum.Enum, Sequence[Union[SdpaName, enum.Enum]]]
+DeterministicArg = Union[bool, Literal["warn"]]
+# torch.bfloat16 or torch.float16 (a type checker cannot tell dtypes apart); False: off
+AmpArg = Union[Literal["bf16", "fp16", "auto", False], torch.dtype]
+
+
+class LeverArgs(TypedDict, total=False):
+    """The lever keywords of ``fast_math``, ``@speedup`` and ``Schedule`` entries.
+
+    Every key may be left out or given ``None``: the lever is then left unchanged.
+
+    Example:
+        >>> import speedflags
+        >>> from speedflags.levers.arguments import LeverArgs
+        >>> config: LeverArgs = {"matmul_precision": "high", "amp": "bf16"}
+        >>> speedflags.fast_math(**config, device="cpu").levers
+        {'matmul_precision': 'high', 'amp': 'bfloat16'}
+    """
+
+    tf32: Optional[bool]
+    matmul_precision: Optional[MatmulPrecisionArg]
+    cudnn_benchmark: Optional[bool]
+    sdpa: Optional[SdpaArg]
+    deterministic: Optional[DeterministicArg]
+    reduced_precision_reduction: Optional[bool]
+    amp: Optional[AmpArg]
+
+
+def lever_annotations() -> Dict[str, Any]:
+    """Each lever's keyword type, evaluated (for run-time signatures: ``help(fast_math)``).
+
+    Example:
+        >>> from speedflags.levers.arguments import lever_annotations
+        >>> lever_annotations()["tf32"]
+        typing.Optional[bool]
+    """
+    return get_type_hints(LeverArgs)

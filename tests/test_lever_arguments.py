@@ -1,0 +1,148 @@
+"""The typed lever keywords (speedflags/levers/arguments.py) match the registry, and a type
+checker refuses a misspelled lever or a bad value at every public entry point."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Iterator, List, Set
+
+import pytest
+import torch
+
+import speedflags
+from speedflags.errors import InvalidTypeError, InvalidValueError
+from speedflags.levers.arguments import LeverArgs, lever_annotations
+from speedflags.levers.registry import LEVER_NAMES, REGISTRY, lever_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def literals(annotation: Any) -> Iterator[Any]:
+    """Every value a ``Literal[...]`` inside ``annotation`` names."""
+    if typing.get_origin(annotation) is typing.Literal:
+        yield from typing.get_args(annotation)
+        return
+    for arg in typing.get_args(annotation):
+        yield from literals(arg)
+
+
+def test_one_typed_keyword_per_lever_in_registry_order() -> None:
+    assert tuple(LeverArgs.__annotations__) == LEVER_NAMES
+    assert LeverArgs.__total__ is False  # every lever may be left out
+    annotations = lever_annotations()
+    for spec in REGISTRY:
+        assert spec.annotation == annotations[spec.name], spec.name
+
+
+@pytest.mark.parametrize("name", LEVER_NAMES)
+def test_every_literal_value_of_a_lever_type_is_one_its_validation_accepts(name: str) -> None:
+    values = list(literals(lever_annotations()[name]))
+    spec = lever_spec(name)
+    for value in values:
+        spec.validate(value)  # raises if the type promises a value the lever refuses
+    if any(isinstance(v, str) for v in values):  # a string the type does not name is refused
+        with pytest.raises((InvalidValueError, InvalidTypeError)):
+            spec.validate("bf17")
+
+
+def test_every_lever_type_allows_none_for_leave_unchanged() -> None:
+    for name, annotation in lever_annotations().items():
+        assert type(None) in typing.get_args(annotation), name
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [speedflags.fast_math, speedflags.speedup, speedflags.FastMath.__init__],
+    ids=["fast_math", "speedup", "FastMath"],
+)
+def test_the_run_time_signature_lists_every_lever_with_its_type(entry: Any) -> None:
+    parameters = inspect.signature(entry).parameters
+    annotations = lever_annotations()
+    for name in LEVER_NAMES:
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert parameters[name].annotation == annotations[name]
+
+
+# Each line marked "# error" must be refused by mypy; every other line must pass.
+SNIPPET = """\
+import torch
+import speedflags
+from speedflags import FastMath, Schedule, fast_math, speedup
+
+fast_math(tf32=True, matmul_precision="high", amp="bf16", sdpa=("flash", "math"))
+fast_math(amp=torch.bfloat16, deterministic="warn", cudnn_benchmark=None)
+speedup(amp=False, compile=True)
+Schedule({0: {"matmul_precision": "medium"}, 10: {}})
+speedflags.autocast("bf16", device="cpu")
+speedflags.matmul_precision("high")
+speedflags.sdpa_backend("flash", "math")
+fast_math(tf33=True)  # error
+fast_math(amp="bf17")  # error
+fast_math(matmul_precision="low")  # error
+fast_math(sdpa="flsh")  # error
+fast_math(deterministic="warm")  # error
+FastMath(tf33=True)  # error
+speedup(ampp="bf16")  # error
+speedup(amp="bf17")  # error
+Schedule({0: {"tf33": True}})  # error
+Schedule({0: {"amp": "bf17"}})  # error
+speedflags.autocast("bf17")  # error
+speedflags.matmul_precision("low")  # error
+speedflags.sdpa_backend("flsh")  # error
+speedflags.deterministic("warm")  # error
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mypy") is None,
+    reason="needs mypy (the dev extra: pip install -e '.[dev]')",
+)
+def test_mypy_refuses_a_misspelled_lever_and_a_bad_value_at_every_entry_point(
+    tmp_path: Path,
+) -> None:
+    snippet = tmp_path / "uses_speedflags.py"
+    snippet.write_text(SNIPPET, encoding="utf-8")
+    # From the repository root, so that pyproject.toml's mypy settings (strict) apply; the
+    # file named on the command line replaces the configured `files`.
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary", "--show-error-codes", str(snippet)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    reported: Set[int] = set()
+    for line in result.stdout.splitlines():
+        found = re.match(rf"{re.escape(str(snippet))}:(\d+): error:", line)
+        if found:
+            reported.add(int(found.group(1)))
+    expected = {n for n, text in enumerate(SNIPPET.splitlines(), 1) if text.endswith("# error")}
+    missed: List[str] = [SNIPPET.splitlines()[n - 1] for n in sorted(expected - reported)]
+    wrong: List[str] = [SNIPPET.splitlines()[n - 1] for n in sorted(reported - expected)]
+    assert not missed, f"mypy accepted: {missed}\n{result.stdout}{result.stderr}"
+    assert not wrong, f"mypy refused valid calls: {wrong}\n{result.stdout}"
+
+
+def test_a_typed_config_dict_runs() -> None:
+    config: LeverArgs = {"matmul_precision": "high"}
+    with speedflags.fast_math(**config):
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_the_sdpa_backend_enum_pytorch_spells_backends_with_is_accepted() -> None:
+    # SdpaArg admits enum.Enum for it: PyTorch's stubs declare both SDPBackend classes
+    # (torch.nn.attention's, 2.2+, and torch.backends.cuda's, 2.1) as Enum subclasses.
+    enum_type = getattr(getattr(torch.nn, "attention", None), "SDPBackend", None) or getattr(
+        torch.backends.cuda, "SDPBackend", None
+    )
+    if enum_type is None:  # pragma: no cover - every supported PyTorch has one of the two
+        pytest.skip(f"PyTorch {torch.__version__} has no SDPBackend enum")
+    assert lever_spec("sdpa").validate(enum_type.MATH) == ("math",)
