@@ -4,9 +4,11 @@
   float32 work autocast leaves, native bf16 for the rest.
 - NVIDIA GPU, Volta/Turing (sm70-sm75): ``amp="fp16"``. fp16 tensor cores; no TF32 and no
   native bf16 (train with a GradScaler).
-- CPU with AVX512-BF16 or AMX: ``amp="bf16"``. Native bf16 dot products. On a Zen 4 CPU, which
-  runs bf16 at twice its fp32 rate, autocast measured 2.0-2.3x on a 2048^3 matmul with 1
-  thread and 2.1-2.7x with 2 (``docs/performance.md``).
+- CPU with AVX512-BF16 or AMX, where the installed PyTorch runs bf16 matmuls on it (tried
+  once: ``capabilities("cpu").bf16``): ``amp="bf16"``. Native bf16 dot products. On a Zen 4
+  CPU, which runs bf16 at twice its fp32 rate, autocast measured 2.0-2.3x on a 2048^3 matmul
+  with 1 thread and 2.1-2.7x with 2 (``docs/performance.md``); AMX runs them on tiles, faster
+  still.
 - Anything else: nothing. No lever is faster there; the frame records why.
 
 ``cudnn_benchmark`` is never recommended by default: it re-tunes for every new input shape,
@@ -69,9 +71,9 @@ def recommended(device: DeviceLike = None) -> Recommendation:
         if not levers:
             reasons["*"] = f"no lever is faster on {caps.device}: {caps.fp16.reason}"
     else:
-        if caps.cpu_bf16:
+        if caps.bf16:
             levers["amp"] = "bf16"
-            reasons["amp"] = f"{caps.cpu_bf16.reason}: bf16 autocast runs on native instructions"
+            reasons["amp"] = f"{caps.bf16.reason}: bf16 autocast runs on native instructions"
         else:
-            reasons["*"] = f"no lever is faster on {caps.device}: {caps.cpu_bf16.reason}"
+            reasons["*"] = f"no lever is faster on {caps.device}: {caps.bf16.reason}"
     return Recommendation(caps.device, levers, reasons)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import pytest
 import torch
@@ -13,7 +14,10 @@ from hypothesis import HealthCheck, settings
 import speedflags
 from speedflags import _warn, hardware
 from speedflags.flag_ledger.ledger import ledger
+from speedflags.hardware import CpuFeatures, KernelTrial, cpu_features
+from speedflags.hardware import cpu as hardware_cpu
 from speedflags.levers.reductions import ReducedPrecisionReductionLever
+from speedflags.verify import route
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest inside pytest
 
@@ -245,26 +249,92 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     hardware._clear_cache()
 
 
+# CPUs a test can pretend to run on. CI runs on both kinds: AMD EPYCs without AMX (AVX2-only
+# Zen 3, AVX512-BF16 Zen 4/5) and Intel Xeons with AMX-BF16, AMX-FP16 and AVX512-FP16.
+AMX_XEON = CpuFeatures(
+    name="Intel(R) Xeon(R) Platinum 8481C (faked)",
+    isa="AVX512",
+    avx512_bf16=True,
+    amx_bf16=True,
+    amx_fp16=True,
+    avx512_fp16=True,
+)
+ZEN4 = CpuFeatures(name="AMD EPYC 9B14 (faked)", isa="AVX512", avx512_bf16=True)
+ZEN3 = CpuFeatures(name="AMD EPYC 7B13 (faked)", isa="AVX2")
+# What PyTorch 2.1.2 answers on any CPU (measured there): no CPU float16 matmul, no bfloat16
+# mse_loss; everything else runs.
+TORCH_2_1_KERNELS = {
+    torch.float16: KernelTrial(
+        "float16", (("matmul", "\"addmm_impl_cpu_\" not implemented for 'Half'"),)
+    ),
+    torch.bfloat16: KernelTrial(
+        "bfloat16", (("mse_loss", "\"mse_cpu\" not implemented for 'BFloat16'"),)
+    ),
+}
+# What a PyTorch with every CPU kernel answers (2.13 does).
+ALL_KERNELS = {
+    torch.float16: KernelTrial("float16"),
+    torch.bfloat16: KernelTrial("bfloat16"),
+}
+FAKED_ROUTE = "faked for a test: "
+MEDIUM_ROUTES = {
+    "bf16": "oneDNN computes in bf16 on this CPU (AMX)",
+    "fp32": "oneDNN keeps fp32 arithmetic on this CPU (no AMX)",
+    "none": "no oneDNN route for 'medium' here",
+}
+
+
 @pytest.fixture
-def cpu_with_bf16(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def fake_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """Pretend the host CPU is another one: ``fake_cpu(AMX_XEON, TORCH_2_1_KERNELS)``.
+
+    A CPU cannot show instructions it lacks, and one PyTorch cannot show what another's
+    kernels do, so only the answers speedflags found are faked, in the caches the product
+    keeps them in: the instruction sets, the dtype trials (``kernels``: dtype -> KernelTrial,
+    the rest stay real) and, with ``medium``, what matmul_precision="medium" does there
+    (``"bf16"``: AMX; ``"fp32"``: oneDNN without AMX; ``"none"``: no oneDNN route) and,
+    with ``onednn_bf16``, PyTorch's oneDNN bf16 check (False on an AVX2 CPU). Every
+    flag is PyTorch's real one, and so is the arithmetic (bf16 and fp16 emulated where the
+    instructions are missing: slower, same results).
+    """
+
+    def install(
+        features: CpuFeatures,
+        kernels: Mapping[torch.dtype, KernelTrial] = {},
+        medium: Optional[str] = None,
+        onednn_bf16: Optional[bool] = None,
+    ) -> None:
+        if onednn_bf16 is not None:  # PyTorch's own check: AVX-512 (or AMX) for oneDNN bf16
+            from speedflags.levers import precision
+
+            monkeypatch.setattr(precision, "_onednn_bf16", lambda: onednn_bf16)
+        monkeypatch.setitem(hardware_cpu._cache, "features", features)
+        for dtype, trial in kernels.items():
+            monkeypatch.setitem(hardware_cpu._cache, dtype, trial)
+        if medium is not None:
+            said = f"{FAKED_ROUTE}{MEDIUM_ROUTES[medium]}"
+            monkeypatch.setitem(route._cache, "cpu", route.MediumRoute(medium, said))
+        hardware._clear_cache()
+
+    yield install
+    hardware._clear_cache()
+
+
+@pytest.fixture
+def cpu_with_bf16(fake_cpu: Callable[..., None]) -> None:
     """Pretend the host CPU has bf16 instructions (AVX512-BF16), for tests of what speedflags
     decides on such a CPU (which levers have an effect, what tune tries).
 
     Whether the machine running the tests has them varies (CI machines include AVX2-only
-    EPYCs), and a CPU cannot show instructions it lacks, so only the capability answers are
-    faked: speedflags.hardware's host check and the oneDNN bf16 probe that
-    matmul_precision="medium" asks. Every flag is PyTorch's real one, and so is the bf16
-    arithmetic (emulated where the instructions are missing: slower, same results).
+    EPYCs): this CPU's instruction sets with AVX512-BF16 added (``fake_cpu``), the oneDNN
+    bf16 probe that matmul_precision="medium" asks and, where this CPU or this PyTorch has
+    no oneDNN route for "medium" (AVX2; PyTorch 2.1), that route as an AVX512-BF16 CPU
+    without AMX has it. Every flag is PyTorch's real one, and so is the bf16 arithmetic
+    (emulated where the instructions are missing).
     """
-    from speedflags.levers import precision
-
-    monkeypatch.setattr(
-        hardware, "_host_cpu_bf16", lambda: hardware.Capability(True, "faked for a test")
-    )
-    monkeypatch.setattr(precision, "_onednn_bf16", lambda: True)
-    hardware._clear_cache()
-    yield
-    hardware._clear_cache()
+    medium = None if route.medium_route().effective else "fp32"
+    features = dataclasses.replace(cpu_features(), avx512_bf16=True)
+    fake_cpu(features, medium=medium, onednn_bf16=True)
 
 
 @pytest.fixture

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from typing import List
+from typing import Callable, List
 
 import pytest
 import torch
 from conftest import (
     CPU_AUTOCAST_FP16,
     ONEDNN_BF16,
+    ZEN3,
+    ZEN4,
     autocast_dtype,
     autocast_enabled,
     autocast_nesting,
@@ -18,9 +21,15 @@ from conftest import (
 
 import speedflags
 from speedflags import LeverUnavailableError, SlowPathWarning, fast_math
+from speedflags.hardware import KernelTrial, cpu_features
 
 CPU = speedflags.capabilities("cpu")
-needs_cpu_bf16 = pytest.mark.skipif(not CPU.cpu_bf16, reason=f"this CPU: {CPU.cpu_bf16.reason}")
+
+
+@pytest.fixture
+def cpu_without_fp16(fake_cpu: Callable[..., None]) -> None:
+    """This CPU without fp16 instructions (every AMD CPU): faked where it has them (AMX Xeons)."""
+    fake_cpu(dataclasses.replace(cpu_features(), amx_fp16=False, avx512_fp16=False))
 
 
 # --- behaviour 7 -------------------------------------------------------------------------------
@@ -84,9 +93,24 @@ def test_casts_cached_in_a_block_are_not_reused_after_it() -> None:
 
 
 @needs_cpu_autocast_fp16
+def test_amp_fp16_on_this_cpu_follows_its_fp16_answer() -> None:
+    before = speedflags.snapshot()
+    if CPU.fp16:  # AMX-FP16/AVX512-FP16 and PyTorch's fp16 kernels: fast, applied quietly
+        with fast_math(amp="fp16", device="cpu", strict=True):
+            assert autocast_dtype("cpu") == torch.float16
+    elif CPU.fp16.missing_kernel:  # the instructions, but no fp16 kernels: never applied
+        with fast_math(amp="fp16", device="cpu") as frame:
+            assert frame.levers == () and not autocast_enabled("cpu")
+    else:  # emulated: warned about, applied, refused under strict (test below)
+        with pytest.warns(SlowPathWarning, match="fp16 on this CPU is emulated"):
+            with fast_math(amp="fp16", device="cpu"):
+                assert autocast_dtype("cpu") == torch.float16
+    assert speedflags.snapshot() == before
+
+
+@needs_cpu_autocast_fp16
+@pytest.mark.usefixtures("cpu_without_fp16")
 def test_amp_fp16_on_cpu_warns_and_strict_refuses() -> None:
-    if CPU.fp16:
-        pytest.skip("this CPU has native fp16 (AMX-FP16/AVX512-FP16): fp16 autocast is fast here")
     before = speedflags.snapshot()
     with pytest.warns(SlowPathWarning, match="fp16 on this CPU is emulated"):
         with fast_math(amp="fp16", device="cpu"):
@@ -100,9 +124,8 @@ def test_amp_fp16_on_cpu_warns_and_strict_refuses() -> None:
 
 
 @needs_cpu_autocast_fp16
+@pytest.mark.usefixtures("cpu_without_fp16")
 def test_the_slow_path_warning_is_emitted_once() -> None:
-    if CPU.fp16:
-        pytest.skip("this CPU has native fp16")
     with pytest.warns(SlowPathWarning) as caught:
         for _ in range(3):
             with fast_math(amp="fp16", device="cpu"):
@@ -131,8 +154,8 @@ def test_amp_fp16_that_cpu_autocast_refuses_is_skipped_and_strict_refuses() -> N
     assert speedflags.snapshot() == before
 
 
-@needs_cpu_bf16
-def test_amp_auto_picks_bf16_on_this_cpu_and_says_why() -> None:
+@pytest.mark.usefixtures("cpu_with_bf16")  # faked where this CPU lacks the instructions
+def test_amp_auto_picks_bf16_on_a_bf16_cpu_and_says_why() -> None:
     with fast_math(amp="auto", device="cpu") as frame:
         assert frame.values == {"amp": "bfloat16"}
         assert autocast_dtype("cpu") == torch.bfloat16
@@ -140,23 +163,30 @@ def test_amp_auto_picks_bf16_on_this_cpu_and_says_why() -> None:
     assert "amp='auto' chose bfloat16" in record.reason
 
 
-def test_amp_auto_without_native_bf16_records_a_skip(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A CPU without bf16 instructions cannot be had here: fake the answer (only that).
-    from speedflags import hardware
+def test_amp_auto_without_native_bf16_records_a_skip(fake_cpu: Callable[..., None]) -> None:
+    # A CPU without bf16 instructions (an AVX2-only Zen 3) cannot be had here: faked.
+    fake_cpu(ZEN3)
+    before = speedflags.snapshot()
+    with fast_math(amp="auto", device="cpu") as frame:
+        assert frame.levers == ()
+        assert speedflags.snapshot() == before
+    skip = [r for r in speedflags.ledger().history if r.action == "skip"][-1]
+    assert skip.lever == "amp" and "no AVX512-BF16, AMX or Arm BF16 instructions" in skip.reason
 
-    monkeypatch.setattr(
-        hardware, "_host_cpu_bf16", lambda: hardware.Capability(False, "no bf16 (faked)")
-    )
-    hardware._clear_cache()
-    try:
-        before = speedflags.snapshot()
-        with fast_math(amp="auto", device="cpu") as frame:
-            assert frame.levers == ()
-            assert speedflags.snapshot() == before
-        skip = [r for r in speedflags.ledger().history if r.action == "skip"][-1]
-        assert skip.lever == "amp" and "no bf16 (faked)" in skip.reason
-    finally:
-        hardware._clear_cache()
+
+def test_amp_bf16_where_pytorch_has_no_bf16_matmul_is_skipped(
+    fake_cpu: Callable[..., None],
+) -> None:
+    # No PyTorch speedflags supports lacks a CPU bf16 matmul; the branch is faked.
+    fake_cpu(ZEN4, {torch.bfloat16: KernelTrial("bfloat16", (("matmul", "not implemented"),))})
+    before = speedflags.snapshot()
+    with fast_math(amp="bf16", device="cpu") as frame:
+        assert frame.levers == () and speedflags.snapshot() == before
+    skip = [r for r in speedflags.ledger().history if r.action == "skip"][-1]
+    assert "but PyTorch" in skip.reason and "has no bfloat16 matmul on CPU" in skip.reason
+    with pytest.raises(LeverUnavailableError, match="has no bfloat16 matmul"):
+        with fast_math(amp="bf16", device="cpu", strict=True):
+            pytest.fail("strict must refuse")
 
 
 # --- behaviour 8 -------------------------------------------------------------------------------
@@ -193,8 +223,13 @@ def test_strict_accepts_medium_precision_on_a_cpu_with_bf16() -> None:
         assert torch.get_float32_matmul_precision() == "medium"
 
 
-@pytest.mark.skipif(ONEDNN_BF16, reason="oneDNN runs bf16 matmuls on this CPU")
-def test_strict_refuses_medium_where_onednn_has_no_bf16_matmul() -> None:
+def test_strict_refuses_medium_where_onednn_has_no_bf16_matmul(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if ONEDNN_BF16:  # an AVX-512 or AMX CPU: PyTorch's answer is faked to an AVX2 CPU's
+        from speedflags.levers import precision
+
+        monkeypatch.setattr(precision, "_onednn_bf16", lambda: False)
     with pytest.raises(LeverUnavailableError, match="oneDNN bf16 matmul is not available here"):
         with fast_math(matmul_precision="medium", device="cpu", strict=True):
             pytest.fail("strict must refuse")

@@ -10,11 +10,20 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from conftest import CPU_AUTOCAST_FP16, ONEDNN_BF16, autocast_enabled
+from conftest import (
+    AMX_XEON,
+    CPU_AUTOCAST_FP16,
+    TORCH_2_1_KERNELS,
+    ZEN3,
+    autocast_enabled,
+)
 
 import speedflags
 from speedflags.bench.configs import BASELINE_LEVERS, Config
 from speedflags.bench.workloads import MATMUL_CONFIGS, WORKLOADS
+from speedflags.hardware import cpu_kernels
+from speedflags.levers import precision
+from speedflags.verify.route import medium_route
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -89,29 +98,58 @@ def test_baseline_levers_are_a_valid_fast_math_spec() -> None:
     }
 
 
-def test_cpu_skips_with_reasons() -> None:
+# This CPU, and the CPUs CI runs on faked (conftest's fake_cpu): an AMX Xeon with this
+# PyTorch's real kernels and with PyTorch 2.1.2's (fp16 instructions, no fp16 CPU matmul), an AVX2
+# Zen 3. Each expectation follows the capability answer, so every branch runs everywhere.
+CPU_KINDS = {
+    "this-cpu": None,
+    "amx-xeon": (AMX_XEON,),  # this PyTorch's real kernels
+    "amx-xeon-torch-2.1": (AMX_XEON, TORCH_2_1_KERNELS),
+    "zen3": (ZEN3, {}, None, False),  # AVX2: PyTorch's oneDNN bf16 check says no too
+}
+
+
+@pytest.mark.parametrize("kind", list(CPU_KINDS))
+def test_cpu_skips_with_reasons(fake_cpu: Callable[..., None], kind: str) -> None:
+    if CPU_KINDS[kind] is not None:
+        fake_cpu(*CPU_KINDS[kind])
+    caps = speedflags.capabilities("cpu")
     reasons = {c.name: c.unavailable(CPU) for c in MATMUL_CONFIGS}
     assert reasons["fp32"] is None
     assert "TF32 is a tensor-core mode" in str(reasons["tf32"])
     assert "'high' only enables TF32" in str(reasons["precision-high"])
-    if CPU_AUTOCAST_FP16:
-        assert "fp16 is not native on cpu" in str(reasons["amp-fp16"])
-    else:  # PyTorch 2.1's CPU autocast refuses fp16
+    if not CPU_AUTOCAST_FP16:  # PyTorch 2.1's CPU autocast refuses fp16, whatever the CPU
         assert "CPU autocast runs bf16 only: it refuses fp16" in str(reasons["amp-fp16"])
-    assert "no native fp16" in str(reasons["pure-fp16"])
-    if ONEDNN_BF16:  # oneDNN routing works on any AVX-512 CPU
-        assert reasons["precision-medium"] is None
+    elif caps.fp16:  # AMX-FP16/AVX512-FP16 and PyTorch's fp16 kernels
+        assert reasons["amp-fp16"] is None
+    else:  # emulated (slower), or refused by PyTorch's kernels
+        assert str(reasons["amp-fp16"]) == f"fp16 is not native on cpu: {caps.fp16.reason}"
+    if caps.fp16:
+        assert reasons["pure-fp16"] is None
+    elif caps.fp16.missing_kernel:
+        assert reasons["pure-fp16"] == f"fp16 does not run here: {caps.fp16.reason}"
+        assert "has no float16 matmul on CPU" in caps.fp16.reason
     else:
+        assert reasons["pure-fp16"] == f"no native fp16: {caps.fp16.reason}"
+    route = medium_route()  # found by trying (a fake AMX Xeon keeps this machine's route)
+    if not precision._onednn_bf16():  # no AVX-512: PyTorch's check says no oneDNN bf16 route
         assert "oneDNN bf16 matmul is not available here" in str(reasons["precision-medium"])
-    bf16 = speedflags.capabilities("cpu").bf16
-    assert (reasons["amp-bf16"] is None) == bf16.supported
-    assert (reasons["pure-bf16"] is None) == bf16.supported
+    elif route.effective:  # oneDNN's route: bf16 arithmetic with AMX, fp32 without
+        assert reasons["precision-medium"] is None
+    else:  # a PyTorch without the route (2.1): the same kernel as 'highest'
+        assert reasons["precision-medium"] == f"no effect on cpu: {route.reason}"
+    assert (reasons["amp-bf16"] is None) == caps.bf16.supported
+    assert (reasons["pure-bf16"] is None) == caps.bf16.supported
+    if kind == "amx-xeon" and cpu_kernels(torch.float16).runs:  # and a recent PyTorch
+        assert reasons["amp-bf16"] is reasons["pure-bf16"] is reasons["pure-fp16"] is None
+    if kind == "amx-xeon-torch-2.1":  # and on PyTorch 2.1: the fp16 rows skipped, with why
+        assert "but PyTorch" in str(reasons["pure-fp16"])
+        assert reasons["pure-bf16"] is None
 
 
+@pytest.mark.usefixtures("cpu_with_bf16")  # faked where this CPU has no bf16 instructions
 def test_a_configuration_with_one_effective_lever_runs_and_notes_the_other() -> None:
     combined = WORKLOADS["mlp-train"].config("tf32+amp-bf16")
-    if not speedflags.capabilities("cpu").bf16:
-        pytest.skip("this CPU has no native bf16: amp='bf16' has no effect either")
     assert combined.unavailable(CPU) is None
     (note,) = combined.notes(CPU)
     assert note.startswith("tf32: no effect on cpu")

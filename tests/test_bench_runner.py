@@ -9,12 +9,20 @@ from typing import Any, Callable, List
 
 import pytest
 import torch
-from conftest import autocast_enabled
+from conftest import (
+    AMX_XEON,
+    CPU_AUTOCAST_FP16,
+    TORCH_2_1_KERNELS,
+    ZEN3,
+    autocast_enabled,
+)
 
 import speedflags
 from speedflags.bench import runner as runner_module
+from speedflags.bench.configs import Config
 from speedflags.bench.runner import Progress, Settings, measure_rounds, run
-from speedflags.bench.workloads import Runner
+from speedflags.bench.workloads import WORKLOADS, MatmulProblem, Runner
+from speedflags.hardware import cpu_kernels
 
 CPU = torch.device("cpu")
 
@@ -38,13 +46,39 @@ def measured(bench_run: Any) -> List[str]:
     return [r.config for r in bench_run.results if not r.skipped]
 
 
-def test_every_runnable_configuration_is_measured_in_every_pass() -> None:
+# This CPU, and the CPUs CI runs on faked (conftest's fake_cpu): an AMX Xeon with this
+# PyTorch's real kernels (fp16 measured where they run, emulated where this CPU lacks the
+# instructions) and with PyTorch 2.1.2's (fp16 instructions, no fp16 CPU matmul: skipped),
+# an AVX2 Zen 3.
+CPU_KINDS = {
+    "this-cpu": None,
+    "amx-xeon": (AMX_XEON,),
+    "amx-xeon-torch-2.1": (AMX_XEON, TORCH_2_1_KERNELS),
+    "zen3": (ZEN3, {}, None, False),  # AVX2: PyTorch's oneDNN bf16 check says no too
+}
+
+
+@pytest.mark.parametrize("kind", list(CPU_KINDS))
+def test_every_runnable_configuration_is_measured_in_every_pass(
+    fake_cpu: Callable[..., None], kind: str
+) -> None:
+    if CPU_KINDS[kind] is not None:
+        fake_cpu(*CPU_KINDS[kind])
     events: List[Progress] = []
     result = run(tiny(), events.append)
     assert not result.interrupted and result.flags_restored
     configs = measured(result)
     assert configs[0] == "fp32"
-    assert "tf32" not in configs and "amp-fp16" not in configs  # skipped on a CPU
+    runnable = [c.name for c in WORKLOADS["matmul"].configs if c.unavailable(CPU) is None]
+    assert configs == runnable  # the capability answer decides, and nothing raised
+    assert "tf32" not in configs  # no TF32 on any CPU
+    skipped = {r.config: r.skipped for r in result.results if r.skipped}
+    if kind == "amx-xeon-torch-2.1":  # the issue's machine: the fp16 rows skipped, with why
+        assert "has no float16 matmul on CPU" in str(skipped["pure-fp16"])
+        assert "pure-bf16" in configs and "amp-bf16" in configs
+    if kind == "amx-xeon" and cpu_kernels(torch.float16).runs:  # a recent PyTorch
+        assert "pure-fp16" in configs
+        assert ("amp-fp16" in configs) is CPU_AUTOCAST_FP16
     for row in result.results:
         if row.skipped:
             assert row.median_s is None and row.skipped
@@ -124,7 +158,7 @@ def test_ctrl_c_between_measurements_keeps_the_results_so_far() -> None:
     assert fp32.speedup == 1.0  # the table still works on partial results
 
 
-@pytest.mark.skipif(not speedflags.capabilities("cpu").bf16, reason="amp-bf16 is skipped here")
+@pytest.mark.usefixtures("cpu_with_bf16")  # amp-bf16 measured: faked where this CPU lacks bf16
 def test_ctrl_c_inside_a_frame_restores_every_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     before = speedflags.snapshot()
     inside: List[bool] = []
@@ -158,3 +192,61 @@ def test_a_round_of_several_calls_uses_a_new_input_set_per_call() -> None:
 def test_settings_record_the_device_as_text() -> None:
     assert tiny().to_dict()["device"] == "cpu"
     assert tiny().to_dict()["passes"] == 2
+
+
+def test_a_configuration_pytorch_refuses_on_its_first_call_is_skipped_with_its_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Stands for a dtype kernel the capabilities did not foresee: PyTorch raises on the first
+    # call (as PyTorch 2.1 does for a float16 CPU matmul). The run goes on without it.
+    real = MatmulProblem.runner
+    configs = (Config("fp32", baseline=True), Config("refused"), Config("after"))
+
+    def refusing(self: MatmulProblem, config: Any) -> Runner:
+        if config.name != "refused":
+            return real(self, config)
+
+        def refuse(*inputs: torch.Tensor) -> None:
+            raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'\ndetails")
+
+        return Runner([(torch.ones(2),)], refuse)
+
+    monkeypatch.setattr(MatmulProblem, "runner", refusing)
+    events: List[Progress] = []
+    before = speedflags.snapshot()
+    result = run(tiny(configs=configs), events.append)
+    assert not result.interrupted and result.flags_restored and speedflags.snapshot() == before
+    rows = {r.config: r for r in result.results}
+    assert list(rows) == ["fp32", "refused", "after"]  # in place, in order
+    assert rows["refused"].skipped == (
+        f"PyTorch {torch.__version__} refused it here: RuntimeError: "
+        "\"addmm_impl_cpu_\" not implemented for 'Half'"
+    )
+    done = [e for e in events if e.kind == "done"]
+    assert [e.config for e in done] == ["fp32", "after", "fp32", "after"]
+    assert [e.step for e in done] == list(range(1, len(done) + 1))
+    assert done[-1].step == done[-1].steps  # the refused configuration left the count
+
+
+def test_a_configuration_that_raises_after_running_ends_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = MatmulProblem.runner
+    calls: List[int] = []
+
+    def failing_later(self: MatmulProblem, config: Any) -> Runner:
+        inner = real(self, config)
+        if config.name != "fp32":
+            return inner
+
+        def call(*inputs: torch.Tensor) -> Any:
+            calls.append(1)
+            if len(calls) > 20:  # well into the second pass
+                raise RuntimeError("a real failure")
+            return inner.run(*inputs)
+
+        return Runner([inner.setup()], call, inner.output)
+
+    monkeypatch.setattr(MatmulProblem, "runner", failing_later)
+    with pytest.raises(RuntimeError, match="a real failure"):
+        run(tiny(min_rounds=10))

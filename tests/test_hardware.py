@@ -11,6 +11,7 @@ from conftest import autocast_dtype, autocast_enabled
 
 import speedflags
 from speedflags import InvalidValueError, capabilities, fast_math, recommended
+from speedflags.hardware import cpu_kernels
 
 
 def cpuinfo_flags() -> set[str]:
@@ -33,8 +34,12 @@ def test_cpu_answers_match_the_cpu() -> None:
     flags = cpuinfo_flags()
     if flags:  # independent check against the kernel's view of the CPU
         has_bf16 = bool({"avx512_bf16", "amx_bf16", "bf16"} & flags)
-        assert bool(caps.cpu_bf16) is has_bf16
-        assert bool(caps.bf16) is has_bf16
+        # and PyTorch must run bf16 matmuls on it (tests/test_hardware_cpu.py checks the trial)
+        runs = cpu_kernels(torch.bfloat16).runs
+        assert bool(caps.cpu_bf16) is (has_bf16 and runs)
+        assert bool(caps.bf16) is (has_bf16 and runs)
+        has_fp16 = bool({"avx512_fp16", "amx_fp16"} & flags)
+        assert bool(caps.fp16) is (has_fp16 and cpu_kernels(torch.float16).runs)
     assert caps.flash_sdpa
     assert not caps.efficient_sdpa
     assert not caps.cudnn_sdpa

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List
 import pytest
 import torch
 from _tune_helpers import QUICK, row, ticking
-from conftest import CPU_AUTOCAST_FP16, autocast_enabled
+from conftest import AMX_XEON, CPU_AUTOCAST_FP16, TORCH_2_1_KERNELS, autocast_enabled
 
 import speedflags
 from speedflags.bench.timing import Timing
@@ -173,17 +173,30 @@ def test_halving_drops_what_is_slower_than_fp32() -> None:
     assert row(result, amp="bf16").rounds > QUICK.short_rounds  # went on to the long timing
 
 
+@pytest.mark.parametrize("kind", ["bf16-cpu", "amx-xeon", "amx-xeon-torch-2.1"])
 @pytest.mark.usefixtures("cpu_with_bf16")
-def test_levers_without_effect_are_skipped_with_the_reason() -> None:
+def test_levers_without_effect_are_skipped_with_the_reason(
+    fake_cpu: Callable[..., None], kind: str
+) -> None:
+    # This CPU with bf16 (faked where it lacks it), and an AMX Xeon (fp16 instructions) with
+    # this PyTorch's kernels and with PyTorch 2.1.2's (no fp16 CPU matmul), faked.
+    if kind != "bf16-cpu":
+        fake_cpu(AMX_XEON, TORCH_2_1_KERNELS if kind.endswith("2.1") else {})
     linear = torch.nn.Linear(4, 4)
     result = run(linear, (torch.ones(2, 4),), {}, levers=NO_COMPILE, clock=ticking(), plan=QUICK)
     tf32 = row(result, tf32=True)
     assert tf32.note.startswith("skipped (no effect)") and "TF32" in tf32.note
     assert tf32.error is None and tf32.speedup is None
+    fp16, amp_fp16 = speedflags.capabilities("cpu").fp16, row(result, amp="fp16")
     if not CPU_AUTOCAST_FP16:  # PyTorch 2.1's CPU autocast refuses fp16
-        assert row(result, amp="fp16").note.startswith("skipped (unsupported)")
-    elif not speedflags.capabilities("cpu").fp16:
-        assert row(result, amp="fp16").note.startswith("skipped (slower)")
+        assert amp_fp16.note.startswith("skipped (unsupported)")
+    elif fp16:  # fp16 instructions and kernels: tried (emulated if this CPU lacks them)
+        assert amp_fp16.error is not None and not amp_fp16.note.startswith("skipped")
+    elif fp16.missing_kernel:  # fp16 instructions, no fp16 kernels in this PyTorch
+        assert amp_fp16.note.startswith("skipped (unsupported)")
+        assert "has no float16 matmul on CPU" in amp_fp16.note
+    else:  # emulated
+        assert amp_fp16.note.startswith("skipped (slower)")
     # a Linear calls no attention: no SDPA backend can change it
     flash = row(result, sdpa=["flash"])
     assert flash.note == "skipped (not called): the step calls no scaled_dot_product function"

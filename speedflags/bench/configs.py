@@ -101,15 +101,20 @@ class Config:
         Skipped: a lever that would make things slower (fp16 autocast on a CPU) or that
         this PyTorch refuses (fp16 CPU autocast on PyTorch 2.1), a
         configuration none of whose levers has an effect here (TF32 without an Ampere+ GPU),
-        and input dtypes the device has no native arithmetic for.
+        and input dtypes the device has no native arithmetic for, or that the installed
+        PyTorch does not run there (float16 matmuls on a CPU with PyTorch 2.1), as
+        :func:`speedflags.capabilities` answers.
         """
         if self.baseline:
             return None
         caps = capabilities(device)
         if self.dtype is not None:
             cap = caps.bf16 if self.dtype == torch.bfloat16 else caps.fp16
+            name = _DTYPE_NAMES.get(self.dtype, self.dtype)
+            if cap.missing_kernel:  # the instructions are there; PyTorch's kernels are not
+                return f"{name} does not run here: {cap.reason}"
             if not cap:
-                return f"no native {_DTYPE_NAMES.get(self.dtype, self.dtype)}: {cap.reason}"
+                return f"no native {name}: {cap.reason}"
         effects = [self._effect(name, value, device) for name, value in self.levers.items()]
         blocked = [e.reason for e in effects if e.slow or e.unsupported]
         if blocked:
@@ -128,5 +133,7 @@ class Config:
 
     @staticmethod
     def _effect(name: str, value: Any, device: torch.device) -> Effect:
+        from ..verify.route import effect_here  # local: verify builds on bench
+
         spec = lever_spec(name, "Config")
-        return spec.lever(device.type).available(spec.validate(value), device)
+        return effect_here(name, spec.validate(value), device)

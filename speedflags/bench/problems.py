@@ -247,7 +247,10 @@ class MlpTrainProblem(Problem):
     def _gradient(self, dtype: torch.dtype) -> torch.Tensor:
         model = self._model(dtype)
         x, y = (t.to(dtype) for t in self._sets[0])
-        F.mse_loss(model(x).to(y.dtype), y).backward()  # type: ignore[no-untyped-call]
+        # the loss in float32 (float64 for the reference), as the timed step computes it:
+        # PyTorch 2.1 has no bfloat16 mse_loss on a CPU
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        F.mse_loss(model(x).to(wide), y.to(wide)).backward()  # type: ignore[no-untyped-call]
         grad: Optional[torch.Tensor] = self._first_weight(model).grad  # Any in 2.1's stubs
         assert grad is not None  # noqa: S101 - backward always fills it
         return grad

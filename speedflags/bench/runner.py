@@ -7,6 +7,10 @@ float64 reference, warms up (at least ``warmup_rounds`` calls and ``warmup_s`` s
 sizes its rounds from the warm-up; later passes warm up with one call. The median is taken
 over all timed rounds of all passes.
 
+A configuration whose first call raises (a dtype the installed PyTorch has no kernel for,
+which the capabilities did not foresee) is skipped with PyTorch's message; a later call that
+raises ends the run.
+
 Ctrl-C (``KeyboardInterrupt``) stops the run between or inside measurements: the frames
 being measured restore every flag as the exception leaves them, and the run returns what
 was measured so far, marked ``interrupted``.
@@ -196,17 +200,32 @@ class _Run:
                 continue
             row = Result(name, config.name, workload.name, str(device), size, skipped=why)
             rows.append(self.skip(row))
-        entries = [e for e in rows if isinstance(e, _Entry)]
         try:
             for index in range(self.settings.passes):
-                for entry in entries:
-                    self.measure(name, problem, entry, index)
+                for entry in [e for e in rows if isinstance(e, _Entry)]:
+                    try:
+                        self.measure(name, problem, entry, index)
+                    except (RuntimeError, NotImplementedError) as exc:
+                        if entry.passes:  # it ran before: a failure, not a refusal
+                            raise
+                        at = next(i for i, row in enumerate(rows) if row is entry)
+                        rows[at] = self.refused(name, problem, entry.config, exc)
         finally:  # Ctrl-C included: keep what was measured
             self.results.extend(
                 e if isinstance(e, Result) else self.result(name, problem, e)
                 for e in rows
                 if isinstance(e, Result) or e.passes
             )
+
+    def refused(self, name: str, problem: Problem, config: Config, exc: BaseException) -> Result:
+        """The row of a configuration whose first call raised: PyTorch refuses it here (a
+        dtype it has no kernel for that the capabilities did not foresee)."""
+        self.step -= 1  # its first pass was counted as started
+        text = str(exc).strip()
+        first = text.splitlines()[0][:200] if text else ""
+        why = f"PyTorch {torch.__version__} refused it here: {type(exc).__name__}: {first}"
+        return self.skip(Result(name, config.name, problem.workload, str(problem.device),
+                                problem.size, skipped=why))  # fmt: skip
 
     def measure(self, name: str, problem: Problem, entry: _Entry, index: int) -> None:
         settings, device = self.settings, self.settings.device

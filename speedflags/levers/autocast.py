@@ -189,13 +189,16 @@ class AutocastLever(SimpleLever):
         if value == torch.bfloat16:
             if caps.bf16:
                 return Effect(True, "")
-            return Effect(False, f"bf16 is not native on {caps.device}: {caps.bf16.reason}")
+            why = f"bf16 is not native on {caps.device}: {caps.bf16.reason}"
+            return Effect(False, why, unsupported=caps.bf16.missing_kernel)
         if device.type == "cpu" and not cpu_autocast_takes_fp16():
             return Effect(False, CPU_FP16_MISSING, unsupported=True)
         if caps.fp16:
             return Effect(True, "")
-        slow = device.type == "cpu"
-        return Effect(False, f"fp16 is not native on {caps.device}: {caps.fp16.reason}", slow)
+        why = f"fp16 is not native on {caps.device}: {caps.fp16.reason}"
+        if caps.fp16.missing_kernel:  # the instructions are there; PyTorch's kernels are not
+            return Effect(False, why, unsupported=True)
+        return Effect(False, why, device.type == "cpu")  # emulated: slower than fp32
 
     def __repr__(self) -> str:
         return f"<lever amp:{self.device_type} (thread)>"

@@ -2,11 +2,16 @@
 
 ``"highest"`` keeps float32 matmuls in full IEEE fp32. ``"high"`` lets cuBLAS use TF32.
 ``"medium"`` also lets cuBLAS use TF32 and routes CPU float32 matmuls through oneDNN with
-bf16 fpmath. On CPUs without AMX oneDNN keeps fp32 arithmetic, so the error stays at fp32
-level and the gain is only the switch from MKL's kernel to oneDNN's: measured on PyTorch 2.13
-on a Zen 4 CPU, 1.07-1.20x with 1 thread and 1.1-1.4x with 2 (1024^3 and 2048^3 matmuls,
-``benchmarks/RESULTS.md``). It is written exactly as ``torch.set_float32_matmul_precision``
-would, with both TF32 API families kept readable (``docs/tf32_policy.md``).
+bf16 fpmath. With AMX (Intel Xeon, Sapphire Rapids and later) oneDNN then computes in bf16:
+the error is bf16-level. On CPUs without AMX (AMD Zen 3, 4 and 5 among them) oneDNN keeps
+fp32 arithmetic, so the error stays at fp32 level and the gain is only the switch from MKL's
+kernel to oneDNN's: measured on PyTorch 2.13 on a Zen 4 CPU, 1.07-1.20x with 1 thread and
+1.1-1.4x with 2 (1024^3 and 2048^3 matmuls, ``benchmarks/RESULTS.md``). PyTorch 2.1 has no
+such route: there "medium" changes no CPU kernel. The lever predicts from PyTorch's oneDNN
+check and the CPU's flags; :func:`speedflags.verify.route.medium_route` finds which of the
+three this CPU and PyTorch do, by trying. It is written exactly as
+``torch.set_float32_matmul_precision`` would, with both TF32 API families kept readable
+(``docs/tf32_policy.md``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import torch
 import torch._ops
 
 from ..errors import InvalidTypeError, InvalidValueError
-from ..hardware import capabilities
+from ..hardware import capabilities, cpu_features
 from . import _fp32_model as family
 from ._base import Effect
 from ._family_lever import FamilyLever
@@ -56,11 +61,10 @@ class MatmulPrecisionLever(FamilyLever):
             return Effect(False, f"no effect on {caps.device}: {caps.tf32.reason}")
         if value == "medium":
             if _onednn_bf16():
-                return Effect(
-                    True,
-                    "routes float32 CPU matmuls through oneDNN with bf16 fpmath"
-                    + ("" if _has_amx() else " (no AMX: the arithmetic stays fp32)"),
-                )
+                amx = cpu_features().amx_bf16
+                arithmetic = "AMX: bf16 arithmetic" if amx else "no AMX: the arithmetic stays fp32"
+                route = "routes float32 CPU matmuls through oneDNN with bf16 fpmath"
+                return Effect(True, f"{route} ({arithmetic})")
             return Effect(False, "no effect on cpu: oneDNN bf16 matmul is not available here")
         return Effect(False, "no effect on cpu: 'high' only enables TF32, which no CPU kernel uses")
 
@@ -68,9 +72,4 @@ class MatmulPrecisionLever(FamilyLever):
 def _onednn_bf16() -> bool:
     # torch._ops.ops is torch.ops; older stubs (2.4) do not re-export the latter
     probe = getattr(torch._ops.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return bool(probe()) if probe is not None else False
-
-
-def _has_amx() -> bool:
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return bool(probe()) if probe is not None else False

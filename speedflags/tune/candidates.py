@@ -1,7 +1,8 @@
 """What ``tune`` tries: the registry's candidates that can matter for this step on this device.
 
 A candidate is skipped, with the reason kept in its row, when the lever has no effect on
-the device or makes it slower (``Lever.available``), or when the step never calls a torch
+the device or makes it slower (``Lever.available``; ``matmul_precision="medium"`` on a CPU
+as tried: :func:`speedflags.verify.route.effect_here`), or when the step never calls a torch
 function whose kernels the lever changes (``LeverSpec.ops``: no attention for ``sdpa``,
 no convolution for ``cudnn_benchmark``), as recorded by a ``TorchFunctionMode`` during the
 fp32 reference call. Skipping those is not only quicker: a lever without effect can only
@@ -87,6 +88,8 @@ def candidates(
         >>> tried, skipped[1].note
         ([], 'skipped (not called): the step calls no scaled_dot_product function')
     """
+    from ..verify.route import effect_here  # local: verify builds on tune
+
     tried: List[Levers] = []
     skipped: List[Row] = []
     for spec in REGISTRY:
@@ -96,7 +99,7 @@ def candidates(
         for raw in values:
             value = spec.check("tune", raw, f"levers[{spec.name!r}]")
             levers: Levers = ((spec.name, value),)
-            effect = spec.lever(device.type).available(value, device)
+            effect = effect_here(spec.name, value, device)  # "medium" on a CPU: as measured
             if effect.slow or not effect.effective:
                 why = (
                     "slower"

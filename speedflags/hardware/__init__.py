@@ -2,77 +2,44 @@
 
 Answers are computed once per device and cached: hardware does not change while a process
 runs. Nothing here writes torch state. Asking about a CUDA device initialises CUDA, as any
-``torch.cuda.get_device_capability`` call does.
+``torch.cuda.get_device_capability`` call does. A CPU's bf16 and fp16 answers are the
+instructions *and* what the installed PyTorch runs, found by trying (:mod:`.cpu`).
+
+Modules: :mod:`.answers` (``Capability``, ``Capabilities``), :mod:`.cpu` (the host CPU's
+instructions and the dtype trials); the CUDA answers and ``capabilities()`` are here.
+
+What this subpackage may import: torch and speedflags' base modules (``errors``,
+``_short_repr``); nothing above them.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import asdict, dataclass
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
-from ._short_repr import short_repr
-from .errors import InvalidTypeError, InvalidValueError
+from .._short_repr import short_repr
+from ..errors import InvalidTypeError, InvalidValueError
+from .answers import Capabilities, Capability
+from .cpu import CpuFeatures, KernelTrial, cpu_dtype, cpu_features, cpu_kernels
 
-__all__ = ["Capabilities", "Capability", "capabilities", "default_device", "resolve_device"]
+__all__ = [
+    "Capabilities",
+    "Capability",
+    "CpuFeatures",
+    "KernelTrial",
+    "capabilities",
+    "cpu_dtype",
+    "cpu_features",
+    "cpu_kernels",
+    "default_device",
+    "resolve_device",
+]
 
 DeviceLike = Union[str, torch.device, None]
-
-
-@dataclass(frozen=True)
-class Capability:
-    """One yes/no answer about a device, with the reason.
-
-    ``bool(capability)`` is ``supported``.
-
-    Example:
-        >>> from speedflags import capabilities
-        >>> cap = capabilities("cpu").tf32
-        >>> bool(cap), cap.reason
-        (False, 'TF32 is a tensor-core mode of NVIDIA Ampere (sm80) and newer GPUs; a CPU has none')
-    """
-
-    supported: bool
-    reason: str
-
-    def __bool__(self) -> bool:
-        return self.supported
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What one device can do (see :func:`capabilities`).
-
-    Attributes:
-        device: the device these answers are about (``"cuda:0"``, ``"cpu"``).
-        name: the GPU's name, or the CPU's model name.
-        compute_capability: ``(major, minor)`` for a CUDA device, else ``None``.
-        tf32: TF32 tensor-core matmuls and convolutions.
-        bf16: *native* bfloat16 arithmetic (not emulated; ``torch.cuda.is_bf16_supported()``
-            says True on a T4 because it counts emulation).
-        fp16: fast float16 arithmetic.
-        flash_sdpa, efficient_sdpa, cudnn_sdpa: which fused attention kernels can run.
-        cpu_bf16: bfloat16 instructions on the host CPU (AVX512-BF16 or AMX-BF16).
-    """
-
-    device: str
-    name: str
-    compute_capability: Optional[Tuple[int, int]]
-    tf32: Capability
-    bf16: Capability
-    fp16: Capability
-    flash_sdpa: Capability
-    efficient_sdpa: Capability
-    cudnn_sdpa: Capability
-    cpu_bf16: Capability
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly dict of every answer."""
-        return asdict(self)
 
 
 def normalize_device(value: DeviceLike, call: str = "device") -> Optional[torch.device]:
@@ -178,75 +145,24 @@ def _clear_cache() -> None:
 # --- CPU -----------------------------------------------------------------------------------
 
 
-def _cpuinfo() -> tuple[str, frozenset[str]]:
-    name, flags = "", frozenset[str]()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            lines = fh.readlines()
-    except OSError:  # not Linux: the torch.cpu probes answer instead
-        return name, flags
-    for line in lines:
-        key, _, val = line.partition(":")
-        key = key.strip()
-        if key == "model name" and not name:
-            name = val.strip()
-        elif key in ("flags", "Features") and not flags:
-            flags = frozenset(val.split())
-        if name and flags:
-            break
-    return name, flags
-
-
-def _cpu_feature(torch_probe: str, cpuinfo_flags: frozenset[str], *flag_names: str) -> bool:
-    # torch.cpu._is_*_supported (2.3+) asks cpuinfo inside PyTorch; /proc/cpuinfo is the
-    # fallback for older PyTorch.
-    probe = getattr(torch.cpu, torch_probe, None)
-    if probe is not None:
-        return bool(probe())
-    return any(flag in cpuinfo_flags for flag in flag_names)
-
-
 def _host_cpu_bf16() -> Capability:
-    _, flags = _cpuinfo()
-    avx512_bf16 = _cpu_feature("_is_avx512_bf16_supported", flags, "avx512_bf16")
-    amx = _cpu_feature("_is_amx_tile_supported", flags, "amx_bf16")
-    arm_bf16 = "bf16" in flags  # aarch64 /proc/cpuinfo "Features"
-    if amx:
-        return Capability(True, "the CPU has AMX tiles (AMX-BF16)")
-    if avx512_bf16:
-        return Capability(True, "the CPU has AVX512-BF16 instructions")
-    if arm_bf16:
-        return Capability(True, "the CPU has Arm BF16 instructions")
-    return Capability(
-        False, "no AVX512-BF16, AMX or Arm BF16 instructions: bf16 runs emulated on this CPU"
-    )
+    return cpu_dtype(torch.bfloat16)
 
 
 def _cpu_capabilities() -> Capabilities:
-    name, flags = _cpuinfo()
     capability = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "")()
     cpu_bf16 = _host_cpu_bf16()
-    amx_fp16 = _cpu_feature("_is_amx_fp16_supported", flags, "amx_fp16")
-    avx512_fp16 = "avx512_fp16" in flags
-    if amx_fp16 or avx512_fp16:
-        fp16 = Capability(True, "the CPU has AMX-FP16 or AVX512-FP16 instructions")
-    else:
-        fp16 = Capability(
-            False,
-            "no AVX512-FP16 or AMX-FP16 instructions: fp16 on this CPU is emulated, "
-            "typically 40 to 1000 times slower than fp32",
-        )
     no_fused = "fused kernel for CUDA GPUs only; CPU attention uses the flash (CPU) or math kernel"
     return Capabilities(
         device="cpu",
-        name=name or f"CPU ({capability or 'unknown ISA'})",
+        name=cpu_features().name or f"CPU ({capability or 'unknown ISA'})",
         compute_capability=None,
         tf32=Capability(
             False,
             "TF32 is a tensor-core mode of NVIDIA Ampere (sm80) and newer GPUs; a CPU has none",
         ),
         bf16=cpu_bf16,
-        fp16=fp16,
+        fp16=cpu_dtype(torch.float16),
         # PyTorch 2.1 runs it too (aten::_scaled_dot_product_flash_attention on CPU tensors);
         # 2.2 renamed the CPU operator _scaled_dot_product_flash_attention_for_cpu
         flash_sdpa=Capability(True, "PyTorch's CPU flash-attention kernel runs on any CPU"),
