@@ -26,7 +26,7 @@ from . import _warn
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
 from .flag_ledger.decorate import decorate
-from .flag_ledger.interrupts import critical, deliver_pending
+from .flag_ledger.interrupts import PENDING, critical, deliver_pending
 from .flag_ledger.ledger import Frame, LeverItem, Program, Where, ledger
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
 from .levers._unset import UNSET
@@ -245,11 +245,13 @@ class FastMath:
             caller = sys._getframe(1)
             _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
         except SpeedflagsError:
-            deliver_pending()  # a handler deferred here, if the close never began
             raise
         except BaseException:
             _LEDGER.finish_exit(self)
             raise
+        finally:
+            while PENDING:  # a signal_safe handler deferred here, after the close delivered
+                deliver_pending()
 
     # ``async with``: the same frame, entered and exited in the running task's context (a
     # plain ``with`` inside a coroutine is the same thing; this spelling reads as what it is).
@@ -271,11 +273,13 @@ class FastMath:
             caller = sys._getframe(1)
             _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
         except SpeedflagsError:
-            deliver_pending()  # a handler deferred here, if the close never began
             raise
         except BaseException:
             _LEDGER.finish_exit(self)
             raise
+        finally:
+            while PENDING:  # a signal_safe handler deferred here, after the close delivered
+                deliver_pending()
 
     # --- decorator -----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dis
 import inspect
+import json
 import signal
 import subprocess
 import sys
@@ -33,9 +34,11 @@ from speedflags.errors import (
     SpeedflagsWarning,
 )
 from speedflags.fast_math import FastMath
+from speedflags.flag_ledger.history import expand, json_default
 from speedflags.flag_ledger.interrupts import PENDING
 from speedflags.flag_ledger.ledger import FlagLedger
 from speedflags.flag_ledger.own_writes import _WRITING
+from speedflags.levers.registry import LEVER_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = str(Path(speedflags.__file__).resolve().parent)
@@ -138,6 +141,20 @@ def another_thread_enters_a_block() -> bool:
     return done == [True]
 
 
+def records_are_whole(entries: int = 4) -> bool:
+    """The last entries' records each hold a state read before and after (never a None left
+    by an exit interrupted before it read its lever), and describe themselves: ``to_json()``
+    of the whole history once raised a TypeError from such a record."""
+    ring = speedflags.ledger()._history
+    for record in [
+        r for i in range(max(len(ring) - entries, 0), len(ring)) for r in expand(ring[i])
+    ]:
+        if record.lever in LEVER_NAMES and None in (record._before, record._after):
+            return False
+        json.dumps(record.to_dict(), default=json_default)
+    return True
+
+
 def run_block(injector: Any, drift: bool) -> Optional[BaseException]:
     sys.settrace(injector)
     try:
@@ -173,6 +190,7 @@ def test_an_exception_at_any_line_of_an_enter_or_exit_leaves_every_flag_as_befor
                 assert isinstance(raised, injector.exc), where  # never swallowed or replaced
                 assert not speedflags.ledger().open_frames(), where
                 assert speedflags.snapshot() == before, where
+                assert records_are_whole(), where
                 fired.append((line, occurrence))
             if not injectors[0].fired:
                 break
@@ -363,6 +381,7 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
 REENTRY = """
 import dis, signal, sys, torch, speedflags
 from speedflags import fast_math
+from speedflags.flag_ledger.history import expand, json_default
 from speedflags.flag_ledger.interrupts import PENDING
 from speedflags.flag_ledger.ledger import FlagLedger
 

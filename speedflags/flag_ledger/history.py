@@ -154,11 +154,18 @@ class FlagRecord:
 
     @property
     def before(self) -> Any:
-        return self._describe(self._before) if self._describe else self._before
+        return self._described(self._before)
 
     @property
     def after(self) -> Any:
-        return self._describe(self._after) if self._describe else self._after
+        return self._described(self._after)
+
+    def _described(self, state: Any) -> Any:
+        # None: no state was read (a thread-local lever of a thread that ended inside its
+        # block); every lever reads a state of its own, never None
+        if self._describe is None or state is None:
+            return state
+        return self._describe(state)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain, JSON-friendly values."""

@@ -62,7 +62,14 @@ def in_critical_section(frame: Optional[FrameType]) -> bool:
 def deliver_pending() -> None:
     """Run the handler calls deferred out of critical code, oldest first (in the main thread
     only: a handler never runs in another thread). A handler's exception propagates; the
-    calls after it stay queued for the next delivery."""
+    calls after it stay queued for the next delivery.
+
+    Every way out of critical code ends in ``while PENDING: deliver_pending()``, written in
+    the critical function itself, with no call after it: Python 3.10 checks for signals
+    right after a call returns, so a handler may be deferred again, in the critical caller,
+    just after this returned; the loop delivers it too. (From 3.11 only calls of C
+    functions are followed by a check.) So an interrupt held back is never left waiting
+    once the enter or exit is done, whether it completed, failed or was refused."""
     if threading.current_thread() is not _MAIN_THREAD[0]:
         return
     while PENDING:

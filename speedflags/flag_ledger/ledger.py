@@ -39,7 +39,7 @@ from .history import SET, FlagRecord, Where, format_where, json_default, now
 from .interrupts import PENDING, critical, deliver_pending
 from .notices import Failure, Notice
 from .own_writes import _WRITING
-from .program import Frame, LeverItem, Program
+from .program import Frame, LeverItem, Program, without_closed
 from .recovery import LEDGERS, LedgerRecovery
 
 __all__ = [
@@ -154,7 +154,6 @@ class FlagLedger(LedgerRecovery):
         if token is None:
             token = self._thread_token(tid)
         loop = _get_running_loop()
-        # mypy < 2 (Python 3.9's) types _get_running_loop without None: "always false"
         task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
         frame = Frame(
             label, owner, where, device, program, tid, _current_thread().name,
@@ -166,78 +165,87 @@ class FlagLedger(LedgerRecovery):
         crowded = False  # a stack held entries already: look for conflicts
         notices: Optional[List[Notice]] = None
         context = self._frames
-        with self._lock:
-            _WRITING.add(tid)
-            watched = None
-            try:
-                if self._gone:
-                    notices = self._drop_abandoned(where)
-                # speedflags.watch(): a boundary where changes made around Python are found
-                if _own_writes.WATCHER is not None:
-                    watched = _own_writes.enter(self, label, where)
-                self._last_id = fid = frame.id = self._last_id + 1
-                seen = program.seen
-                for i, lever, check in program.reads:
-                    state = lever.read()
-                    # The same state as last time: pass on the object read then. Levers key
-                    # caches on states (the TF32 family's write plans); an object seen before
-                    # hashes and compares by identity, a fresh one of 12 strings costs ~0.5 µs.
-                    last = seen[i]
-                    if state == last:
-                        state = last
-                    else:
-                        seen[i] = state
-                    befores[i] = state
-                    if not check:  # not `if check:` last: a hole on Python 3.13 (see
-                        continue  # tests/test_exception_table_holes.py)
-                    lever.check(state)  # may refuse: nothing has changed yet
-                for i, lever, value, p, key, domain in program.rows:
-                    before = befores[i] = befores[i] if p < 0 else afters[p]
-                    if key is None:
-                        key = (domain, tid)
-                    stack = stacks.get(key)
-                    if stack is None:
-                        stack = self._new_stack(key)
-                    elif stack:
-                        crowded = True
-                    # Counted, then pushed, then written: a roll-back after any of the three
-                    # restores (a no-op before the write), and unlinks what was pushed.
-                    frame.applied = i + 1
-                    stack.append((frame, i))
-                    afters[i] = lever.apply(value, before)
-                n = program.n
-                self._seq = seq = self._seq + n
-                self._history.append(
-                    (SET, seq - n + 1, now(), label, fid, frame.thread, frame.rank, where,
-                     program.lever_keys, program.reasons, tuple(befores), tuple(afters))
-                )  # fmt: skip
-                if program.skipped:
-                    self._skips(frame, where)
-                self._open[fid] = frame
-                if crowded:
-                    conflicts = self._conflicts(frame)
-                    if conflicts:
-                        notices = conflicts if notices is None else notices + conflicts
-                frames = context.get()
-                if frames and frames[-1].closed:  # the common case: close() left one there
-                    frames = frames[:-1]
-                    if frames and frames[-1].closed:
-                        frames = _without_closed(frames)
-                context.set(frames + (frame,))  # noqa: RUF005
-                if watched is not None:
-                    watched.__exit__(None, None, None)
-            except BaseException as exc:  # a failure, or an exception that interrupted us
-                error = self._abort_open(frame, exc, where, watched)
-                if error is not None:
-                    raise error  # noqa: B904 - its cause is set
-                raise
-            finally:
-                _WRITING.discard(tid)
+        try:
+            with self._lock:
+                _WRITING.add(tid)
+                watched = None
+                try:
+                    if self._gone:
+                        notices = self._drop_abandoned(where)
+                    # speedflags.watch(): a boundary where changes made around Python are found
+                    if _own_writes.WATCHER is not None:
+                        watched = _own_writes.enter(self, label, where)
+                    self._last_id = fid = frame.id = self._last_id + 1
+                    seen = program.seen
+                    for i, lever, check in program.reads:
+                        state = lever.read()
+                        # The same state as last time: pass on the object read then. Levers key
+                        # caches on states (the TF32 family's write plans); an object seen before
+                        # hashes and compares by identity, a fresh one of 12 strings costs ~0.5 µs.
+                        last = seen[i]
+                        if state == last:
+                            state = last
+                        else:
+                            seen[i] = state
+                        befores[i] = state
+                        if not check:  # not `if check:` last: a hole on Python 3.13 (see
+                            continue  # tests/test_exception_table_holes.py)
+                        lever.check(state)  # may refuse: nothing has changed yet
+                    for i, lever, value, p, key, domain in program.rows:
+                        before = befores[i] = befores[i] if p < 0 else afters[p]
+                        if key is None:
+                            key = (domain, tid)
+                        stack = stacks.get(key)
+                        if stack is None:
+                            stack = self._new_stack(key)
+                        elif stack:
+                            crowded = True
+                        # Counted, then pushed, then written: a roll-back after any of the three
+                        # restores (a no-op before the write), and unlinks what was pushed.
+                        frame.applied = i + 1
+                        stack.append((frame, i))
+                        afters[i] = lever.apply(value, before)
+                    n = program.n
+                    self._seq = seq = self._seq + n
+                    self._history.append(
+                        (SET, seq - n + 1, now(), label, fid, frame.thread, frame.rank, where,
+                         program.lever_keys, program.reasons, tuple(befores), tuple(afters))
+                    )  # fmt: skip
+                    if program.skipped:
+                        self._skips(frame, where)
+                    self._open[fid] = frame
+                    if crowded:
+                        conflicts = self._conflicts(frame)
+                        if conflicts:
+                            notices = conflicts if notices is None else notices + conflicts
+                    frames = context.get()
+                    if frames and frames[-1].closed:  # the common case: close() left one there
+                        frames = frames[:-1]
+                        if frames and frames[-1].closed:
+                            frames = without_closed(frames)
+                    context.set(frames + (frame,))  # noqa: RUF005
+                    if watched is not None:
+                        watched.__exit__(None, None, None)
+                except BaseException as exc:  # a failure, or an exception that interrupted us
+                    error = self._abort_open(frame, exc, where, watched)
+                    if error is not None:
+                        raise error  # noqa: B904 - its cause is set
+                    raise
+                finally:
+                    _WRITING.discard(tid)
+        except BaseException:  # refused, failed or interrupted: rolled back, lock released
+            # signal_safe handlers deferred while entering run now: an interrupt reaches the
+            # program on the refusal's way out (or instead of it). A loop: on Python 3.10 a
+            # handler may be deferred again right after deliver_pending() returns.
+            while PENDING:
+                deliver_pending()
+            raise
         if notices or PENDING:
             try:
                 if notices:
                     _notices.speak(notices)
-                deliver_pending()  # signal_safe handlers that came while entering
+                while PENDING:  # signal_safe handlers that came while entering
+                    deliver_pending()
             except BaseException:  # a warning turned into an error, or a handler's exception:
                 self.close(frame, where)  # nothing stays entered
                 raise
@@ -337,8 +345,8 @@ class FlagLedger(LedgerRecovery):
                             notes = [""] * n
                         if failures is None:
                             failures = []
-                        pending = self._restore_again(frame, i, exc, where, restored, notes,
-                                                      failures, pending)  # fmt: skip
+                        pending = self._restore_again(frame, i, exc, where, found, restored,
+                                                      notes, failures, pending)  # fmt: skip
                 frame.closed = True
                 frame.task = None  # a frame kept by the caller must not keep its task alive
                 self._open.pop(frame.id, None)
@@ -365,17 +373,8 @@ class FlagLedger(LedgerRecovery):
                 error = _notices.close_error(frame, innermost, failures or (), restored)
                 _notices.speak(notices, pending or error)
         finally:
-            if PENDING:
-                deliver_pending()  # signal_safe handlers that came while exiting
-
-
-def _without_closed(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:
-    # The frames close() left at the end of a context's tuple (it sets nothing). A function of
-    # its own: a `while` loop inside open()'s try would be a hole in it on Python 3.13
-    # (tests/test_exception_table_holes.py).
-    while frames and frames[-1].closed:
-        frames = frames[:-1]
-    return frames
+            while PENDING:  # signal_safe handlers that came while exiting
+                deliver_pending()
 
 
 def _is_positive_int(value: object) -> bool:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..errors import AbandonedFrameWarning, LedgerOrderError, LedgerReentryError
 from . import own_writes as _own_writes
 from .history import RESTORE, Where, now
-from .interrupts import critical, forked
+from .interrupts import PENDING, critical, deliver_pending, forked
 from .notices import Failure, Notice
 from .own_writes import _WRITING
 from .paths import LedgerPaths
@@ -64,12 +64,18 @@ class LedgerRecovery(LedgerPaths):
 
         What a caller runs when an exception interrupts it between a successful
         :meth:`open` and its own return: ``mark`` is ``ledger._last_id`` read before the call.
+        A :func:`~speedflags.signal_safe` handler deferred in here (or by the failed open
+        before it) runs before it returns.
         """
-        frames = self._frames.get()
-        if frames:
-            frame = frames[-1]
-            if frame.owner is owner and frame.id > mark and not frame.closed:
-                self.close(frame, where)
+        try:
+            frames = self._frames.get()
+            if frames:
+                frame = frames[-1]
+                if frame.owner is owner and frame.id > mark and not frame.closed:
+                    self.close(frame, where)
+        finally:
+            while PENDING:  # see interrupts.deliver_pending: a loop, in the critical code
+                deliver_pending()
 
     @critical
     def finish_exit(self, owner: object, where: Where = None) -> None:
@@ -80,11 +86,15 @@ class LedgerRecovery(LedgerPaths):
         exit did happen. (A spec nested directly in itself, whose outer exit is interrupted
         before it starts, is left open: its inner frame, closed, is found first.)
         """
-        for frame in reversed(self._frames.get()):
-            if frame.owner is owner:
-                if not frame.closed:
-                    self.close(frame, where)
-                return
+        try:
+            for frame in reversed(self._frames.get()):
+                if frame.owner is owner:
+                    if not frame.closed:
+                        self.close(frame, where)
+                    return
+        finally:
+            while PENDING:  # see interrupts.deliver_pending: a loop, in the critical code
+                deliver_pending()
 
     def close(self, frame: Frame, where: Where = None) -> None:  # pragma: no cover
         raise NotImplementedError  # FlagLedger's
@@ -122,6 +132,7 @@ class LedgerRecovery(LedgerPaths):
         i: int,
         exc: BaseException,
         where: Where,
+        found: List[Any],
         restored: List[Any],
         notes: List[str],
         failures: List[Failure],
@@ -130,13 +141,16 @@ class LedgerRecovery(LedgerPaths):
         # Lever i's restore raised. Try once more, from what the state and the stacks say
         # now: an exception that interrupted the restore (Ctrl-C) does not recur, and the
         # exit then raises it once complete; a real failure fails again and is reported.
+        lever = frame.program.levers[i]
+        if found[i] is None:  # interrupted before its state was read: nothing written yet
+            found[i] = lever.read()
         try:
             restored[i] = self._finish_lever(frame, i, where, [])
         except BaseException:
             self._unlink(frame, i)  # no stale entry is left on its stack
             failures.append((i, exc))
             notes[i] = f"failed: {type(exc).__name__}: {exc}"
-            restored[i] = frame.program.levers[i].read()
+            restored[i] = lever.read()
             return pending
         notes[i] = f"restored again after {type(exc).__name__}"
         if isinstance(exc, LookupError):
@@ -189,12 +203,18 @@ class LedgerRecovery(LedgerPaths):
         watched: Any,
     ) -> None:
         # An exception interrupted close() outside its per-lever loop: complete the exit.
+        levers = frame.program.levers
         for i in range(len(found) - 1, -1, -1):
+            if found[i] is None:  # not reached by close(): what it finds is what was found
+                found[i] = levers[i].read()
             if self._on_a_stack(frame, i):
                 try:
                     restored[i] = self._finish_lever(frame, i, where, [])
                 except Exception:
                     self._unlink(frame, i)
+            # closed already (nothing to restore): what it reads now; a plain statement last,
+            # not an `if` (tests/test_exception_table_holes.py)
+            restored[i] = levers[i].read() if restored[i] is None else restored[i]
         frame.closed = True
         frame.task = None
         self._open.pop(frame.id, None)
