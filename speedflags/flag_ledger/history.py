@@ -100,6 +100,8 @@ class FlagRecord:
         >>> record = speedflags.ledger().history[-1]
         >>> record.lever, record.action, record.before, record.after, record.label
         ('cudnn_benchmark', 'restore', True, False, 'demo')
+        >>> record == speedflags.ledger().history[-1]  # records compare by value
+        True
     """
 
     __slots__ = (
@@ -170,6 +172,23 @@ class FlagRecord:
     def to_dict(self) -> dict[str, Any]:
         """The record as plain, JSON-friendly values."""
         return {name: getattr(self, name) for name in RECORD_FIELDS}
+
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            (self.seq, self.time, self.lever, self.action, self._before, self._after),
+            (self.reason, self.label, self.frame, self.thread, self.rank, self.where),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        # value equality: each read of ``history`` builds new records of the same entries
+        if not isinstance(other, FlagRecord):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        # the states are left out: a note's may be a dict (unhashable); equal records share
+        # the rest
+        return hash((self.seq, self.time, self.lever, self.action, self.frame))
 
     def __repr__(self) -> str:
         reason = f", reason={self.reason!r}" if self.reason else ""
