@@ -23,7 +23,7 @@ from typing import (
 import torch
 
 from . import _warn
-from ._short_repr import short_repr
+from ._short_repr import short_repr, short_str
 from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
 from .flag_ledger.decorate import decorate
 from .flag_ledger.interrupts import PENDING, critical, deliver_pending
@@ -165,7 +165,8 @@ class FastMath:
                 _warn.warn_once(cause, message, SlowPathWarning)
         if plan.refusals:
             raise LeverUnavailableError(
-                f"{self._label}: strict=True refuses levers that have no native effect on "
+                f"{short_str(self._label)}: strict=True refuses levers that have no native "
+                f"effect on "
                 f"{plan.device}: " + "; ".join(plan.refusals) + ". Nothing was changed."
             )
         return plan

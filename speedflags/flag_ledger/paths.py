@@ -15,6 +15,7 @@ import threading
 from contextvars import ContextVar
 from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 
+from .._short_repr import short_repr
 from ..errors import LedgerOrderError
 from . import history as _history
 from . import notices as _notices
@@ -105,13 +106,14 @@ class LedgerPaths:
         exited = next((f for f in reversed(frames) if f.owner is owner), None)
         if exited is not None:
             raise LedgerOrderError(
-                f"{owner!r} is exited again: its frame {exited.label!r} (entered at "
-                f"{exited.where} in this thread) was exited already; each block exits once"
+                f"{short_repr(owner)} is exited again: its frame {short_repr(exited.label)} "
+                f"(entered at {exited.where} in this thread) was exited already; each block "
+                "exits once"
             )
         raise LedgerOrderError(
-            f"{owner!r} is exited but has no open frame in this thread: it was not entered "
-            "here, or was exited already (each 'with' must exit once, in the thread that "
-            "entered it)"
+            f"{short_repr(owner)} is exited but has no open frame in this thread: it was not "
+            "entered here, or was exited already (each 'with' must exit once, in the thread "
+            "that entered it)"
         )
 
     # --- history -----------------------------------------------------------------------
@@ -290,7 +292,7 @@ class LedgerPaths:
             other_lever = other.program.levers[j]
             other.befores[j] = state
             other.afters[j] = state = other_lever.apply(other.program.values[j], state)
-            reason = f"re-applied: {frame.label!r}, entered earlier, exited first"
+            reason = f"re-applied: {short_repr(frame.label)}, entered earlier, exited first"
             self._frame_one(other, where, j, "set", reason, other.befores[j], other.afters[j])
         return state
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable, List, Optional, Sequence, Tuple
 
+from .._short_repr import short_repr
 from ..levers._base import Lever
 from .history import Where, format_where, lever_key
 
@@ -160,7 +161,9 @@ class Frame:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        return f"<Frame {self.id} {self.label!r} {state} at {self.where} in {self.thread}>"
+        return (
+            f"<Frame {self.id} {short_repr(self.label)} {state} at {self.where} in {self.thread}>"
+        )
 
 
 def without_closed(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:

@@ -14,6 +14,7 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
+from .._short_repr import short_repr
 from ..errors import AbandonedFrameWarning, LedgerOrderError, LedgerReentryError
 from . import own_writes as _own_writes
 from .history import RESTORE, Where, now
@@ -104,9 +105,10 @@ class LedgerRecovery(LedgerPaths):
     def _reentered(self, label: str) -> None:
         if self._lock._is_owned():
             raise LedgerReentryError(
-                f"{label!r} was entered or exited while this thread was inside speedflags' "
-                "ledger, entering or exiting another block: only code that interrupts the "
-                "thread (a signal handler) can do that, and the block cannot nest there. "
+                f"{short_repr(label)} was entered or exited while this thread was inside "
+                "speedflags' ledger, entering or exiting another block: only code that "
+                "interrupts the thread (a signal handler) can do that, and the block cannot "
+                "nest there. "
                 "Nothing was changed. Wrap the handler with speedflags.signal_safe(handler): "
                 "it then runs just after the ledger returns, where its block nests normally."
             )
@@ -117,13 +119,14 @@ class LedgerRecovery(LedgerPaths):
     def _not_closable(self, frame: Frame) -> LedgerOrderError:
         if frame.closed:
             return LedgerOrderError(
-                f"frame {frame.label!r} (entered at {frame.where}) is already closed"
+                f"frame {short_repr(frame.label)} (entered at {frame.where}) is already closed"
             )
         return LedgerOrderError(
-            f"frame {frame.label!r} was entered in thread {frame.thread!r} and cannot be exited "
-            f"from thread {_current_thread().name!r}; nothing was restored. It stays open for "
-            f"thread {frame.thread!r} to exit; if that thread ends first, its process-wide "
-            "levers are restored at the next speedflags boundary"
+            f"frame {short_repr(frame.label)} was entered in thread {short_repr(frame.thread)} and "
+            f"cannot be exited from thread {short_repr(_current_thread().name)}; nothing was "
+            f"restored. It stays open for thread {short_repr(frame.thread)} to exit; if that "
+            "thread ends first, its process-wide levers are restored at the next speedflags "
+            "boundary"
         )
 
     def _restore_again(
@@ -267,7 +270,7 @@ class LedgerRecovery(LedgerPaths):
             try:
                 found[i] = lever.read()
                 restored[i] = self._finish_lever(frame, i, where, [])
-                notes[i] = f"abandoned: thread {frame.thread!r} ended inside the block"
+                notes[i] = f"abandoned: thread {short_repr(frame.thread)} ended inside the block"
             except Exception as exc:
                 self._unlink(frame, i)
                 notes[i] = f"failed: {type(exc).__name__}: {exc}"
@@ -277,8 +280,9 @@ class LedgerRecovery(LedgerPaths):
         self._record_close(frame, where, found, restored, notes)
         shared = [program.levers[i].name for i in range(n) if program.keys[i] is not None]
         message = (
-            f"{frame.label!r} (entered at {frame.where} in thread {frame.thread!r}) was "
-            f"still open when thread {frame.thread!r} ended (or, after a fork, does not exist "
+            f"{short_repr(frame.label)} (entered at {frame.where} in thread "
+            f"{short_repr(frame.thread)}) was still open when thread {short_repr(frame.thread)} "
+            "ended (or, after a fork, does not exist "
             f"in this process); no thread can exit it, so its process-wide levers were "
             f"restored here: {', '.join(shared) or 'none'}."
         )
