@@ -253,10 +253,10 @@ def _end_step(driver: _Driver, mark: int, frame: Any, where: Where) -> None:
             driver.ledger.cancel_open(driver.owner, mark, where)
         elif not frame.closed:
             driver.close(frame, where)
-    finally:
-        # signal_safe handlers deferred in here; a loop, not one call: on Python 3.10 a
-        # handler may be deferred again right after deliver_pending() returns
-        while PENDING:
+    finally:  # signal_safe handlers deferred in here
+        while True:  # no check point after the last test: see deliver_pending
+            if not PENDING:
+                break
             deliver_pending()
 
 

@@ -32,6 +32,7 @@ from collections import deque
 from contextvars import ContextVar
 from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 
+from .._short_repr import short_repr
 from . import history as _history
 from . import notices as _notices
 from . import own_writes as _own_writes
@@ -89,8 +90,8 @@ class FlagLedger(LedgerRecovery):
     """
 
     def __init__(self, history_size: int = DEFAULT_HISTORY_SIZE) -> None:
-        if not _is_positive_int(history_size):
-            raise ValueError(f"history_size={history_size!r}: expected a positive int")
+        if type(history_size) is not int or history_size <= 0:  # not a bool either
+            raise ValueError(f"history_size={short_repr(history_size)}: expected a positive int")
         self._history_size = history_size
         # Taken with `with`, which CPython enters without an interrupt check between the
         # acquire and the block, so no exception can leave it held. Reentrant, so that a
@@ -235,20 +236,24 @@ class FlagLedger(LedgerRecovery):
                     _WRITING.discard(tid)
         except BaseException:  # refused, failed or interrupted: rolled back, lock released
             # signal_safe handlers deferred while entering run now: an interrupt reaches the
-            # program on the refusal's way out (or instead of it). A loop: on Python 3.10 a
-            # handler may be deferred again right after deliver_pending() returns.
-            while PENDING:
+            # program on the refusal's way out (or instead of it)
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
                 deliver_pending()
             raise
-        if notices or PENDING:
-            try:
-                if notices:
-                    _notices.speak(notices)
-                while PENDING:  # signal_safe handlers that came while entering
-                    deliver_pending()
-            except BaseException:  # a warning turned into an error, or a handler's exception:
-                self.close(frame, where)  # nothing stays entered
-                raise
+        if not (notices or PENDING):  # no jump taken on the way out (see deliver_pending)
+            return frame
+        try:
+            if notices:
+                _notices.speak(notices)
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
+                deliver_pending()
+        except BaseException:  # a warning turned into an error, or a handler's exception:
+            self.close(frame, where)  # nothing stays entered
+            raise
         return frame
 
     @critical
@@ -372,13 +377,11 @@ class FlagLedger(LedgerRecovery):
             if notices or failures or innermost is not None or pending is not None:
                 error = _notices.close_error(frame, innermost, failures or (), restored)
                 _notices.speak(notices, pending or error)
-        finally:
-            while PENDING:  # signal_safe handlers that came while exiting
+        finally:  # signal_safe handlers that came while exiting
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
                 deliver_pending()
-
-
-def _is_positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 _PROCESS_LEDGER = FlagLedger()

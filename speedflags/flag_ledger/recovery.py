@@ -75,7 +75,9 @@ class LedgerRecovery(LedgerPaths):
                 if frame.owner is owner and frame.id > mark and not frame.closed:
                     self.close(frame, where)
         finally:
-            while PENDING:  # see interrupts.deliver_pending: a loop, in the critical code
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
                 deliver_pending()
 
     @critical
@@ -94,7 +96,9 @@ class LedgerRecovery(LedgerPaths):
                         self.close(frame, where)
                     return
         finally:
-            while PENDING:  # see interrupts.deliver_pending: a loop, in the critical code
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
                 deliver_pending()
 
     def close(self, frame: Frame, where: Where = None) -> None:  # pragma: no cover
