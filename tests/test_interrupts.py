@@ -451,3 +451,33 @@ def test_reentry_is_refused_with_the_ledger_unchanged_and_usable() -> None:
     assert speedflags.snapshot() == before
     with fast_math(cudnn_benchmark=True, device="cpu"):
         assert torch.backends.cudnn.benchmark
+
+
+def test_an_exit_interrupted_again_while_finishing_a_lever_raises_the_interrupt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Seen on Python 3.10 under a plain handler on the 0.2 ms timer: an exit interrupted
+    # after it had taken a lever's entry off its stack; the close that finished it found the
+    # stack empty (IndexError) and was interrupted again while finishing that lever. The exit
+    # raised the IndexError, and the KeyboardInterrupt was lost.
+    from speedflags.flag_ledger.recovery import LedgerRecovery
+
+    the_ledger = speedflags.ledger()
+    spec = fast_math(cudnn_benchmark=True, device="cpu")
+    frame = spec.__enter__()
+    the_ledger._stacks[frame.key(0)].remove((frame, 0))  # what the first exit got through
+    real = LedgerRecovery._finish_lever
+    armed = [True]
+
+    def interrupted(self: LedgerRecovery, *args: Any) -> Any:
+        if armed:
+            armed.pop()
+            raise KeyboardInterrupt
+        return real(self, *args)
+
+    monkeypatch.setattr(LedgerRecovery, "_finish_lever", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        spec.__exit__(None, None, None)
+    assert not armed and frame.closed and not the_ledger.open_frames()
+    # an interruption of the restore itself may leave the lever changed (docs/architecture.md)
+    torch.backends.cudnn.benchmark = False

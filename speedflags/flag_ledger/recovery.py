@@ -153,10 +153,13 @@ class LedgerRecovery(LedgerPaths):
             found[i] = lever.read()
         try:
             restored[i] = self._finish_lever(frame, i, where, [])
-        except BaseException:
+        except BaseException as again:
             self._unlink(frame, i)  # no stale entry is left on its stack
-            failures.append((i, exc))
-            notes[i] = f"failed: {type(exc).__name__}: {exc}"
+            # interrupted again (a plain handler): the interruption is what the exit raises,
+            # not what the first try ran into (an entry an earlier exit had taken off)
+            failed = exc if isinstance(again, Exception) else again
+            failures.append((i, failed))
+            notes[i] = f"failed: {type(failed).__name__}: {failed}"
             restored[i] = lever.read()
             return pending
         notes[i] = f"restored again after {type(exc).__name__}"
