@@ -12,9 +12,10 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from .bench import cli as bench_cli
+from .cli import options
 from .errors import SpeedflagsError
 from .tune import cli as tune_cli
 from .verify import cli as verify_cli
@@ -62,7 +63,7 @@ def _default_device(requested: Optional[str]) -> Optional[str]:
     return requested
 
 
-def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="speedflags",
         description="PyTorch fast-path flags: inspect them, apply the recommended ones, "
@@ -84,10 +85,13 @@ def _parser() -> Tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     report.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)"
     )
-    bench = bench_cli.add_parser(sub)
-    tune_cli.add_parser(sub)
-    verify_cli.add_parser(sub)
-    return parser, bench
+    commands = {
+        "report": report,
+        "bench": bench_cli.add_parser(sub),
+        "tune": tune_cli.add_parser(sub),
+        "verify": verify_cli.add_parser(sub),
+    }
+    return parser, commands
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -95,20 +99,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     0: ok; 1: ``--restore`` was not exact, the ranks of a distributed job disagree, a flag
     did not read as before a ``bench`` run, or ``verify`` found a lever not in effect; 2: bad
-    usage (one line naming the option, before anything is measured); 3: the step ``tune``
+    usage (one line naming the option, before anything is measured or a user's file is
+    imported: :mod:`speedflags.cli.options`), or an output file that could not be written
+    after all (a full disk); 3: the step ``tune``
     measures raised (its traceback is shown); 130: ``bench`` or ``tune`` stopped with Ctrl-C.
     """
-    parser, bench_parser = _parser()
+    parser, commands = _parser()
     args = parser.parse_args(argv)
+    try:  # every option, before a user's file is imported or anything is measured
+        options.check(args, commands[args.command])
+    except options.UsageError as exc:
+        print(f"speedflags {args.command}: {exc}", file=sys.stderr)
+        return 2
     if args.command == "bench":
-        return bench_cli.command(args, bench_parser)
+        return bench_cli.command(args)
     if args.command == "tune":
         return tune_cli.command(args)
     if args.command == "verify":
         return verify_cli.command(args)
     if args.command == "report":
-        if args.restore and not args.apply:
-            parser.error("--restore proves that --apply's changes come back; use it with --apply")
         from .report import build_report, print_report  # local: keep --help fast
 
         try:

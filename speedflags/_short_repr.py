@@ -15,6 +15,8 @@ Example:
     >>> shown = short_repr(["flash"] * 1_000_000)
     >>> len(shown) <= 240, shown.endswith("(1000000 items)")
     (True, True)
+    >>> short_repr(10**5000)  # repr() itself raises past 4300 digits
+    '<int of about 5001 digits>'
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import reprlib
 from itertools import islice
 from typing import Any
 
-__all__ = ["SHOWN_CHARS", "short_repr"]
+__all__ = ["SHOWN_CHARS", "short_repr", "short_str"]
 
 SHOWN_CHARS = 200  # of a value quoted in a message (a length note may follow)
 _ITEMS = 24  # items of a list, tuple, set or dict shown before "..."
@@ -73,9 +75,14 @@ def short_repr(value: object, limit: int = SHOWN_CHARS) -> str:
         >>> short_repr(("flash", "flash"))
         "('flash', 'flash')"
     """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 700:
+        # repr() of an int past sys.get_int_max_str_digits() raises ValueError ("Exceeds the
+        # limit for integer string conversion"), and is slow well before it
+        digits = int(value.bit_length() * 0.30103) + 1
+        return f"<{type(value).__name__} of about {digits} digits>"
     try:
         text = _REPR.repr(value)
-    except Exception:  # a broken __repr__, a too-large int: say what it is, not what it holds
+    except Exception:  # a broken __repr__: say what it is, not what it holds
         return f"<{type(value).__name__} object>"
     if len(text) > limit:
         text = text[: max(limit - 3, 0)] + "..."
@@ -85,6 +92,24 @@ def short_repr(value: object, limit: int = SHOWN_CHARS) -> str:
     elif size > _ITEMS and isinstance(value, (list, tuple, set, frozenset, dict)):
         text += f" ({size} items)"
     return text
+
+
+def short_str(text: object, limit: int = SHOWN_CHARS * 2) -> str:
+    """``str(text)`` cut to at most ``limit`` characters (with its length when cut): a
+    user's exception message, or a file's contents, inside one of speedflags' messages.
+
+    Example:
+        >>> from speedflags._short_repr import short_str
+        >>> short_str("boom"), short_str("x" * 10_000).endswith("(10000 characters)")
+        ('boom', True)
+    """
+    try:
+        shown = str(text)
+    except Exception:  # a broken __str__
+        return f"<{type(text).__name__} object>"
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[: max(limit - 3, 0)]}... ({len(shown)} characters)"
 
 
 def _length(value: object) -> int:

@@ -23,10 +23,10 @@ from typing import (
 import torch
 
 from . import _warn
-from ._short_repr import short_repr
+from ._short_repr import short_repr, short_str
 from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
 from .flag_ledger.decorate import decorate
-from .flag_ledger.interrupts import critical, deliver_pending
+from .flag_ledger.interrupts import PENDING, critical, deliver_pending
 from .flag_ledger.ledger import Frame, LeverItem, Program, Where, ledger
 from .hardware import DeviceLike, capabilities, default_device, normalize_device
 from .levers._unset import UNSET
@@ -154,7 +154,7 @@ class FastMath:
         return self._label
 
     def __repr__(self) -> str:
-        return f"<speedflags {self._label}>"
+        return f"<speedflags {short_str(self._label)}>"
 
     def _plan(self) -> _Plan:
         plan = self._plan_cache
@@ -165,8 +165,8 @@ class FastMath:
                 _warn.warn_once(cause, message, SlowPathWarning)
         if plan.refusals:
             raise LeverUnavailableError(
-                f"{self._label}: strict=True refuses levers that have no native effect on "
-                f"{plan.device}: " + "; ".join(plan.refusals) + ". Nothing was changed."
+                f"{short_str(self._label)}: strict=True refuses levers that have no native "
+                f"effect on {plan.device}: " + "; ".join(plan.refusals) + ". Nothing was changed."
             )
         return plan
 
@@ -224,10 +224,9 @@ class FastMath:
         return frame
 
     # An exception can interrupt a `with` between the ledger's open and __enter__'s return,
-    # or between __exit__'s start and the ledger's close: the except clauses below close
-    # the frame that was opened, or that the exit never reached. __exit__ is critical code:
-    # a speedflags.signal_safe handler called at its very first instruction, where no
-    # except clause can catch anything yet, waits until the ledger's close is done.
+    # or between __exit__'s start and the ledger's close: the except clauses below close the
+    # frame opened, or that the exit never reached. __exit__ is critical code: a signal_safe
+    # handler called at its first instruction (no except clause yet) waits for the close.
 
     def __enter__(self) -> Frame:
         caller = sys._getframe(1)
@@ -245,16 +244,19 @@ class FastMath:
             caller = sys._getframe(1)
             _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
         except SpeedflagsError:
-            deliver_pending()  # a handler deferred here, if the close never began
             raise
         except BaseException:
             _LEDGER.finish_exit(self)
             raise
+        finally:  # a signal_safe handler held back here; no check point after the last test
+            while True:
+                if not PENDING:
+                    break
+                deliver_pending()
 
-    # ``async with``: the same frame, entered and exited in the running task's context (a
-    # plain ``with`` inside a coroutine is the same thing; this spelling reads as what it is).
-    # The bodies repeat __enter__'s and __exit__'s: a call between them would be one more
-    # place for an exception to land outside the except clauses.
+    # ``async with``: the same frame, in the running task's context (as a plain ``with`` in a
+    # coroutine). The bodies repeat __enter__'s and __exit__'s: a call between them would be
+    # one more place for an exception to land outside the except clauses.
     async def __aenter__(self) -> Frame:
         caller = sys._getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)
@@ -271,11 +273,15 @@ class FastMath:
             caller = sys._getframe(1)
             _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
         except SpeedflagsError:
-            deliver_pending()  # a handler deferred here, if the close never began
             raise
         except BaseException:
             _LEDGER.finish_exit(self)
             raise
+        finally:  # a signal_safe handler held back here; no check point after the last test
+            while True:
+                if not PENDING:
+                    break
+                deliver_pending()
 
     # --- decorator -----------------------------------------------------------------------
 

@@ -156,7 +156,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if mode != "off" or path is not None:
             manager.register(LeakReport(mode, path), _REPORT)
     if mode != "off" and not manager.has_plugin(_GUARD):
-        manager.register(LeakGuard(mode, worker and worker.get("workerid")), _GUARD)
+        shown = manager.has_plugin("warnings")
+        manager.register(LeakGuard(mode, worker and worker.get("workerid"), shown), _GUARD)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -207,9 +208,10 @@ State = Tuple[Hashable, ...]
 class LeakGuard:
     """The ``warn``/``fail`` half of the plugin: one per pytest session, watching throughout."""
 
-    def __init__(self, mode: str, worker: Optional[str] = None) -> None:
+    def __init__(self, mode: str, worker: Optional[str] = None, shown: bool = True) -> None:
         self.mode = mode
         self.worker = worker  # the xdist worker's id, named in its findings
+        self.warnings_plugin = shown  # pytest's warnings plugin is on: it shows warnings
         self.domains: Tuple[Domain, ...] = domains()
         # Read twice per test: bound once. A guarded setting's raw getter skips its own
         # try (one try for all below); a getter that raises falls back to the guarded reads.
@@ -248,13 +250,19 @@ class LeakGuard:
             else:
                 # shown at the test, where the leak is to be fixed
                 try:
-                    warnings.warn_explicit(message, FlagLeakWarning, path, line)
+                    self.warn(message, path, line)
                 except FlagLeakWarning:  # filtered into an error (-W error): fail the test
                     _fail(item, reports, message)
         for report in reports:
             ihook.pytest_runtest_logreport(report=report)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
+
+    def warn(self, message: str, path: str, line: int) -> None:
+        # With -p no:warnings Python would print it raw, a second report beside the summary:
+        # recorded and dropped then (a filter turning it into an error still fails the test).
+        with warnings.catch_warnings(record=not self.warnings_plugin):
+            warnings.warn_explicit(message, FlagLeakWarning, path, line)
 
     def torchs_own(
         self, item: pytest.Item, reports: List[Any], before: State, after: State

@@ -116,7 +116,7 @@ class Schedule:
         # True from the start of a switch until it completes: a switch interrupted half-way
         # (Ctrl-C) is made again by the next step, whatever _active still says.
         self._switching = False
-        shown = ", ".join(f"{epoch}: {settings!r}" for epoch, settings, _ in entries)
+        shown = ", ".join(f"{epoch}: {short_repr(settings)}" for epoch, settings, _ in entries)
         self._label = f"{self._name}({{{shown}}})"
 
     # --- what it holds ---------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar, Union, overload
 
 import torch
 
@@ -248,35 +248,35 @@ class _Speedup:
     def _stepped(self, func: Callable[..., Any], label: str, stats: SpeedupStats) -> Any:
         # Generators and coroutines: the levers (and inference mode) hold per step.
         fast = self._fast
-        inference = self._inference
 
-        def open_frame(where: Any) -> Tuple[Frame, Any]:
+        def open_frame(where: Any) -> Frame:
             stats.calls += 1
-            frame = fast._open(label, where)
-            guard = None
-            if inference:
-                guard = torch.inference_mode()
-                guard.__enter__()
-            return frame, guard
+            return fast._open(label, where)
 
-        def close_frame(opened: Tuple[Frame, Any], where: Any) -> None:
-            frame, guard = opened
-            try:
-                if guard is not None:
-                    guard.__exit__(None, None, None)
-            finally:
-                _LEDGER.close(frame, where)
-
-        return decorate(func, open_frame, close_frame, "speedup", fast)
+        guard = _inference_guard if self._inference else None
+        return decorate(func, open_frame, _LEDGER.close, "speedup", fast, guard)
 
 
 def _never(*args: Any) -> Any:  # pragma: no cover - decorate refuses before calling it
     raise AssertionError("unreachable")
 
 
+# torch._C's guard is entered and exited in C: no interruption can land between the mode's
+# change and the with statement's hold on it, as one can in torch.inference_mode's Python
+# __enter__ and __exit__ (docs/architecture.md, "Interrupts, signals and fork").
+_C_INFERENCE_MODE: Any = getattr(torch._C, "_InferenceMode", None)
+
+
+def _inference_guard() -> Any:
+    """A context manager that turns inference mode on (for this thread) and back off."""
+    if _C_INFERENCE_MODE is None:  # pragma: no cover - every supported PyTorch has it
+        return torch.inference_mode()
+    return _C_INFERENCE_MODE(True)
+
+
 def _in_inference_mode(func: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
-        with torch.inference_mode():
+        with _inference_guard():
             return func(*args, **kwargs)
 
     return run

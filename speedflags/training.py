@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections import defaultdict
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
+import sys
+from collections import abc, defaultdict
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, TypeVar
 
 import torch
 from torch.optim.optimizer import Optimizer  # the public path; 2.4's stubs lack torch.optim's
@@ -153,6 +154,12 @@ def fast_optimizer(cls: type[Opt], params: Iterable[Any], **kwargs: Any) -> Opt:
             f"fast_optimizer(cls={short_repr(cls)}): expected a torch.optim.Optimizer subclass"
         )
     build: Callable[..., Opt] = cls  # the subclass takes fused/foreach; Optimizer does not
+    if isinstance(params, (torch.Tensor, str, bytes)) or not isinstance(params, abc.Iterable):
+        # a tensor iterates over its rows: torch.optim would refuse it, less clearly
+        raise InvalidTypeError(
+            f"fast_optimizer(params={short_repr(params)}): expected an iterable of parameters "
+            "or of parameter groups (dicts), such as model.parameters()"
+        )
     params = list(params)
     tensors = _param_tensors(params)
     accepted = inspect.signature(cls).parameters
@@ -278,16 +285,36 @@ def to_device(batch: T, device: DeviceLike) -> T:
     target = resolve_device(device, "to_device")
     if target.type == "meta":
         raise InvalidValueError("to_device(device='meta'): a meta device holds no data")
-    return _move(batch, target, target.type != "cpu")  # type: ignore[no-any-return]
+    try:
+        return _move(batch, target, target.type != "cpu", set())  # type: ignore[no-any-return]
+    except RecursionError:
+        raise InvalidValueError(
+            f"to_device(batch=...): nested deeper than Python's recursion limit "
+            f"({sys.getrecursionlimit()}); a batch is a shallow tree of containers"
+        ) from None
 
 
-def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
+def _move(obj: Any, device: torch.device, non_blocking: bool, path: Set[int]) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=non_blocking)
     if isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
         return obj
+    # the containers being walked, from the batch down to obj: met again, obj holds itself
+    if id(obj) in path:
+        raise InvalidValueError(
+            f"to_device(batch=...): the batch contains itself (a {type(obj).__name__} that "
+            "holds itself, directly or through other containers); a batch must be a tree"
+        )
+    path.add(id(obj))
+    try:
+        return _move_container(obj, device, non_blocking, path)
+    finally:
+        path.discard(id(obj))
+
+
+def _move_container(obj: Any, device: torch.device, non_blocking: bool, path: Set[int]) -> Any:
     if isinstance(obj, dict):
-        items = [(k, _move(v, device, non_blocking)) for k, v in obj.items()]
+        items = [(k, _move(v, device, non_blocking, path)) for k, v in obj.items()]
         if isinstance(obj, defaultdict):
             return type(obj)(obj.default_factory, items)
         try:
@@ -295,16 +322,16 @@ def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
         except TypeError:  # a dict subclass with its own constructor
             return dict(items)
     if isinstance(obj, tuple):
-        moved = [_move(v, device, non_blocking) for v in obj]
+        moved = [_move(v, device, non_blocking, path) for v in obj]
         if hasattr(obj, "_fields"):  # namedtuple
             return type(obj)(*moved)
         return tuple(moved) if type(obj) is tuple else type(obj)(moved)
     if isinstance(obj, list):
-        moved_list = [_move(v, device, non_blocking) for v in obj]
+        moved_list = [_move(v, device, non_blocking, path) for v in obj]
         return moved_list if type(obj) is list else type(obj)(moved_list)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         changes = {
-            f.name: _move(getattr(obj, f.name), device, non_blocking)
+            f.name: _move(getattr(obj, f.name), device, non_blocking, path)
             for f in dataclasses.fields(obj)
             if f.init
         }

@@ -110,15 +110,13 @@ def test_compare_reports_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_bad_arguments_are_usage_errors(
     args: List[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as excinfo:
-        main(["bench", *args])
-    assert excinfo.value.code == 2
+    assert main(["bench", *args]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_bad_device_and_missing_cuda_are_reported(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--device", "gpu"]) == 2
-    assert "bench(device='gpu')" in capsys.readouterr().err
+    assert "--device 'gpu': not a device PyTorch knows" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert main(["bench", "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
@@ -196,7 +194,7 @@ def test_python_dash_m_bench_smoke(tmp_path: Path) -> None:
 @pytest.mark.skipif(os.name != "posix", reason="sends SIGINT")
 def test_a_real_ctrl_c_stops_cleanly() -> None:
     # many passes at a small size: long enough to be interrupted after the first progress line
-    args = ["bench", "--device", "cpu", "--workload", "matmul", "--sizes", "64", "--passes", "500"]
+    args = ["bench", "--device", "cpu", "--workload", "matmul", "--sizes", "64", "--passes", "100"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "speedflags", *args],
         stdout=subprocess.PIPE,

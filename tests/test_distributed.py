@@ -323,3 +323,10 @@ def test_mismatch_message_groups_ranks_by_value() -> None:
     assert isinstance(error, speedflags.SpeedflagsError)
     assert error.levers == ("tf32",)
     assert error.differences == {"tf32.a": (False, True)}
+
+
+@pytest.mark.parametrize("label", [12, None, b"rank check"])
+def test_check_ranks_refuses_a_label_that_is_not_a_str(label: Any) -> None:
+    # Failed before: check_ranks(label=12) was accepted and recorded an int label
+    with pytest.raises(speedflags.InvalidTypeError, match=r"^check_ranks\(label=.*expected a str"):
+        speedflags.check_ranks(label=label)

@@ -273,3 +273,15 @@ def test_own_writes_marks_the_ledgers_writes_only(monkeypatch: pytest.MonkeyPatc
         assert OWN_WRITES.depth == 0  # only while the ledger writes
     torch._C._set_cudnn_benchmark(base)  # an external write
     assert seen == [(not base, 1), (base, 1), (base, 0)]
+
+
+def test_records_compare_by_value() -> None:
+    # Failed before: each read of history builds new FlagRecord objects, and two records of
+    # the same entry compared unequal (identity)
+    with fast_math(cudnn_benchmark=True, device="cpu", label="equal"):
+        pass
+    first, second = speedflags.ledger().history[-2:], speedflags.ledger().history[-2:]
+    assert first == second and first[0] is not second[0]
+    assert len({*first, *second}) == 2
+    assert first[0] != first[1]  # the set and the restore differ
+    assert first[0] != "a record"

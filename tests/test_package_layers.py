@@ -32,7 +32,16 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("blocks", ("shorthands", "speedup", "training", "schedule")),
     (
         "tools",
-        ("bench", "tune", "verify", "report", "integrations", "pytest_plugin", "leak_report"),
+        (
+            "bench",
+            "tune",
+            "verify",
+            "report",
+            "cli",
+            "integrations",
+            "pytest_plugin",
+            "leak_report",
+        ),
     ),
     ("entry points", ("__main__", "")),
 ]

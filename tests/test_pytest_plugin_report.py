@@ -74,6 +74,20 @@ def test_the_summary_is_shown_whatever_the_warnings_settings(
     assert "test_clean" not in text
 
 
+def test_without_pytests_warnings_plugin_the_summary_is_the_only_report(
+    pytester: pytest.Pytester,
+) -> None:
+    # Failed before: with -p no:warnings nothing captures the FlagLeakWarning, so Python
+    # printed it raw on stderr, a second report of the leak the summary already gives.
+    pytester.makepyfile(test_leaky=LEAKY)
+    result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:warnings", "--speedflags-leaks=warn")
+    result.assert_outcomes(passed=2)
+    output = result.stdout.str() + result.stderr.str()
+    assert "FlagLeakWarning" not in output, result.stderr.str()
+    assert output.count("cudnn_benchmark: False -> True") == 1  # the summary's
+    assert TITLE in summary_section(result.stdout.str())[0]
+
+
 def test_fail_mode_has_the_section_too_and_no_leak_says_so(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_leaky=LEAKY)
     result = pytester.runpytest(*PLUGIN, "--speedflags-leaks=fail")

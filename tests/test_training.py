@@ -5,7 +5,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import inspect
-from typing import Any, Callable, List, NamedTuple
+import sys
+from typing import Any, Callable, Dict, List, NamedTuple
 
 import pytest
 import torch
@@ -200,6 +201,13 @@ def test_fast_optimizer_refuses_a_non_optimizer() -> None:
         fast_optimizer(dict, [])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("params", [42, None, torch.ones(3), "weights"])
+def test_fast_optimizer_names_params_when_they_are_not_parameters(params: Any) -> None:
+    # Failed before: 42 ended in list(42)'s "'int' object is not iterable", naming nothing
+    with pytest.raises(InvalidTypeError, match=r"^fast_optimizer\(params=.*model\.parameters"):
+        fast_optimizer(torch.optim.AdamW, params)
+
+
 # --- to_device --------------------------------------------------------------------------
 
 
@@ -252,6 +260,27 @@ def test_non_blocking_only_towards_an_accelerator(monkeypatch: pytest.MonkeyPatc
     to_device({"x": torch.ones(1), "y": [torch.ones(1)]}, "cuda")
     to_device(torch.ones(1), "cpu")
     assert calls == [("cuda", True), ("cuda", True), ("cpu", False)]
+
+
+def test_to_device_refuses_a_batch_that_contains_itself() -> None:
+    # Failed before: RecursionError, after thousands of frames
+    loop: List[Any] = [torch.ones(1)]
+    loop.append(loop)
+    through: Dict[str, Any] = {"x": [torch.ones(1)]}
+    through["x"].append(through)
+    for batch in (loop, through):
+        with pytest.raises(
+            InvalidValueError, match=r"^to_device\(batch=\.\.\.\): the batch contains itself"
+        ):
+            to_device(batch, "cpu")
+    shared = [torch.ones(1)]
+    moved = to_device({"a": shared, "b": shared}, "cpu")  # shared, not circular: fine
+    assert torch.equal(moved["a"][0], moved["b"][0])
+    deep: List[Any] = []
+    for _ in range(5 * sys.getrecursionlimit()):
+        deep = [deep]
+    with pytest.raises(InvalidValueError, match="recursion limit"):
+        to_device(deep, "cpu")
 
 
 def test_to_device_refuses_a_bad_device() -> None:

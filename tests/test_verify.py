@@ -240,7 +240,7 @@ def test_the_command_line_prints_saves_and_exits(
     assert main(["verify", "--device", "cpu", "--levers", "bogus"]) == 2
     assert "unknown lever 'bogus'" in capsys.readouterr().err
     assert main(["verify", "--device", "cpu", "--json", str(tmp_path)]) == 2  # a folder
-    assert "is a folder" in capsys.readouterr().err
+    assert "a folder, not a file" in capsys.readouterr().err
 
 
 def test_a_failed_verdict_gives_exit_status_one(

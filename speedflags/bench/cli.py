@@ -4,12 +4,14 @@ Exit status:
 
 - 0: done.
 - 1: a flag did not read as before the run afterwards.
-- 2: bad usage, refused before anything is measured, in one line naming the option: an
-  unknown workload or device, a count below 1, a ``--min-time`` that is negative, NaN or
-  infinite, ``--threads`` above this machine's CPUs, a size whose workload would not fit in
-  the device's memory, an output (``--json``, ``--plot``) in a place that cannot be written;
-  or an unreadable ``--compare`` file; or an output that could not be written after all
-  (the results are printed first).
+- 2: bad usage, refused before anything is measured, in one line naming the option
+  (:mod:`speedflags.cli.options` checks them all): an empty value, an unknown workload or
+  device, ``--passes`` outside 1-100 or ``--rounds`` outside 1-1000, a ``--min-time`` that
+  is negative, NaN or infinite, ``--threads`` above this machine's CPUs, a size whose
+  workload would not fit in the device's memory, an output (``--json``, ``--plot``) in a
+  place that cannot be written; a process whose TF32 state is mixed; an unreadable
+  ``--compare`` file; or an output that could not be written after all (a full disk: the
+  results are printed first).
 - 130: stopped with Ctrl-C (the results so far are still printed and saved).
 
 Output files: ``--json`` and ``--plot`` are checked before the run (``--plot``'s file type,
@@ -20,12 +22,8 @@ the file is written, as ``tune --out`` and ``tune --plot`` do.
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import sys
-from typing import Any, Optional, Tuple
-
-from .._short_repr import short_repr
+from typing import Any, List, Tuple
 
 __all__ = ["add_parser", "command"]
 
@@ -72,13 +70,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "float64 reference, estimated) is refused before the run",
     )
     parser.add_argument(
-        "--passes", type=int, default=3, help="interleaved passes over the configurations (3)"
+        "--passes",
+        type=int,
+        default=3,
+        help="interleaved passes over the configurations, 1 to 100 (3)",
     )
     parser.add_argument(
         "--rounds",
         type=int,
         default=5,
-        help="timed rounds per configuration and pass, at least (5)",
+        help="timed rounds per configuration and pass, at least; 1 to 1000 (5)",
     )
     parser.add_argument(
         "--min-time",
@@ -120,57 +121,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _ints(text: str, parser: argparse.ArgumentParser, option: str) -> Tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:  # not a number, or too many digits to convert
-        parser.error(f"{option} {short_repr(text)}: expected comma-separated positive integers")
-    if not values or min(values) <= 0:
-        parser.error(f"{option} {short_repr(text)}: expected comma-separated positive integers")
-    return values
-
-
-def _check_numbers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    for option, value in (("--passes", args.passes), ("--rounds", args.rounds)):
-        if value < 1:
-            parser.error(f"{option} {value}: must be at least 1")
-    # NaN passes "< 0" and infinity passes everything, then fail mid-run planning rounds
-    if not math.isfinite(args.min_time) or args.min_time < 0:
-        parser.error(f"--min-time {args.min_time}: must be a finite number of seconds, 0 or more")
-    if args.threads is not None:
-        cpus = os.cpu_count() or 1
-        if not 1 <= args.threads <= cpus:
-            parser.error(f"--threads {args.threads}: must be from 1 to {cpus}, the CPUs here")
-
-
-def _too_big(
-    workloads: Tuple[str, ...], sizes: Tuple[int, ...], device: Any, option: str
-) -> Optional[str]:
-    """Why a size cannot be allocated on ``device`` (its estimate against the device's
-    memory), or None."""
-    from .workloads import WORKLOADS, memory_bytes
-
-    have = memory_bytes(device)
-    if have is None:  # the system does not say: the run finds out
-        return None
-    for name in workloads:
-        workload = WORKLOADS[name]
-        if workload.unavailable(device):
-            continue
-        for size in sizes:
-            need = workload.memory(size, device.type)
-            if need > have:
-                return (
-                    f"{option} {size}: {name} at size {size} needs at least {_gib(need)} "
-                    f"of memory (estimated); {device} has {_gib(have)}"
-                )
-    return None
-
-
-def _gib(size: int) -> str:
-    return f"{size / 2**30:.3g} GiB"
-
-
 def _show(event: Any) -> None:
     """Print one progress event to stderr (finished steps, skips and group starts)."""
     if event.kind == "start":
@@ -192,65 +142,27 @@ def _compare(paths: Tuple[str, str]) -> int:
     return 0
 
 
-def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run ``speedflags bench`` with parsed arguments; return the exit status."""
+def command(args: argparse.Namespace) -> int:
+    """Run ``speedflags bench`` with arguments :func:`speedflags.cli.options.check` checked
+    (``workloads``, ``size_list``, ``resolved_device`` and ``bench_file`` among them);
+    return the exit status."""
     if args.compare:
         return _compare(tuple(args.compare))
-    bench_file = None
-    if args.config:
-        from .config_file import describe, load_for_cli, overlay
+    bench_file = args.bench_file
+    if bench_file is not None:
+        from .config_file import describe
 
-        bench_file, why = load_for_cli(args.config)
-        if bench_file is None:
-            print(f"speedflags bench: {why}", file=sys.stderr)
-            return 2
-        overlay(args, parser, bench_file)
         print(f"configurations from {args.config}:\n{describe(bench_file)}", file=sys.stderr)
-    _check_numbers(args, parser)
-    workloads = tuple(w.strip() for w in args.workload.split(",") if w.strip())
-    unknown = [w for w in workloads if w not in WORKLOAD_NAMES]
-    if unknown or not workloads:
-        parser.error(
-            f"--workload {short_repr(args.workload)}: unknown "
-            f"{', '.join(map(short_repr, unknown)) or 'none'}; "
-            f"valid: {', '.join(WORKLOAD_NAMES)}"
-        )
-    sizes: Optional[Tuple[int, ...]] = _ints(args.sizes, parser, "--sizes") if args.sizes else None
-
-    from .plot import MISSING, have_matplotlib
-
-    if args.plot and not have_matplotlib():  # before a long run, not after it
-        print(f"speedflags bench: {MISSING}", file=sys.stderr)
-        return 2
-    problem = _check_outputs(args)
-    if problem is not None:
-        print(f"speedflags bench: {problem}", file=sys.stderr)
-        return 2
 
     import torch
 
-    from ..errors import SpeedflagsError
-    from ..hardware import missing_cuda, resolve_device
     from .runner import Settings, run
     from .table import render
 
-    try:
-        device = resolve_device(args.device, "bench")
-    except SpeedflagsError as exc:
-        print(f"speedflags bench: {exc}", file=sys.stderr)
-        return 2
-    missing = missing_cuda(device)
-    if missing is not None:
-        print(f"speedflags bench: --device {device}: {missing}", file=sys.stderr)
-        return 2
-    too_big = _too_big(workloads, sizes, device, "--sizes") if sizes else None
-    if too_big is not None:
-        print(f"speedflags bench: {too_big}", file=sys.stderr)
-        return 2
     settings = Settings(
-        device,
-        workloads,
-        sizes,
+        args.resolved_device,
+        args.workloads,
+        args.size_list,
         passes=args.passes,
         min_rounds=args.rounds,
         min_time_s=args.min_time,
@@ -280,35 +192,27 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0 if result.flags_restored else 1
 
 
-def _check_outputs(args: argparse.Namespace) -> Optional[str]:
-    """Why ``--json`` or ``--plot`` could not be written after the run, or None."""
-    from ..errors import SpeedflagsError
-    from .output_paths import check_output
-    from .plot import PLOT_SUFFIXES
-
-    try:
-        if args.json:
-            check_output(args.json, "--json")
-        if args.plot:
-            check_output(args.plot, "--plot", PLOT_SUFFIXES)
-    except SpeedflagsError as exc:
-        return str(exc)
-    return None
-
-
 def _write_outputs(args: argparse.Namespace, result: Any) -> bool:
-    """Save and plot as asked; False (said on stderr) if a file could not be written after
-    all (both were checked before the run)."""
-    try:
-        if args.json:
-            result.save(args.json)
-            print(f"results: {args.json}")
-        if args.plot:
-            from .plot import plot
+    """Save and plot as asked; False (said on stderr, one line per file) if a file could
+    not be written after all (both were checked before the run: a full disk shows only
+    now)."""
+    from .output_paths import write_output
 
-            points = plot(result, args.plot)
-            print(f"plot: {args.plot} ({points} points)")
-    except OSError as exc:
-        print(f"speedflags bench: could not write an output: {exc}", file=sys.stderr)
-        return False
-    return True
+    problems = []
+    if args.json:
+        problem = write_output("--json", args.json, result.save)
+        problems.append(problem)
+        if problem is None:
+            print(f"results: {args.json}")
+    if args.plot:
+        from .plot import plot
+
+        points: List[int] = []
+        problem = write_output("--plot", args.plot, lambda path: points.append(plot(result, path)))
+        problems.append(problem)
+        if problem is None:
+            print(f"plot: {args.plot} ({points[0]} points)")
+    for problem in problems:
+        if problem is not None:
+            print(f"speedflags bench: {problem}", file=sys.stderr)
+    return not any(problems)

@@ -41,6 +41,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
+from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from ..levers.registry import LEVER_NAMES, check_levers
 from ..tune.files import load_levers, read_file
@@ -98,11 +99,11 @@ class _Reader:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.where = f"bench --config {path!r}"
+        self.where = f"bench --config {short_repr(path)}"
         self.folder = os.path.dirname(os.path.abspath(path))
 
     def fail(self, key: str, value: Any, why: str) -> InvalidValueError:
-        return InvalidValueError(f"{self.where}: {key}={value!r}: {why}")
+        return InvalidValueError(f"{self.where}: {key}={short_repr(value)}: {why}")
 
     def number(self, data: Mapping[str, Any], key: str, kind: type, minimum: float) -> Any:
         value = data.get(key)

@@ -21,6 +21,7 @@ from typing import Any, Callable, List, Optional, Sequence, TypeVar
 import torch
 
 __all__ = [
+    "MAX_ROUNDS",
     "Timing",
     "cache_bytes",
     "plan_calls",
@@ -172,8 +173,11 @@ def rotation_sets(set_bytes: int, cache: int, budget: int = _ROTATION_BUDGET) ->
     return max(1, min(wanted, budget // set_bytes, _MAX_SETS))
 
 
+MAX_ROUNDS = 1000  # timed rounds per configuration and pass: --min-time stops here
+
+
 def plan_rounds(
-    estimate_s: float, min_rounds: int, min_time_s: float, max_rounds: int = 1000
+    estimate_s: float, min_rounds: int, min_time_s: float, max_rounds: int = MAX_ROUNDS
 ) -> int:
     """Timed rounds for one configuration: at least ``min_rounds`` and ``min_time_s`` seconds.
 

@@ -137,7 +137,7 @@ def check_ranks(group: Any = None, *, label: str = "check_ranks()") -> RankSnaps
     Raises:
         RankMismatchError: some rank differs; the message names each lever, each getter
             and the value on each rank.
-        InvalidTypeError: ``group`` is not a process group.
+        InvalidTypeError: ``group`` is not a process group, or ``label`` not a str.
 
     Example:
         >>> import speedflags
@@ -145,6 +145,8 @@ def check_ranks(group: Any = None, *, label: str = "check_ranks()") -> RankSnaps
         >>> result.reason
         'no torch.distributed process group: nothing to compare'
     """
+    if not isinstance(label, str):
+        raise InvalidTypeError(f"check_ranks(label={short_repr(label)}): expected a str")
     if group is not None and (not AVAILABLE or not isinstance(group, _dist.ProcessGroup)):
         raise InvalidTypeError(
             f"check_ranks(group={short_repr(group)}): expected a torch.distributed ProcessGroup "

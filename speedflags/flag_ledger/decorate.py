@@ -13,11 +13,20 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from contextlib import aclosing
-from typing import Any, AsyncGenerator, Callable, Generator, Optional, Tuple, TypeVar
+from typing import (
+    Any,
+    AsyncGenerator,
+    Callable,
+    ContextManager,
+    Generator,
+    Optional,
+    Tuple,
+    TypeVar,
+)
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, SpeedflagsError
+from .interrupts import PENDING, critical, deliver_pending
 from .ledger import ledger
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,13 +45,21 @@ def caller_where(depth: int = 2) -> Where:
 
 
 def decorate(
-    func: F, open_frame: OpenFrame, close_frame: CloseFrame, what: str, owner: object = None
+    func: F,
+    open_frame: OpenFrame,
+    close_frame: CloseFrame,
+    what: str,
+    owner: object = None,
+    step_guard: Optional[Callable[[], ContextManager[Any]]] = None,
 ) -> F:
     """Wrap ``func`` so that each call (or each step) runs inside a frame.
 
     ``owner`` is the object the frames are opened for (``open_frame`` opens them with it as
-    their owner): a plain function's wrapper finds by it the frame an interruption kept it
-    from receiving (:meth:`~speedflags.FlagLedger.cancel_open`).
+    their owner): a wrapper finds by it the frame an interruption kept it from receiving
+    (:meth:`~speedflags.FlagLedger.cancel_open`). ``step_guard``, for generator and
+    coroutine functions, makes a context manager entered around each step inside its frame
+    (``@speedup(inference=True)``'s inference mode); entered and exited in C, it cannot be
+    left half-entered by an interruption.
     """
     if isinstance(func, type):
         raise InvalidTypeError(
@@ -50,10 +67,11 @@ def decorate(
             "the constructor or every method should run with the levers; decorate the methods"
         )
     if isinstance(func, (staticmethod, classmethod)):
-        return type(func)(decorate(func.__func__, open_frame, close_frame, what))
+        return type(func)(decorate(func.__func__, open_frame, close_frame, what, owner, step_guard))
     if not callable(func):
         raise InvalidTypeError(f"{what} can only decorate a callable, got {short_repr(func)}")
 
+    driver = _Driver(open_frame, close_frame, owner, step_guard)
     if inspect.isasyncgenfunction(func):
 
         @functools.wraps(func)
@@ -61,30 +79,32 @@ def decorate(
             where = caller_where()
             to_send: Any = None
             to_throw: Optional[BaseException] = None
-            # aclosing: whatever ends this loop (even a step that fails inside speedflags),
-            # the wrapped generator is closed and its cleanup runs.
-            async with aclosing(func(*args, **kwargs)) as agen:
-                try:
-                    while True:
-                        if to_throw is not None:
-                            step = agen.athrow(to_throw)
-                            to_throw = None
-                        else:
-                            step = agen.asend(to_send)
-                        item = await _Stepped(step.__await__(), open_frame, close_frame, where)
-                        try:
-                            to_send = yield item
-                        except GeneratorExit:
-                            # closed early by the consumer: the generator's cleanup runs
-                            # with the levers, like every other step
-                            await _Stepped(
-                                agen.aclose().__await__(), open_frame, close_frame, where
-                            )
-                            raise
-                        except BaseException as exc:
-                            to_throw = exc
-                except StopAsyncIteration:
-                    return
+            agen = func(*args, **kwargs)
+            try:
+                while True:
+                    if to_throw is not None:
+                        step = agen.athrow(to_throw)
+                        to_throw = None
+                    else:
+                        step = agen.asend(to_send)
+                    try:
+                        item = await _Stepped(step.__await__(), driver, where)
+                    except StopAsyncIteration:
+                        return
+                    try:
+                        to_send = yield item
+                    except GeneratorExit:
+                        # closed early by the consumer: the generator's cleanup runs
+                        # with the levers, like every other step
+                        await _Stepped(agen.aclose().__await__(), driver, where)
+                        raise
+                    except BaseException as exc:
+                        to_throw = exc
+            finally:
+                # whatever ended the loop (even a step that failed inside speedflags), the
+                # wrapped generator is closed and its cleanup runs
+                if not agen.ag_running:
+                    await agen.aclose()
 
         return async_gen_wrapper  # type: ignore[return-value]
 
@@ -93,7 +113,7 @@ def decorate(
         @functools.wraps(func)
         async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
             where = caller_where()
-            return await _Stepped(func(*args, **kwargs).__await__(), open_frame, close_frame, where)
+            return await _Stepped(func(*args, **kwargs).__await__(), driver, where)
 
         return coroutine_wrapper  # type: ignore[return-value]
 
@@ -101,9 +121,7 @@ def decorate(
 
         @functools.wraps(func)
         def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-            return (
-                yield from _steps(func(*args, **kwargs), open_frame, close_frame, caller_where())
-            )
+            return (yield from _steps(func(*args, **kwargs), driver, caller_where()))
 
         return generator_wrapper  # type: ignore[return-value]
 
@@ -136,47 +154,121 @@ def decorate(
     return wrapper  # type: ignore[return-value]
 
 
-def _steps(
-    it: Any, open_frame: OpenFrame, close_frame: CloseFrame, where: Where
-) -> Generator[Any, Any, Any]:
+class _Driver:
+    """What a generator's or coroutine's steps are run with: how to open and close their
+    frames, the frames' owner, and a guard entered around each step inside its frame."""
+
+    __slots__ = ("close", "guard", "ledger", "open", "owner")
+
+    def __init__(
+        self,
+        open_frame: OpenFrame,
+        close_frame: CloseFrame,
+        owner: object,
+        guard: Optional[Callable[[], ContextManager[Any]]],
+    ) -> None:
+        self.open = open_frame
+        self.close = close_frame
+        self.owner = owner
+        self.guard = guard
+        self.ledger = ledger()
+
+
+def _steps(it: Any, driver: _Driver, where: Where) -> Generator[Any, Any, Any]:
     """Drive a generator-like ``it`` (send/throw/close), one frame around every step."""
     to_send: Any = None
     to_throw: Optional[BaseException] = None
-    while True:
-        frame = open_frame(where)
-        try:
-            if to_throw is not None:
-                exc, to_throw = to_throw, None
-                item = it.throw(exc)
-            else:
-                item = it.send(to_send)
-        except StopIteration as stop:
-            return stop.value
-        finally:
-            close_frame(frame, where)
-        try:
-            to_send = yield item
-        except GeneratorExit:
-            frame = open_frame(where)
+    try:
+        while True:
             try:
-                it.close()
-            finally:
-                close_frame(frame, where)
+                if to_throw is not None:
+                    exc, to_throw = to_throw, None
+                    item = _step(driver, where, it.throw, exc)
+                else:
+                    item = _step(driver, where, it.send, to_send)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                to_send = yield item
+            except GeneratorExit:
+                _step(driver, where, it.close)
+                raise
+            except BaseException as exc:
+                to_throw = exc
+    except BaseException:
+        _finish(it)
+        raise
+
+
+def _finish(it: Any) -> None:
+    # The wrapper ends with an exception: ``it`` can never be resumed. If the exception did
+    # not come from it (a frame's open or close failed or was interrupted between two of its
+    # steps), finish it now rather than in the garbage collector: an exception raised by its
+    # cleanup (a second Ctrl-C) then reaches the caller instead of being "ignored", and an
+    # async generator left suspended inside a step is no longer "already running" for its
+    # aclose(). GeneratorExit is what close() throws; unlike close(), throwing it also ends
+    # an async generator's step (asend, athrow). Thrown into an ``it`` that has finished, it
+    # comes back as itself or as "cannot reuse already awaited" RuntimeError: nothing to do.
+    try:
+        it.throw(GeneratorExit)
+    except (GeneratorExit, Exception):  # closed, finished already, or its cleanup failed
+        return
+    it.close()  # its cleanup yielded again: closed without it
+
+
+def _step(driver: _Driver, where: Where, advance: Callable[..., Any], *args: Any) -> Any:
+    """``advance(*args)`` (one step of a generator or coroutine) inside its own frame.
+
+    Opened and closed as a decorated plain call is: a frame whose open returned into an
+    interruption is found by its owner and closed (``cancel_open``); a close interrupted at
+    its first instruction (a plain signal handler) is made again. The close itself runs in
+    ``_end_step``, critical code: a :func:`~speedflags.signal_safe` handler called in it
+    waits until the frame is closed, and runs there.
+    """
+    mark = driver.ledger._last_id
+    frame = None
+    try:
+        frame = driver.open(where)
+        guard = driver.guard
+        if guard is None:
+            return advance(*args)
+        with guard():
+            return advance(*args)
+    finally:
+        try:
+            _end_step(driver, mark, frame, where)
+        except SpeedflagsError:
             raise
-        except BaseException as exc:
-            to_throw = exc
+        except BaseException:  # interrupted before its try: end the step now
+            _end_step(driver, mark, frame, where)
+            raise
+
+
+@critical
+def _end_step(driver: _Driver, mark: int, frame: Any, where: Where) -> None:
+    # No frame: the open failed, or returned into an interruption (its frame is found by its
+    # owner). A frame closed already: an earlier try got that far before being interrupted.
+    try:
+        if frame is None:
+            driver.ledger.cancel_open(driver.owner, mark, where)
+        elif not frame.closed:
+            driver.close(frame, where)
+    finally:  # signal_safe handlers deferred in here
+        while True:  # no check point after the last test: see deliver_pending
+            if not PENDING:
+                break
+            deliver_pending()
 
 
 class _Stepped:
     """An awaitable that runs another awaitable's iterator one frame per step."""
 
-    __slots__ = ("_close", "_it", "_open", "_where")
+    __slots__ = ("_driver", "_it", "_where")
 
-    def __init__(self, it: Any, open_frame: OpenFrame, close_frame: CloseFrame, where: Where):
+    def __init__(self, it: Any, driver: _Driver, where: Where):
         self._it = it
-        self._open = open_frame
-        self._close = close_frame
+        self._driver = driver
         self._where = where
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        return _steps(self._it, self._open, self._close, self._where)
+        return _steps(self._it, self._driver, self._where)

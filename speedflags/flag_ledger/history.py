@@ -100,6 +100,8 @@ class FlagRecord:
         >>> record = speedflags.ledger().history[-1]
         >>> record.lever, record.action, record.before, record.after, record.label
         ('cudnn_benchmark', 'restore', True, False, 'demo')
+        >>> record == speedflags.ledger().history[-1]  # records compare by value
+        True
     """
 
     __slots__ = (
@@ -154,15 +156,39 @@ class FlagRecord:
 
     @property
     def before(self) -> Any:
-        return self._describe(self._before) if self._describe else self._before
+        return self._described(self._before)
 
     @property
     def after(self) -> Any:
-        return self._describe(self._after) if self._describe else self._after
+        return self._described(self._after)
+
+    def _described(self, state: Any) -> Any:
+        # None: no state was read (a thread-local lever of a thread that ended inside its
+        # block); every lever reads a state of its own, never None
+        if self._describe is None or state is None:
+            return state
+        return self._describe(state)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain, JSON-friendly values."""
         return {name: getattr(self, name) for name in RECORD_FIELDS}
+
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            (self.seq, self.time, self.lever, self.action, self._before, self._after),
+            (self.reason, self.label, self.frame, self.thread, self.rank, self.where),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        # value equality: each read of ``history`` builds new records of the same entries
+        if not isinstance(other, FlagRecord):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        # the states are left out: a note's may be a dict (unhashable); equal records share
+        # the rest
+        return hash((self.seq, self.time, self.lever, self.action, self.frame))
 
     def __repr__(self) -> str:
         reason = f", reason={self.reason!r}" if self.reason else ""

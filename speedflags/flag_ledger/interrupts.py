@@ -62,7 +62,23 @@ def in_critical_section(frame: Optional[FrameType]) -> bool:
 def deliver_pending() -> None:
     """Run the handler calls deferred out of critical code, oldest first (in the main thread
     only: a handler never runs in another thread). A handler's exception propagates; the
-    calls after it stay queued for the next delivery."""
+    calls after it stay queued for the next delivery.
+
+    Every way out of critical code ends in this loop, written in the critical function
+    itself::
+
+        while True:
+            if not PENDING:
+                break
+            deliver_pending()
+
+    so that nothing can be held back after the last look at ``PENDING``: Python 3.10 checks
+    for signals right after a call returns (a handler held back there, in the critical
+    caller, is what the loop's next look finds) and at every jump taken, forward too (the
+    ``if not PENDING: break`` takes none on its way out, where ``while PENDING:`` would).
+    From 3.11 only calls of C functions and backward jumps check. So an interrupt held back
+    is never left waiting once the enter or exit is done, whether it completed, failed or
+    was refused."""
     if threading.current_thread() is not _MAIN_THREAD[0]:
         return
     while PENDING:

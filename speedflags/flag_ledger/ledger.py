@@ -32,6 +32,7 @@ from collections import deque
 from contextvars import ContextVar
 from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 
+from .._short_repr import short_repr
 from . import history as _history
 from . import notices as _notices
 from . import own_writes as _own_writes
@@ -39,7 +40,7 @@ from .history import SET, FlagRecord, Where, format_where, json_default, now
 from .interrupts import PENDING, critical, deliver_pending
 from .notices import Failure, Notice
 from .own_writes import _WRITING
-from .program import Frame, LeverItem, Program
+from .program import Frame, LeverItem, Program, without_closed
 from .recovery import LEDGERS, LedgerRecovery
 
 __all__ = [
@@ -89,8 +90,8 @@ class FlagLedger(LedgerRecovery):
     """
 
     def __init__(self, history_size: int = DEFAULT_HISTORY_SIZE) -> None:
-        if not _is_positive_int(history_size):
-            raise ValueError(f"history_size={history_size!r}: expected a positive int")
+        if type(history_size) is not int or history_size <= 0:  # not a bool either
+            raise ValueError(f"history_size={short_repr(history_size)}: expected a positive int")
         self._history_size = history_size
         # Taken with `with`, which CPython enters without an interrupt check between the
         # acquire and the block, so no exception can leave it held. Reentrant, so that a
@@ -154,7 +155,6 @@ class FlagLedger(LedgerRecovery):
         if token is None:
             token = self._thread_token(tid)
         loop = _get_running_loop()
-        # mypy < 2 (Python 3.9's) types _get_running_loop without None: "always false"
         task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
         frame = Frame(
             label, owner, where, device, program, tid, _current_thread().name,
@@ -166,81 +166,94 @@ class FlagLedger(LedgerRecovery):
         crowded = False  # a stack held entries already: look for conflicts
         notices: Optional[List[Notice]] = None
         context = self._frames
-        with self._lock:
-            _WRITING.add(tid)
-            watched = None
-            try:
-                if self._gone:
-                    notices = self._drop_abandoned(where)
-                # speedflags.watch(): a boundary where changes made around Python are found
-                if _own_writes.WATCHER is not None:
-                    watched = _own_writes.enter(self, label, where)
-                self._last_id = fid = frame.id = self._last_id + 1
-                seen = program.seen
-                for i, lever, check in program.reads:
-                    state = lever.read()
-                    # The same state as last time: pass on the object read then. Levers key
-                    # caches on states (the TF32 family's write plans); an object seen before
-                    # hashes and compares by identity, a fresh one of 12 strings costs ~0.5 µs.
-                    last = seen[i]
-                    if state == last:
-                        state = last
-                    else:
-                        seen[i] = state
-                    befores[i] = state
-                    if not check:  # not `if check:` last: a hole on Python 3.13 (see
-                        continue  # tests/test_exception_table_holes.py)
-                    lever.check(state)  # may refuse: nothing has changed yet
-                for i, lever, value, p, key, domain in program.rows:
-                    before = befores[i] = befores[i] if p < 0 else afters[p]
-                    if key is None:
-                        key = (domain, tid)
-                    stack = stacks.get(key)
-                    if stack is None:
-                        stack = self._new_stack(key)
-                    elif stack:
-                        crowded = True
-                    # Counted, then pushed, then written: a roll-back after any of the three
-                    # restores (a no-op before the write), and unlinks what was pushed.
-                    frame.applied = i + 1
-                    stack.append((frame, i))
-                    afters[i] = lever.apply(value, before)
-                n = program.n
-                self._seq = seq = self._seq + n
-                self._history.append(
-                    (SET, seq - n + 1, now(), label, fid, frame.thread, frame.rank, where,
-                     program.lever_keys, program.reasons, tuple(befores), tuple(afters))
-                )  # fmt: skip
-                if program.skipped:
-                    self._skips(frame, where)
-                self._open[fid] = frame
-                if crowded:
-                    conflicts = self._conflicts(frame)
-                    if conflicts:
-                        notices = conflicts if notices is None else notices + conflicts
-                frames = context.get()
-                if frames and frames[-1].closed:  # the common case: close() left one there
-                    frames = frames[:-1]
-                    if frames and frames[-1].closed:
-                        frames = _without_closed(frames)
-                context.set(frames + (frame,))  # noqa: RUF005
-                if watched is not None:
-                    watched.__exit__(None, None, None)
-            except BaseException as exc:  # a failure, or an exception that interrupted us
-                error = self._abort_open(frame, exc, where, watched)
-                if error is not None:
-                    raise error  # noqa: B904 - its cause is set
-                raise
-            finally:
-                _WRITING.discard(tid)
-        if notices or PENDING:
-            try:
-                if notices:
-                    _notices.speak(notices)
-                deliver_pending()  # signal_safe handlers that came while entering
-            except BaseException:  # a warning turned into an error, or a handler's exception:
-                self.close(frame, where)  # nothing stays entered
-                raise
+        try:
+            with self._lock:
+                _WRITING.add(tid)
+                watched = None
+                try:
+                    if self._gone:
+                        notices = self._drop_abandoned(where)
+                    # speedflags.watch(): a boundary where changes made around Python are found
+                    if _own_writes.WATCHER is not None:
+                        watched = _own_writes.enter(self, label, where)
+                    self._last_id = fid = frame.id = self._last_id + 1
+                    seen = program.seen
+                    for i, lever, check in program.reads:
+                        state = lever.read()
+                        # The same state as last time: pass on the object read then. Levers key
+                        # caches on states (the TF32 family's write plans); an object seen before
+                        # hashes and compares by identity, a fresh one of 12 strings costs ~0.5 µs.
+                        last = seen[i]
+                        if state == last:
+                            state = last
+                        else:
+                            seen[i] = state
+                        befores[i] = state
+                        if not check:  # not `if check:` last: a hole on Python 3.13 (see
+                            continue  # tests/test_exception_table_holes.py)
+                        lever.check(state)  # may refuse: nothing has changed yet
+                    for i, lever, value, p, key, domain in program.rows:
+                        before = befores[i] = befores[i] if p < 0 else afters[p]
+                        if key is None:
+                            key = (domain, tid)
+                        stack = stacks.get(key)
+                        if stack is None:
+                            stack = self._new_stack(key)
+                        elif stack:
+                            crowded = True
+                        # Counted, then pushed, then written: a roll-back after any of the three
+                        # restores (a no-op before the write), and unlinks what was pushed.
+                        frame.applied = i + 1
+                        stack.append((frame, i))
+                        afters[i] = lever.apply(value, before)
+                    n = program.n
+                    self._seq = seq = self._seq + n
+                    self._history.append(
+                        (SET, seq - n + 1, now(), label, fid, frame.thread, frame.rank, where,
+                         program.lever_keys, program.reasons, tuple(befores), tuple(afters))
+                    )  # fmt: skip
+                    if program.skipped:
+                        self._skips(frame, where)
+                    self._open[fid] = frame
+                    if crowded:
+                        conflicts = self._conflicts(frame)
+                        if conflicts:
+                            notices = conflicts if notices is None else notices + conflicts
+                    frames = context.get()
+                    if frames and frames[-1].closed:  # the common case: close() left one there
+                        frames = frames[:-1]
+                        if frames and frames[-1].closed:
+                            frames = without_closed(frames)
+                    context.set(frames + (frame,))  # noqa: RUF005
+                    if watched is not None:
+                        watched.__exit__(None, None, None)
+                except BaseException as exc:  # a failure, or an exception that interrupted us
+                    error = self._abort_open(frame, exc, where, watched)
+                    if error is not None:
+                        raise error  # noqa: B904 - its cause is set
+                    raise
+                finally:
+                    _WRITING.discard(tid)
+        except BaseException:  # refused, failed or interrupted: rolled back, lock released
+            # signal_safe handlers deferred while entering run now: an interrupt reaches the
+            # program on the refusal's way out (or instead of it)
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
+                deliver_pending()
+            raise
+        if not (notices or PENDING):  # no jump taken on the way out (see deliver_pending)
+            return frame
+        try:
+            if notices:
+                _notices.speak(notices)
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
+                deliver_pending()
+        except BaseException:  # a warning turned into an error, or a handler's exception:
+            self.close(frame, where)  # nothing stays entered
+            raise
         return frame
 
     @critical
@@ -337,8 +350,8 @@ class FlagLedger(LedgerRecovery):
                             notes = [""] * n
                         if failures is None:
                             failures = []
-                        pending = self._restore_again(frame, i, exc, where, restored, notes,
-                                                      failures, pending)  # fmt: skip
+                        pending = self._restore_again(frame, i, exc, where, found, restored,
+                                                      notes, failures, pending)  # fmt: skip
                 frame.closed = True
                 frame.task = None  # a frame kept by the caller must not keep its task alive
                 self._open.pop(frame.id, None)
@@ -364,22 +377,11 @@ class FlagLedger(LedgerRecovery):
             if notices or failures or innermost is not None or pending is not None:
                 error = _notices.close_error(frame, innermost, failures or (), restored)
                 _notices.speak(notices, pending or error)
-        finally:
-            if PENDING:
-                deliver_pending()  # signal_safe handlers that came while exiting
-
-
-def _without_closed(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:
-    # The frames close() left at the end of a context's tuple (it sets nothing). A function of
-    # its own: a `while` loop inside open()'s try would be a hole in it on Python 3.13
-    # (tests/test_exception_table_holes.py).
-    while frames and frames[-1].closed:
-        frames = frames[:-1]
-    return frames
-
-
-def _is_positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+        finally:  # signal_safe handlers that came while exiting
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
+                deliver_pending()
 
 
 _PROCESS_LEDGER = FlagLedger()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Hashable, Optional, Sequence, Tuple
 
 from .. import _warn
+from .._short_repr import short_repr
 from ..errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
 from ..levers._base import Lever
 from ..levers.culprits import culprit_note, made_by_torch
@@ -52,14 +53,13 @@ def drift(
     by_torch = made_by_torch(lever, expected, found)
     if by_torch is not None:
         message = (
-            f"{lever.name} was changed inside {frame.label!r} (entered at {frame.where}) by "
-            f"PyTorch itself, not by the block: {by_torch}; restoring "
-            f"{lever.describe(restoring)!r}."
+            f"{lever.name} was changed inside {_entered(frame)} by PyTorch itself, not by the "
+            f"block: {by_torch}; restoring {lever.describe(restoring)!r}."
         )
         note = f"changed by PyTorch itself: found {lever.describe(found)!r}"
         return note, (("torch", lever.name, found), message, None)
     message = (
-        f"{lever.name} was changed inside {frame.label!r} (entered at {frame.where}): found "
+        f"{lever.name} was changed inside {_entered(frame)}: found "
         f"{lever.describe(found)!r} where the block had set {lever.describe(expected)!r}; "
         f"restoring {lever.describe(restoring)!r}."
     )
@@ -68,13 +68,19 @@ def drift(
     return note, ((lever.name, found, expected, restoring), message, DriftWarning)
 
 
+def _entered(frame: Frame, who: str = "") -> str:
+    # a frame as messages name it: its label (a user's value: shortened) and where it began
+    where = f"{frame.where} in {who}" if who else f"{frame.where}"
+    return f"{short_repr(frame.label)} (entered at {where})"
+
+
 def _who(frame: Frame) -> str:
     task = frame.task
     if task is None:
-        return f"thread {frame.thread!r}"
+        return f"thread {short_repr(frame.thread)}"
     get_name = getattr(task, "get_name", None)
     name = get_name() if get_name is not None else repr(task)
-    return f"thread {frame.thread!r}, task {name!r}"
+    return f"thread {short_repr(frame.thread)}, task {short_repr(name)}"
 
 
 def conflict(frame: Frame, i: int, other: Frame, j: int) -> Notice:
@@ -86,13 +92,13 @@ def conflict(frame: Frame, i: int, other: Frame, j: int) -> Notice:
     if lever.scope == "process":
         shared = "the flag is process-wide"
     else:
-        shared = f"the flag is per thread, and both run in thread {frame.thread!r}"
+        shared = f"the flag is per thread, and both run in thread {short_repr(frame.thread)}"
     message = (
-        f"{frame.label!r} (entered at {frame.where} in {_who(frame)}) sets {mine} while "
-        f"{other.label!r} (entered at {other.where} in {_who(other)}), which set {before}, "
-        f"is still open: {shared}, so {other.label!r} now runs with {mine} until "
-        f"{frame.label!r} exits. Each block still restores what it found on exit; keep such "
-        "blocks in one thread and one task, or give them the same values (docs/threading.md)."
+        f"{_entered(frame, _who(frame))} sets {mine} while {_entered(other, _who(other))}, "
+        f"which set {before}, is still open: {shared}, so {short_repr(other.label)} now runs "
+        f"with {mine} until {short_repr(frame.label)} exits. Each block still restores what it "
+        "found on exit; keep such blocks in one thread and one task, or give them the same "
+        "values (docs/threading.md)."
     )
     cause = ("conflict", lever.name, other.label, other.where, frame.label, frame.where)
     return cause, message, LeverConflictWarning
@@ -135,9 +141,9 @@ def close_error(
     error: BaseException
     if innermost is not None:
         error = LedgerOrderError(
-            f"frame {frame.label!r} (entered at {frame.where}) exited while "
-            f"{innermost.label!r} (entered later, at {innermost.where}) is still open in this "
-            "thread and task; blocks must exit in reverse order of entry. The exited frame's "
+            f"frame {_entered(frame)} exited while {short_repr(innermost.label)} (entered later, "
+            f"at {innermost.where}) is still open in this thread and task; blocks must exit in "
+            "reverse order of entry. The exited frame's "
             "levers were restored and the later frame keeps its own."
         )
     elif len(errors) == 1:
@@ -146,7 +152,7 @@ def close_error(
         n = frame.applied
         failures = sorted(failures, key=_first)
         error = RestoreError(
-            f"restoring {frame.label!r} (entered at {frame.where}) failed for {len(errors)} of "
+            f"restoring {_entered(frame)} failed for {len(errors)} of "
             f"its {n} levers: {_failed(frame, failures)}; restored: "
             f"{_others(frame, n, failures)}. Not restored: {_reads(frame, failures, states)}.",
             [e for _, e in failures],
@@ -167,8 +173,8 @@ def roll_back_error(
     """What entering raises when rolling back ``exc``'s half-entered frame failed too."""
     failures = sorted(failures, key=_first)
     error = RestoreError(
-        f"entering {frame.label!r} failed ({type(exc).__name__}: {exc}) and rolling it back "
-        f"failed for {_failed(frame, failures)}; rolled back: "
+        f"entering {short_repr(frame.label)} failed ({type(exc).__name__}: {exc}) and rolling "
+        f"it back failed for {_failed(frame, failures)}; rolled back: "
         f"{_others(frame, applied, failures)}. Not rolled back: "
         f"{_reads(frame, failures, states)}.",
         [e for _, e in failures],

@@ -15,6 +15,7 @@ import threading
 from contextvars import ContextVar
 from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 
+from .._short_repr import short_repr
 from ..errors import LedgerOrderError
 from . import history as _history
 from . import notices as _notices
@@ -105,13 +106,14 @@ class LedgerPaths:
         exited = next((f for f in reversed(frames) if f.owner is owner), None)
         if exited is not None:
             raise LedgerOrderError(
-                f"{owner!r} is exited again: its frame {exited.label!r} (entered at "
-                f"{exited.where} in this thread) was exited already; each block exits once"
+                f"{short_repr(owner)} is exited again: its frame {short_repr(exited.label)} "
+                f"(entered at {exited.where} in this thread) was exited already; each block "
+                "exits once"
             )
         raise LedgerOrderError(
-            f"{owner!r} is exited but has no open frame in this thread: it was not entered "
-            "here, or was exited already (each 'with' must exit once, in the thread that "
-            "entered it)"
+            f"{short_repr(owner)} is exited but has no open frame in this thread: it was not "
+            "entered here, or was exited already (each 'with' must exit once, in the thread "
+            "that entered it)"
         )
 
     # --- history -----------------------------------------------------------------------
@@ -169,24 +171,34 @@ class LedgerPaths:
         # is returned, not raised, so that the caller raises it once the lock is released.
         # Interrupted again (a plain signal handler), the roll-back runs once more from what
         # the flags read then; whatever happens, the frame leaves every stack (a frame left
-        # there half-entered would be found by every later exit of its domains).
+        # there half-entered would be found by every later exit of its domains). An
+        # interruption met on the way (Ctrl-C during the roll-back of a refused enter) is
+        # what is returned: it must reach the program, whatever else failed.
         applied = frame.applied
         failures: List[Failure] = []
         states: List[Any] = [None] * applied
+        interrupts: List[BaseException] = []
         try:
             try:
-                self._roll_back(frame, exc, where, applied, failures, states)
-            except BaseException:
+                self._roll_back(frame, exc, where, applied, failures, states, interrupts)
+            except BaseException as again:
+                interrupts.append(again)
                 failures.clear()
-                self._roll_back(frame, exc, where, applied, failures, states)
+                self._roll_back(frame, exc, where, applied, failures, states, interrupts)
         finally:
             self._forget_frame(frame, applied, watched)
-        if not failures:
+        interrupts += [e for _, e in failures if not isinstance(e, Exception)]
+        failures = [(i, e) for i, e in failures if isinstance(e, Exception)]
+        error = None
+        if failures:
+            error = _notices.roll_back_error(frame, exc, applied, failures, states)
+        if not isinstance(exc, Exception):  # exc is the interruption: it propagates
+            if error is not None and exc.__context__ is None:
+                exc.__context__ = error  # shown with it: what could not be rolled back
             return None
-        interrupts = [e for _, e in failures if not isinstance(e, Exception)]
         if interrupts:
-            return interrupts[0]
-        return _notices.roll_back_error(frame, exc, applied, failures, states)
+            return interrupts[0]  # raised in exc's place, with exc as its context
+        return error
 
     def _roll_back(
         self,
@@ -196,6 +208,7 @@ class LedgerPaths:
         applied: int,
         failures: List[Failure],
         states: List[Any],
+        interrupts: List[BaseException],
     ) -> None:
         program = frame.program
         reason = f"rolled back: entering failed with {type(exc).__name__}"
@@ -212,6 +225,8 @@ class LedgerPaths:
                     if attempt == 2:
                         failures.append((i, err))
                         states[i] = lever.read()
+                    elif not isinstance(err, Exception):  # an interruption: retried, kept
+                        interrupts.append(err)
 
     def _forget_frame(self, frame: Frame, applied: int, watched: Any) -> None:
         # A frame whose enter was rolled back: off its stacks, closed, out of this context.
@@ -277,7 +292,7 @@ class LedgerPaths:
             other_lever = other.program.levers[j]
             other.befores[j] = state
             other.afters[j] = state = other_lever.apply(other.program.values[j], state)
-            reason = f"re-applied: {frame.label!r}, entered earlier, exited first"
+            reason = f"re-applied: {short_repr(frame.label)}, entered earlier, exited first"
             self._frame_one(other, where, j, "set", reason, other.befores[j], other.afters[j])
         return state
 

@@ -14,10 +14,11 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
+from .._short_repr import short_repr
 from ..errors import AbandonedFrameWarning, LedgerOrderError, LedgerReentryError
 from . import own_writes as _own_writes
 from .history import RESTORE, Where, now
-from .interrupts import critical, forked
+from .interrupts import PENDING, critical, deliver_pending, forked
 from .notices import Failure, Notice
 from .own_writes import _WRITING
 from .paths import LedgerPaths
@@ -64,12 +65,20 @@ class LedgerRecovery(LedgerPaths):
 
         What a caller runs when an exception interrupts it between a successful
         :meth:`open` and its own return: ``mark`` is ``ledger._last_id`` read before the call.
+        A :func:`~speedflags.signal_safe` handler deferred in here (or by the failed open
+        before it) runs before it returns.
         """
-        frames = self._frames.get()
-        if frames:
-            frame = frames[-1]
-            if frame.owner is owner and frame.id > mark and not frame.closed:
-                self.close(frame, where)
+        try:
+            frames = self._frames.get()
+            if frames:
+                frame = frames[-1]
+                if frame.owner is owner and frame.id > mark and not frame.closed:
+                    self.close(frame, where)
+        finally:
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
+                deliver_pending()
 
     @critical
     def finish_exit(self, owner: object, where: Where = None) -> None:
@@ -80,11 +89,17 @@ class LedgerRecovery(LedgerPaths):
         exit did happen. (A spec nested directly in itself, whose outer exit is interrupted
         before it starts, is left open: its inner frame, closed, is found first.)
         """
-        for frame in reversed(self._frames.get()):
-            if frame.owner is owner:
-                if not frame.closed:
-                    self.close(frame, where)
-                return
+        try:
+            for frame in reversed(self._frames.get()):
+                if frame.owner is owner:
+                    if not frame.closed:
+                        self.close(frame, where)
+                    return
+        finally:
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
+                deliver_pending()
 
     def close(self, frame: Frame, where: Where = None) -> None:  # pragma: no cover
         raise NotImplementedError  # FlagLedger's
@@ -94,9 +109,10 @@ class LedgerRecovery(LedgerPaths):
     def _reentered(self, label: str) -> None:
         if self._lock._is_owned():
             raise LedgerReentryError(
-                f"{label!r} was entered or exited while this thread was inside speedflags' "
-                "ledger, entering or exiting another block: only code that interrupts the "
-                "thread (a signal handler) can do that, and the block cannot nest there. "
+                f"{short_repr(label)} was entered or exited while this thread was inside "
+                "speedflags' ledger, entering or exiting another block: only code that "
+                "interrupts the thread (a signal handler) can do that, and the block cannot "
+                "nest there. "
                 "Nothing was changed. Wrap the handler with speedflags.signal_safe(handler): "
                 "it then runs just after the ledger returns, where its block nests normally."
             )
@@ -107,13 +123,14 @@ class LedgerRecovery(LedgerPaths):
     def _not_closable(self, frame: Frame) -> LedgerOrderError:
         if frame.closed:
             return LedgerOrderError(
-                f"frame {frame.label!r} (entered at {frame.where}) is already closed"
+                f"frame {short_repr(frame.label)} (entered at {frame.where}) is already closed"
             )
         return LedgerOrderError(
-            f"frame {frame.label!r} was entered in thread {frame.thread!r} and cannot be exited "
-            f"from thread {_current_thread().name!r}; nothing was restored. It stays open for "
-            f"thread {frame.thread!r} to exit; if that thread ends first, its process-wide "
-            "levers are restored at the next speedflags boundary"
+            f"frame {short_repr(frame.label)} was entered in thread {short_repr(frame.thread)} and "
+            f"cannot be exited from thread {short_repr(_current_thread().name)}; nothing was "
+            f"restored. It stays open for thread {short_repr(frame.thread)} to exit; if that "
+            "thread ends first, its process-wide levers are restored at the next speedflags "
+            "boundary"
         )
 
     def _restore_again(
@@ -122,6 +139,7 @@ class LedgerRecovery(LedgerPaths):
         i: int,
         exc: BaseException,
         where: Where,
+        found: List[Any],
         restored: List[Any],
         notes: List[str],
         failures: List[Failure],
@@ -130,13 +148,19 @@ class LedgerRecovery(LedgerPaths):
         # Lever i's restore raised. Try once more, from what the state and the stacks say
         # now: an exception that interrupted the restore (Ctrl-C) does not recur, and the
         # exit then raises it once complete; a real failure fails again and is reported.
+        lever = frame.program.levers[i]
+        if found[i] is None:  # interrupted before its state was read: nothing written yet
+            found[i] = lever.read()
         try:
             restored[i] = self._finish_lever(frame, i, where, [])
-        except BaseException:
+        except BaseException as again:
             self._unlink(frame, i)  # no stale entry is left on its stack
-            failures.append((i, exc))
-            notes[i] = f"failed: {type(exc).__name__}: {exc}"
-            restored[i] = frame.program.levers[i].read()
+            # interrupted again (a plain handler): the interruption is what the exit raises,
+            # not what the first try ran into (an entry an earlier exit had taken off)
+            failed = exc if isinstance(again, Exception) else again
+            failures.append((i, failed))
+            notes[i] = f"failed: {type(failed).__name__}: {failed}"
+            restored[i] = lever.read()
             return pending
         notes[i] = f"restored again after {type(exc).__name__}"
         if isinstance(exc, LookupError):
@@ -189,12 +213,18 @@ class LedgerRecovery(LedgerPaths):
         watched: Any,
     ) -> None:
         # An exception interrupted close() outside its per-lever loop: complete the exit.
+        levers = frame.program.levers
         for i in range(len(found) - 1, -1, -1):
+            if found[i] is None:  # not reached by close(): what it finds is what was found
+                found[i] = levers[i].read()
             if self._on_a_stack(frame, i):
                 try:
                     restored[i] = self._finish_lever(frame, i, where, [])
                 except Exception:
                     self._unlink(frame, i)
+            # closed already (nothing to restore): what it reads now; a plain statement last,
+            # not an `if` (tests/test_exception_table_holes.py)
+            restored[i] = levers[i].read() if restored[i] is None else restored[i]
         frame.closed = True
         frame.task = None
         self._open.pop(frame.id, None)
@@ -247,7 +277,7 @@ class LedgerRecovery(LedgerPaths):
             try:
                 found[i] = lever.read()
                 restored[i] = self._finish_lever(frame, i, where, [])
-                notes[i] = f"abandoned: thread {frame.thread!r} ended inside the block"
+                notes[i] = f"abandoned: thread {short_repr(frame.thread)} ended inside the block"
             except Exception as exc:
                 self._unlink(frame, i)
                 notes[i] = f"failed: {type(exc).__name__}: {exc}"
@@ -257,8 +287,9 @@ class LedgerRecovery(LedgerPaths):
         self._record_close(frame, where, found, restored, notes)
         shared = [program.levers[i].name for i in range(n) if program.keys[i] is not None]
         message = (
-            f"{frame.label!r} (entered at {frame.where} in thread {frame.thread!r}) was "
-            f"still open when thread {frame.thread!r} ended (or, after a fork, does not exist "
+            f"{short_repr(frame.label)} (entered at {frame.where} in thread "
+            f"{short_repr(frame.thread)}) was still open when thread {short_repr(frame.thread)} "
+            "ended (or, after a fork, does not exist "
             f"in this process); no thread can exit it, so its process-wide levers were "
             f"restored here: {', '.join(shared) or 'none'}."
         )

@@ -204,15 +204,15 @@ def _wanted(levers: LeversArg) -> Tuple[Optional[Dict[str, Sequence[Any]]], bool
             wanted[name] = (values,)
         if not wanted[name]:
             raise InvalidValueError(
-                f"tune(levers={{{name!r}: {short_repr(values)}}}): no value to try; give one "
-                f"or more of {spec.values}, or leave {name!r} out"
+                f"tune(levers={{{short_repr(name)}: {short_repr(values)}}}): no value to try; "
+                f"give one or more of {spec.values}, or leave {short_repr(name)} out"
             )
         for value in wanted[name]:  # refuse a bad value now, not after the reference ran
-            spec.check("tune", value, f"levers[{name!r}]")
+            spec.check("tune", value, f"levers[{short_repr(name)}]")
     if not wanted and not try_compile:  # nothing would be measured, yet fp32 would "win"
         hint = "".join(
             f"; {name} has no value tune tries by itself (never faster): give values, "
-            f"levers={{{name!r}: [...]}}"
+            f"levers={{{short_repr(name)}: [...]}}"
             for name in never_tried
         )
         raise InvalidValueError(

@@ -8,12 +8,14 @@ stdout and its progress on stderr, and can save the choice (``--out``) and a plo
 Exit status:
 
 - 0: done.
-- 2: bad usage, refused before anything is measured, in one line naming the option: a
-  missing file, a factory that does not exist, fails or returns the wrong shape, a budget
-  or time bound that is not a positive finite number, ``--levers`` naming no lever or an
-  unknown one, an output (``--out``, ``--plot``) of the wrong file type or in a place that
-  cannot be written. Also an output that could not be written after all (the results are
-  printed first).
+- 2: bad usage, refused before anything is measured, in one line naming the option (the
+  options by :mod:`speedflags.cli.options`, before the file is imported): an empty
+  value, a missing file, a budget or time bound that is not a positive finite number,
+  ``--levers`` naming no lever, an unknown one or one tune never tries
+  (``deterministic``), an output (``--out``, ``--plot``) of the wrong file type or in a
+  place that cannot be written, a process whose TF32 state is mixed; then a factory that
+  does not exist, fails or returns the wrong shape. Also an output that could not be
+  written after all (a full disk: the results are printed first).
 - 3: the step itself raised (in the plain fp32 reference, or while fp32 was timed): its
   traceback is printed, as it is the user's code that failed. A candidate whose call
   raises is only rejected, with the reason in its row.
@@ -34,13 +36,13 @@ import os
 import sys
 import traceback
 from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
-from .._short_repr import short_repr
-from ..levers.registry import LEVER_NAMES
+from .._short_repr import short_repr, short_str
+from ..levers.registry import LEVER_NAMES, lever_spec
 from .search import COMPILE
 
-__all__ = ["add_parser", "command", "load_factory"]
+__all__ = ["UsageError", "add_parser", "check_target", "command", "load_factory"]
 
 STEP_RAISED = 3  # the exit status when the user's own step raises
 
@@ -98,7 +100,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--levers",
         default=None,
         help="comma-separated levers to try, at least one (default: all, and compile): "
-        + ", ".join(sorted((*LEVER_NAMES, COMPILE))),
+        + ", ".join(sorted(name for name in (*LEVER_NAMES, COMPILE) if _tried(name))),
     )
     parser.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: the arguments' device)"
@@ -119,9 +121,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _tried(name: str) -> bool:
+    # a lever tune tries values of by itself (deterministic: never faster, never tried)
+    return name == COMPILE or bool(lever_spec(name).candidates)
+
+
 def _import_file(path: str) -> ModuleType:
-    if not os.path.isfile(path):
-        raise UsageError(f"no such file: {short_repr(path)}")
     stem = os.path.splitext(os.path.basename(path))[0]
     name = f"_speedflags_tune_{stem}" if stem.isidentifier() else "_speedflags_tune_target"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -134,11 +139,29 @@ def _import_file(path: str) -> ModuleType:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise UsageError(f"{path} raised {type(exc).__name__} on import: {exc}") from None
+        raise UsageError(
+            f"{short_repr(path)} raised {type(exc).__name__} on import: {short_str(exc)}"
+        ) from None
     finally:
         if folder in sys.path:
             sys.path.remove(folder)
     return module
+
+
+def check_target(target: str) -> Tuple[str, str]:
+    """``FILE.py:FACTORY`` as ``(path, factory)``, the file found; nothing is imported.
+
+    Raises:
+        UsageError: not of that form, or no such file.
+    """
+    path, _, factory = target.rpartition(":")
+    if not path or not factory.isidentifier():
+        raise UsageError(
+            f"{short_repr(target)}: expected FILE.py:FACTORY, such as steps.py:make_step"
+        )
+    if not os.path.isfile(path):
+        raise UsageError(f"no such file: {short_repr(path)}")
+    return path, factory
 
 
 def load_factory(target: str) -> Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]:
@@ -148,11 +171,7 @@ def load_factory(target: str) -> Tuple[Callable[..., Any], Tuple[Any, ...], Dict
         UsageError: the file or the factory is missing, the factory raises, or it returns
             something other than ``(fn, args)`` or ``(fn, args, kwargs)``.
     """
-    path, _, factory = target.rpartition(":")
-    if not path or not factory.isidentifier():
-        raise UsageError(
-            f"{short_repr(target)}: expected FILE.py:FACTORY, such as steps.py:make_step"
-        )
+    path, factory = check_target(target)
     module = _import_file(path)
     make = getattr(module, factory, None)
     if make is None:
@@ -165,7 +184,7 @@ def load_factory(target: str) -> Tuple[Callable[..., Any], Tuple[Any, ...], Dict
     try:
         made = make()
     except Exception as exc:
-        raise UsageError(f"{factory}() raised {type(exc).__name__}: {exc}") from None
+        raise UsageError(f"{factory}() raised {type(exc).__name__}: {short_str(exc)}") from None
     shape = "(fn, args) or (fn, args, kwargs): fn callable, args a tuple or list, kwargs a dict"
     if not isinstance(made, tuple) or len(made) not in (2, 3):
         got = f"a {len(made)}-tuple" if isinstance(made, tuple) else type(made).__name__
@@ -180,79 +199,40 @@ def load_factory(target: str) -> Tuple[Callable[..., Any], Tuple[Any, ...], Dict
     return fn, tuple(args), dict(kwargs)
 
 
-def _lever_names(text: Optional[str]) -> Optional[Sequence[str]]:
-    """``--levers a,b`` as names, refused now (not after the factory ran) if it names none
-    or an unknown one."""
-    if text is None:
-        return None
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    valid = sorted((*LEVER_NAMES, COMPILE))
-    shown = f"--levers {short_repr(text)}"
-    if not names:
-        raise UsageError(f"{shown}: names no lever to try; valid: {', '.join(valid)}")
-    unknown = [name for name in names if name not in valid]
-    if unknown:
-        raise UsageError(
-            f"{shown}: unknown lever {short_repr(unknown[0])}; valid: {', '.join(valid)}"
-        )
-    return names
-
-
-def _check_device(text: Optional[str]) -> None:
-    from ..hardware import missing_cuda, normalize_device
-
-    device = normalize_device(text, "tune")
-    missing = None if device is None else missing_cuda(device)
-    if missing is not None:
-        raise UsageError(f"--device {short_repr(text)}: {missing}")
-
-
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse an output that cannot be written before the run, not after it."""
-    from ..bench.output_paths import check_output
-    from ..bench.plot import PLOT_SUFFIXES
-    from .files import FORMATS, YAML_MISSING
-
-    if args.out:
-        check_output(args.out, "--out", FORMATS)
-        suffix = os.path.splitext(args.out)[1].lower()
-        if suffix in (".yaml", ".yml") and importlib.util.find_spec("yaml") is None:
-            raise UsageError(f"--out {short_repr(args.out)}: {YAML_MISSING}")
-    if args.plot:
-        if importlib.util.find_spec("matplotlib") is None:
-            from .result import PLOT_MISSING
-
-            raise UsageError(f"--plot: {PLOT_MISSING}")
-        check_output(args.plot, "--plot", PLOT_SUFFIXES)
-
-
 def _write_outputs(args: argparse.Namespace, result: Any) -> int:
-    """Save and plot as asked; 2 if a file could not be written after all (checked before)."""
-    try:
-        if args.out:
-            result.save(args.out)
+    """Save and plot as asked; 2 if a file could not be written after all (checked before
+    the run: a full disk shows only now), said in one line per file."""
+    from ..bench.output_paths import write_output
+
+    status = 0
+    if args.out:
+        problem = write_output("--out", args.out, result.save)
+        if problem is None:
             print(f"tune: levers saved to {args.out}", file=sys.stderr)
-        if args.plot:
-            points = result.plot(args.plot)
-            print(f"tune: plot {args.plot} ({points} points)", file=sys.stderr)
-    except OSError as exc:
-        print(f"speedflags tune: could not write an output: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        else:
+            print(f"speedflags tune: {problem}", file=sys.stderr)
+            status = 2
+    if args.plot:
+        points: List[int] = []
+        problem = write_output("--plot", args.plot, lambda path: points.append(result.plot(path)))
+        if problem is None:
+            print(f"tune: plot {args.plot} ({points[0]} points)", file=sys.stderr)
+        else:
+            print(f"speedflags tune: {problem}", file=sys.stderr)
+            status = 2
+    return status
 
 
 def command(args: argparse.Namespace) -> int:
-    """Run ``speedflags tune`` with parsed arguments; return the exit status."""
+    """Run ``speedflags tune`` with arguments :func:`speedflags.cli.options.check` checked
+    (``lever_names`` among them); return the exit status."""
     from ..errors import SpeedflagsError
     from . import run
 
     def progress(line: str) -> None:
         print(f"tune: {line}", file=sys.stderr, flush=True)
 
-    try:  # everything the command line says is checked before the user's file is imported
-        levers = _lever_names(args.levers)
-        _check_device(args.device)
-        _check_outputs(args)
+    try:  # the options were checked (speedflags.cli.options) before this imports the file
         fn, fn_args, fn_kwargs = load_factory(args.target)
     except (UsageError, SpeedflagsError) as exc:
         print(f"speedflags tune: {exc}", file=sys.stderr)
@@ -264,7 +244,7 @@ def command(args: argparse.Namespace) -> int:
             fn_kwargs,
             budget=args.budget,
             seconds=args.seconds,
-            levers=levers,
+            levers=args.lever_names,
             device=args.device,
             progress=progress,
         )

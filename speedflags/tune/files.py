@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 import torch
 
-from .._short_repr import short_repr
+from .._short_repr import SHOWN_CHARS, short_repr
 from ..bench.output_paths import make_parent_folder
 from ..errors import InvalidTypeError, InvalidValueError
 from ..levers.autocast import _BY_NAME as _AMP_NAMES
@@ -139,6 +139,10 @@ def read_file(path: PathLike, call: str = "load_levers") -> Dict[str, Any]:
             f"{shown}: not valid {kind}: nested too deeply to read (a lever file is two "
             "tables deep)"
         ) from None
+    except OSError as exc:  # the file as the user named it, shortened
+        if len(text_path) <= SHOWN_CHARS:
+            raise
+        raise type(exc)(exc.errno, f"{exc.strerror}: {short_repr(text_path)}") from None
     except Exception as exc:
         if type(exc).__module__.startswith("yaml"):
             raise InvalidValueError(f"{shown}: not valid YAML: {exc}") from None

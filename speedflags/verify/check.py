@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import DeviceLike, capabilities, cudnn_version_or_none, resolve_device
 from ..levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
@@ -105,13 +106,15 @@ def _wanted(levers: LeversArg) -> Dict[str, Tuple[Any, ...]]:
         items = [(name, None) for name in levers]
     else:
         raise InvalidTypeError(
-            f"verify(levers={levers!r}): expected None, a lever name, a list of them or a dict "
-            f"of name to values; names: {choices}"
+            f"verify(levers={short_repr(levers)}): expected None, a lever name, a list of them "
+            f"or a dict of name to values; names: {choices}"
         )
     out: Dict[str, Tuple[Any, ...]] = {}
     for name, values in items:
         if not isinstance(name, str) or name not in LEVER_NAMES:
-            raise InvalidValueError(f"verify(levers=...): unknown lever {name!r}; valid: {choices}")
+            raise InvalidValueError(
+                f"verify(levers=...): unknown lever {short_repr(name)}; valid: {choices}"
+            )
         spec = lever_spec(name, "verify")
         if values is None:
             chosen: Sequence[Any] = spec.candidates
@@ -120,7 +123,7 @@ def _wanted(levers: LeversArg) -> Dict[str, Tuple[Any, ...]]:
         else:
             chosen = (values,)
         for value in chosen:  # refuse a bad value before anything runs
-            spec.check("verify", value, f"levers[{name!r}]")
+            spec.check("verify", value, f"levers[{short_repr(name)}]")
         out[name] = tuple(chosen)
     return out
 

@@ -1,16 +1,18 @@
 """``python -m speedflags verify``: did each lever take effect on this device?
 
 Exit status: 0 every lever verified or without effect here; 1 a lever requested but not in
-effect (or not measurable), or a flag not restored; 2 bad usage (an unknown device or
-lever, CUDA asked for where there is none, an output file that cannot be written).
+effect (or not measurable), or a flag not restored; 2 bad usage, refused before anything is
+measured, in one line naming the option (:mod:`speedflags.cli.options`): an empty value,
+an unknown device or lever, CUDA asked for where there is none, a ``--json`` file that
+cannot be written; or a ``--json`` file that could not be written after all (a full disk:
+the verdicts are printed first).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from typing import Any, List, Optional
+from typing import Any
 
 __all__ = ["add_parser", "command"]
 
@@ -42,38 +44,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _writable(path: str) -> Optional[str]:
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return f"--json {path!r}: is a folder"
-    probe = folder
-    while not os.path.exists(probe):  # the folder is created when the file is written
-        probe = os.path.dirname(probe)
-    if not os.access(probe, os.W_OK):
-        return f"--json {path!r}: {probe} is not writable"
-    return None
-
-
 def command(args: argparse.Namespace) -> int:
-    """Run ``speedflags verify`` with parsed arguments; return the exit status."""
+    """Run ``speedflags verify`` with arguments :func:`speedflags.cli.options.check` checked
+    (``lever_names`` among them; ``--json`` tried for writing); return the exit status."""
+    from ..bench.output_paths import write_output
     from ..errors import SpeedflagsError
     from .check import verify
 
-    if args.json:
-        problem = _writable(args.json)
-        if problem:  # before the measurements, not after them
-            print(f"speedflags verify: {problem}", file=sys.stderr)
-            return 2
-    levers: Optional[List[str]] = None
-    if args.levers is not None:
-        levers = [name.strip() for name in args.levers.split(",") if name.strip()]
     try:
-        run = verify(args.device, levers)
+        run = verify(args.device, args.lever_names)
     except SpeedflagsError as exc:
         print(f"speedflags verify: {exc}", file=sys.stderr)
         return 2
     print(run)
     if args.json:
-        run.save(args.json)
+        problem = write_output("--json", args.json, run.save)  # a full disk shows only now
+        if problem is not None:
+            print(f"speedflags verify: {problem}", file=sys.stderr)
+            return 2
         print(f"verdicts: {args.json}")
     return 0 if run.ok else 1

@@ -40,6 +40,7 @@ import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 from .. import _warn
+from .._short_repr import short_repr
 from ..errors import SpeedflagsWarning
 from ..flag_ledger import history as _history
 from ..flag_ledger import own_writes as _own_writes
@@ -295,8 +296,8 @@ class _Watcher:
         previous, previous_where = self._boundary
         thread = threading.current_thread().name
         between = (
-            f"between {previous!r} at {format_where(previous_where) or '?'} and "
-            f"{label!r} at {format_where(where) or '?'}"
+            f"between {short_repr(previous)} at {format_where(previous_where) or '?'} and "
+            f"{short_repr(label)} at {format_where(where) or '?'}"
         )
         by_torch = known_torch_write(domain.lever, was, now)
         if by_torch is not None:
