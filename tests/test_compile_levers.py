@@ -296,6 +296,13 @@ def test_guard_levers_called_from_compiled_code_is_inlined() -> None:
     assert guarded.stats.calls == 0  # type: ignore[attr-defined]  # traced, not called
 
 
+def test_guard_levers_disabled_returns_the_model_as_torch_compile_does() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert speedflags.guard_levers(model, disable=True) is model
+    assert speedflags.guard_levers(attention, disable=True) is attention
+    assert "forward" not in vars(model)  # its forward left alone
+
+
 def test_guard_levers_refuses_what_torch_compile_returned() -> None:
     for compiled in (torch.compile(attention), torch.compile(torch.nn.Linear(2, 2))):
         with pytest.raises(InvalidTypeError, match=r"got what torch\.compile returned"):

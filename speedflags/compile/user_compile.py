@@ -67,7 +67,8 @@ def guard_levers(model: M, /, **options: Any) -> M:
         ``train()``/``eval()`` and state dict), whose ``forward`` picks the compiled artefact
         and has ``.stats`` (:class:`~speedflags.compile.lever_guard.LeverGuardStats`); a
         copy of it (``copy.deepcopy``, pickle) is compiled but not guarded. For a function,
-        a function (``functools.wraps``) with ``.stats``. Called while dynamo traces an
+        a function (``functools.wraps``) with ``.stats``. With ``disable=True``, ``model``
+        itself, as ``torch.compile`` returns it. Called while dynamo traces an
         enclosing compiled function, either runs the plain model, which dynamo inlines
         (the enclosing compile's guards then apply).
 
@@ -104,6 +105,8 @@ def guard_levers(model: M, /, **options: Any) -> M:
             f"{shown}: expected an nn.Module or a function to compile, got {type(model).__name__}"
         )
     checked = compile_options(dict(options), call="guard_levers", shown=shown) or {}
+    if checked.get("disable"):
+        return model  # as torch.compile(disable=True): the model itself, nothing compiled
     top = {k: v for k, v in checked.items() if k not in BACKEND_KEYS}
     if (checked.get("options") or {}).get("guard_filter_fn") is not None:
         top["options"] = {"guard_filter_fn": checked["options"]["guard_filter_fn"]}
