@@ -7,7 +7,7 @@ round runs each variant once, in turn. The numbers in RESULTS.md ("torch.compile
 levers") come from this script:
 
     .venv/bin/python benchmarks/compile_levers_interleaved.py [--rounds 200] [--threads 1]
-        [--backends aot_eager,inductor]
+        [--backends aot_eager,inductor] [--variants torch.autocast-outside,speedup-outside]
 
 It prints, per backend, each amp variant's median train step, its ratio to
 ``torch.autocast`` and the dtype it computed in (a block that did not become an autocast
@@ -55,11 +55,11 @@ def _interleave(runs: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, Li
     return times
 
 
-def _amp(backend: str, rounds: int) -> None:
+def _amp(backend: str, rounds: int, variants: Sequence[str]) -> None:
     runs: Dict[str, Callable[[], Any]] = {}
     dtypes: Dict[str, str] = {}
     x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1))
-    for variant in VARIANTS:
+    for variant in variants:
         model = _model()
         step = _amp_step(variant, model, backend)
         try:
@@ -102,6 +102,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--backends", default="aot_eager,inductor")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="amp variants, comma-separated (torch.autocast is always timed: the baseline)",
+    )
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -110,7 +115,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for backend in args.backends.split(","):
         torch._dynamo.reset()
         print(f"amp inside a compiled train step, backend {backend}:")
-        _amp(backend, args.rounds)
+        chosen = [v for v in args.variants.split(",") if v != "torch.autocast"]
+        _amp(backend, args.rounds, ["torch.autocast", *chosen])
     torch._dynamo.reset()
     print("guard per call (backend eager, a step that adds 1 to 4 numbers):")
     _guard(args.rounds)

@@ -70,13 +70,15 @@ class BrokenAttention(torch.nn.Module):
         return F.scaled_dot_product_attention(q, q, q)
 
 
-def check_flash_then_math(step: Callable[..., Any], rounds: int = 2) -> None:
+def check_flash_then_math(
+    step: Callable[..., Any], rounds: int = 2, levers: Callable[..., Any] = speedflags.sdpa_backend
+) -> None:
     """flash, math, flash, math...: the math calls never run the flash kernel."""
     for _ in range(rounds):
-        with speedflags.sdpa_backend("flash"):
+        with levers("flash"):
             step(Q)  # compiles at the first round
             assert FLASH in sdpa_ops(step, Q)
-        with speedflags.sdpa_backend("math"):
+        with levers("math"):
             assert FLASH not in sdpa_ops(step, Q)  # the call that compiles, or not
             assert FLASH not in sdpa_ops(step, Q)
 
@@ -152,9 +154,10 @@ def test_a_guard_on_the_outer_frame_misses_a_callee_after_a_graph_break() -> Non
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_speedup_runs_the_math_kernel_after_flash(backend: str) -> None:
+    # the issue's case: the step called inside fast_math(sdpa="flash"), then sdpa="math"
     step = speedup(compile={"backend": backend}, amp=False)(attention)
     start = graphs()
-    check_flash_then_math(step)
+    check_flash_then_math(step, levers=lambda kernel: speedflags.fast_math(sdpa=kernel))
     assert graphs() - start == expected_graphs(states=2, switches=3)
     guard = step.stats.lever_guard
     assert (guard.mode, guard.states, guard.calls) == (MODE, 2, 8)

@@ -2,10 +2,10 @@
 
 One :class:`GuardedCompile` per decorated function holds its compiled artefact, built
 lazily at the first call as ``torch.compile`` does (one per state of the levers dynamo does
-not guard, where PyTorch allows: :mod:`speedflags.compile.lever_guard`). Only failures of the compiler stack
-(dynamo, AOT autograd, inductor, the backend) fall back: the call that hit one still
-completes, nothing of it runs twice, and later calls run the plain function without
-compiling again. The step's own errors are not failures, even where dynamo meets them
+not guard, where PyTorch allows: :mod:`speedflags.compile.lever_guard`). Only failures of
+the compiler stack (dynamo, AOT autograd, inductor, the backend) fall back: the call that
+hit one still completes, nothing of it runs twice, and later calls run the plain function
+without compiling again. The step's own errors are not failures, even where dynamo meets them
 first (a shape mismatch fails its fake tensors): the eager error propagates, unchanged,
 and the function stays compiled. The rule (:mod:`speedflags.compile.failures` applies it):
 what failed is run eagerly, once; if that raises, the error is the step's. How each case is
