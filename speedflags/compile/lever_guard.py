@@ -148,10 +148,16 @@ class _ProcessCaches:
         self.graphs = _graph_count()
 
 
-def _graph_count() -> int:
-    from torch._dynamo.utils import counters
+_counters: Any = None
 
-    return int(counters["stats"]["unique_graphs"])
+
+def _graph_count() -> int:
+    global _counters
+    if _counters is None:  # dynamo is imported once something compiles, not before
+        from torch._dynamo.utils import counters
+
+        _counters = counters
+    return int(_counters["stats"]["unique_graphs"])
 
 
 def _forget_compiled_frames() -> None:
