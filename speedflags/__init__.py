@@ -36,6 +36,7 @@ if "torch" not in _sys.modules and _numpy_missing():
 
 from . import errors
 from ._version import __version__
+from .compile.user_compile import guard_levers
 from .distributed import RankSnapshot, check_ranks
 from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
 from .fast_math import FastMath, fast_math
@@ -89,6 +90,7 @@ __all__ = [
     "fast_math",
     "fast_optimizer",
     "grad_scaler",
+    "guard_levers",
     "heal_tf32",
     "ledger",
     "load_levers",

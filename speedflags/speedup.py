@@ -17,6 +17,7 @@ import torch
 
 from ._short_repr import short_repr
 from .compile.guarded import COMPILED, GuardedCompile, compile_options
+from .compile.lever_guard import LeverGuardStats
 from .errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from .fast_math import FastMath
 from .flag_ledger.decorate import decorate
@@ -37,7 +38,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
 
 
-_STATS_FIELDS = ("calls", "mode", "fallback_reason", "compile_options", "inference", "levers")
+_STATS_FIELDS = (
+    "calls", "mode", "fallback_reason", "compile_options", "inference", "levers", "lever_guard"
+)  # fmt: skip
 
 
 class SpeedupStats:
@@ -54,6 +57,8 @@ class SpeedupStats:
         inference: whether calls run under ``torch.inference_mode()``.
         levers: the lever values applied around each call (for a bare ``@speedup``, the
             device's recommended levers).
+        lever_guard: with compile, how states of the levers dynamo does not guard are kept
+            apart (``mode``, ``states``, ``recompiles``: ``docs/compile.md``), else None.
 
     Example:
         >>> import speedflags
@@ -94,6 +99,10 @@ class SpeedupStats:
         return self._inference
 
     @property
+    def lever_guard(self) -> Optional[LeverGuardStats]:
+        return None if self._compile is None else self._compile.levers.stats
+
+    @property
     def levers(self) -> Dict[str, Any]:
         fast = self._fast
         plan = fast._plan_cache
@@ -109,7 +118,8 @@ class SpeedupStats:
 
     def to_dict(self) -> Dict[str, Any]:
         """The stats as plain values."""
-        return {name: getattr(self, name) for name in _STATS_FIELDS}
+        values = {name: getattr(self, name) for name in _STATS_FIELDS}
+        return {**values, "lever_guard": self.lever_guard and self.lever_guard.to_dict()}
 
     def __repr__(self) -> str:
         reason = f", fallback_reason={self.fallback_reason!r}" if self.fallback_reason else ""
@@ -323,7 +333,8 @@ def speedup(
             lever of the registry; the "Levers" section below).
         compile: ``True``, or a dict of ``torch.compile`` options (``mode``, ``dynamic``,
             ``fullgraph``, ``backend``, ``options``, ...). Compiled lazily at the first
-            call, once per function (methods share one artefact). If the compiler stack
+            call, once per function (methods share one artefact) and state of the levers
+            dynamo does not guard (SDPA, cuDNN, oneDNN: ``docs/compile.md``). If the compiler stack
             (dynamo, AOT autograd, inductor, the backend) fails, at the first call, at a
             later recompile or for the backward graph, the call still completes eagerly
             with nothing run twice, a :class:`~speedflags.CompileFallbackWarning` is

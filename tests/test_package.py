@@ -47,6 +47,7 @@ NEEDS_EXAMPLE = {
     "RankSnapshot",
     "watch",
     "Verification",
+    "guard_levers",
 }
 
 

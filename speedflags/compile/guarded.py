@@ -1,10 +1,11 @@
 """torch.compile with a fallback to eager that never breaks a step (for ``@speedup``).
 
-One :class:`GuardedCompile` per decorated function holds its one compiled artefact, built
-lazily at the first call as ``torch.compile`` does. Only failures of the compiler stack
-(dynamo, AOT autograd, inductor, the backend) fall back: the call that hit one still
-completes, nothing of it runs twice, and later calls run the plain function without
-compiling again. The step's own errors are not failures, even where dynamo meets them
+One :class:`GuardedCompile` per decorated function holds its compiled artefact, built
+lazily at the first call as ``torch.compile`` does (one per state of the levers dynamo does
+not guard, where PyTorch allows: :mod:`speedflags.compile.lever_guard`). Only failures of
+the compiler stack (dynamo, AOT autograd, inductor, the backend) fall back: the call that
+hit one still completes, nothing of it runs twice, and later calls run the plain function
+without compiling again. The step's own errors are not failures, even where dynamo meets them
 first (a shape mismatch fails its fake tensors): the eager error propagates, unchanged,
 and the function stays compiled. The rule (:mod:`speedflags.compile.failures` applies it):
 what failed is run eagerly, once; if that raises, the error is the step's. How each case is
@@ -80,6 +81,8 @@ from ..errors import CompileFallbackWarning
 from ..flag_ledger.ledger import ledger
 from .backend import GuardedBackend, inner_backend
 from .failures import SuppressedErrors, backward_compile_failed, compile_failure, describe
+from .lever_guard import LeverBackend, LeverGuard
+from .lever_state import LeverState
 from .options import BACKEND_KEYS, compile_options
 
 __all__ = ["COMPILED", "FALLBACK", "PENDING", "GuardedCompile", "compile_options"]
@@ -119,28 +122,29 @@ class GuardedCompile:
         self.label = label
         self.state = PENDING
         self.reason: Optional[str] = None
-        self._compiled: Optional[Callable[..., Any]] = None
+        self.levers = LeverGuard(self._make)
         self._fullgraph = bool(options.get("fullgraph", False))
         self._lock = threading.Lock()
         self._failures: List[str] = []
         self._serial = next(_serials)
         self._dynamo_config: Any = None
+        self._inner: Optional[Callable[..., Any]] = None
         self._dynamo_log = logging.getLogger(_DYNAMO_LOGGER)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.state is FALLBACK:
             return self.func(*args, **kwargs)
-        compiled = self._compiled
+        compiled = self.levers.select()  # for the state of the levers dynamo does not guard
         if compiled is None:
-            compiled = self._build()
-            if compiled is None:
-                return self.func(*args, **kwargs)
+            return self.func(*args, **kwargs)
         try:
             if self._fullgraph:
                 return self._run_fullgraph(compiled, args, kwargs)
             return self._run(compiled, args, kwargs)
         except _NothingRan as failed:
             reason = failed.reason
+        finally:
+            self.levers.ran()
         # Outside the handler, so that an error here, the step's own, comes with no compiler
         # error attached: it propagates as it would without compile, and nothing falls back.
         result = self.func(*args, **kwargs)
@@ -206,10 +210,9 @@ class GuardedCompile:
                 "and raised",
             )
 
-    def _build(self) -> Optional[Callable[..., Any]]:
+    def _make(self, key: Optional[LeverState]) -> Optional[Callable[..., Any]]:
+        """torch.compile the function with a backend of its own for lever state ``key``."""
         with self._lock:
-            if self._compiled is not None:
-                return self._compiled
             if self.state is FALLBACK:
                 return None
             compile_fn = getattr(torch, "compile", None)
@@ -226,17 +229,22 @@ class GuardedCompile:
                     # Not failures: backends raise these to make dynamo re-trace (e.g.
                     # inductor's TensorifyScalarRestartAnalysis) or skip a frame.
                     signals = (dynamo.exc.RestartAnalysis, dynamo.exc.SkipFrame)
-                    inner = inner_backend(self.options)
+                    inner = LeverBackend(self._inner_backend(), key)
                     backend = GuardedBackend(inner, self.graph_failed, signals)
                     compiled = compile_fn(self.func, backend=backend, **top)
                     self._dynamo_config = dynamo.config
-                    self._compiled = compiled
                     self.state = COMPILED
                     return compiled  # type: ignore[no-any-return]
                 except Exception as exc:
                     reason = f"torch.compile cannot be set up here: {describe(exc)}"
         self._fall_back(reason, "the call ran eagerly")
         return None
+
+    def _inner_backend(self) -> Callable[..., Any]:
+        # one backend object for every lever state (inductor's keeps its own state)
+        if self._inner is None:
+            self._inner = inner_backend(self.options)
+        return self._inner
 
     def graph_failed(self, exc: BaseException) -> None:
         """Called by the guarded backend when compiling one graph (or its backward) failed."""

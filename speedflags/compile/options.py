@@ -31,11 +31,14 @@ def _compile_keys() -> Tuple[str, ...]:
     return tuple(sorted(p for p in inspect.signature(compile_fn).parameters if p != "model"))
 
 
-def compile_options(value: object, call: str = "speedup") -> Optional[Dict[str, Any]]:
+def compile_options(
+    value: object, call: str = "speedup", shown: Optional[str] = None
+) -> Optional[Dict[str, Any]]:
     """Validate a ``compile=`` argument: ``None`` for off, else the torch.compile options.
 
     Touches no torch state. Option names are checked against ``torch.compile``'s signature,
-    the common options' types, and a backend name against dynamo's registry.
+    the common options' types, and a backend name against dynamo's registry. Errors start
+    with ``shown``, by default ``"speedup(compile=...)"``.
 
     Example:
         >>> from speedflags.compile.options import compile_options
@@ -46,7 +49,8 @@ def compile_options(value: object, call: str = "speedup") -> Optional[Dict[str, 
         return None
     if value is True:
         return {}
-    shown = f"{call}(compile={short_repr(value)})"
+    if shown is None:
+        shown = f"{call}(compile={short_repr(value)})"
     if not isinstance(value, dict):
         raise InvalidTypeError(
             f"{shown}: expected True, False or a dict of torch.compile options, "

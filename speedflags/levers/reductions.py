@@ -46,11 +46,15 @@ State = Tuple[Pair, Pair, Optional[bool]]
 
 _MATMUL = "torch.backends.cuda.matmul."
 _DTYPES = ("fp16", "bf16")
-_HAS_ACCUMULATION = hasattr(_C, "_get_cublas_allow_fp16_accumulation")
 
 
-def _read_pair(dtype: str) -> Pair:
-    got = getattr(_C, f"_get_cublas_allow_{dtype}_reduced_precision_reduction")()
+# resolved once: read_state() runs twice per frame, and once per call of a compiled step
+_GET_FP16: Any = _C._get_cublas_allow_fp16_reduced_precision_reduction
+_GET_BF16: Any = _C._get_cublas_allow_bf16_reduced_precision_reduction
+_GET_ACCUMULATION: Any = getattr(_C, "_get_cublas_allow_fp16_accumulation", None)
+
+
+def _pair(got: Any) -> Pair:
     if isinstance(got, tuple):
         return bool(got[0]), bool(got[1])
     return bool(got), None
@@ -66,8 +70,8 @@ def _write_pair(dtype: str, pair: Pair) -> None:
 
 def read_state() -> State:
     """The lever's raw state now (every getter this PyTorch has)."""
-    accumulation = bool(_C._get_cublas_allow_fp16_accumulation()) if _HAS_ACCUMULATION else None
-    return _read_pair("fp16"), _read_pair("bf16"), accumulation
+    accumulation = None if _GET_ACCUMULATION is None else bool(_GET_ACCUMULATION())
+    return _pair(_GET_FP16()), _pair(_GET_BF16()), accumulation
 
 
 def target_state(value: bool, before: State) -> State:

@@ -79,6 +79,11 @@ class LeverSpec:
         ops: words in the names of the torch functions whose kernels the lever changes
             (``"conv"``); ``tune`` skips the lever for a step that calls none of them.
             Empty: any step.
+        dynamo_misses: the part of the lever's state that ``torch.compile`` does not guard
+            on some supported PyTorch, in words (empty: dynamo guards all of it, on every
+            version). A graph traced under one state of such a lever would serve another,
+            so compiled callables read these levers themselves
+            (:mod:`speedflags.compile.lever_state`; ``docs/compile.md``).
     """
 
     name: str
@@ -93,6 +98,7 @@ class LeverSpec:
     baseline: Any = UNSET
     candidates: Tuple[Any, ...] = ()
     ops: Tuple[str, ...] = ()
+    dynamo_misses: str = ""
 
     def lever(self, device_type: str = "cpu") -> Lever:
         """The lever object for ``device_type`` (one shared instance per type)."""
@@ -180,6 +186,10 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         baseline=False,
         candidates=(True,),
         ops=_MATMUL_OPS,
+        dynamo_misses=(
+            "cuDNN's allow_tf32 and the cuDNN and oneDNN nodes of the fp32_precision tree "
+            "(PyTorch 2.9+); cuBLAS TF32 too on PyTorch 2.1"
+        ),
     ),
     LeverSpec(
         name="matmul_precision",
@@ -194,6 +204,10 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         baseline="highest",
         candidates=("high", "medium"),
         ops=_MATMUL_OPS,
+        dynamo_misses=(
+            "'high' against 'medium' (cuBLAS TF32 is on in both) and oneDNN's bf16 precision "
+            "on CPUs; all of it on PyTorch 2.1"
+        ),
     ),
     LeverSpec(
         name="cudnn_benchmark",
@@ -208,6 +222,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         baseline=False,
         candidates=(True,),
         ops=("conv",),
+        dynamo_misses="all of it",
     ),
     LeverSpec(
         name="sdpa",
@@ -221,6 +236,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         accuracy="kernel-dependent, usually within fp16/bf16 rounding of the math kernel",
         candidates=tuple((b,) for b in BACKENDS if b != "math"),
         ops=("scaled_dot_product",),
+        dynamo_misses="all of it: the enabled kernels and their priority order",
     ),
     LeverSpec(
         name="deterministic",
@@ -237,6 +253,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         accuracy="none (the same precision, reproducible run to run); often slower",
         # off: PyTorch's default and plain eager's; never a tune candidate (it never pays)
         baseline=False,
+        dynamo_misses="cudnn.deterministic; the warn-only mode too on PyTorch 2.1",
     ),
     LeverSpec(
         name="reduced_precision_reduction",
@@ -259,6 +276,10 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         baseline=False,
         candidates=(True,),
         ops=_GEMM_OPS,
+        dynamo_misses=(
+            "allow_fp16_accumulation and the split-K part; the fp16 and bf16 reduction flags "
+            "too on PyTorch 2.1"
+        ),
     ),
     LeverSpec(
         name="amp",
@@ -273,6 +294,8 @@ REGISTRY: Tuple[LeverSpec, ...] = (
         baseline=False,
         candidates=(torch.bfloat16, torch.float16),
         ops=_MATMUL_OPS,
+        # no dynamo_misses: autocast is guarded (by the tensors' dispatch keys on 2.1, by
+        # the global state guard later)
     ),
 )
 

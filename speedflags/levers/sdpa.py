@@ -53,6 +53,10 @@ _SDPBACKEND_NAMES = {
 # Feature detection: cuDNN attention, overrideable and the priority order arrived over 2.2-2.5
 PRESENT = tuple(n for n in _ALL if hasattr(_C, _GETTERS[n]) and hasattr(_C, _SETTERS[n]))
 HAS_PRIORITY = hasattr(_C, "_get_sdp_priority_order") and hasattr(_C, "_set_sdp_priority_order")
+# The getters resolved once (None where absent): read() runs twice per frame, and once per call
+# of a compiled step (speedflags.compile.lever_state).
+_READERS = tuple(getattr(_C, _GETTERS[n]) if n in PRESENT else None for n in _ALL)
+_read_order: Any = _C._get_sdp_priority_order if HAS_PRIORITY else None
 
 SdpaState = Tuple[Tuple[Optional[bool], ...], Optional[Tuple[int, ...]]]
 
@@ -101,9 +105,8 @@ class SdpaLever(SimpleLever):
         return tuple(names)
 
     def read(self) -> SdpaState:
-        flags = tuple(bool(getattr(_C, _GETTERS[n])()) if n in PRESENT else None for n in _ALL)
-        order = tuple(_C._get_sdp_priority_order()) if HAS_PRIORITY else None
-        return flags, order
+        flags = tuple([None if get is None else bool(get()) for get in _READERS])
+        return flags, (None if _read_order is None else tuple(_read_order()))
 
     def apply(self, value: Tuple[str, ...], before: SdpaState) -> SdpaState:
         allowed = set(value) | {"math"}
