@@ -19,8 +19,10 @@ from ._short_repr import short_repr
 from .compile.guarded import COMPILED, GuardedCompile, compile_options
 from .errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from .fast_math import FastMath
-from .flag_ledger.decorate import decorate
+from .fast_math.in_graph import step_in_graph
+from .flag_ledger.decorate import decorate, own_code
 from .flag_ledger.ledger import Frame, ledger
+from .flag_ledger.tracing import hooked, is_compiling
 from .hardware import DeviceLike
 from .levers.lever_sets import document_levers
 from .levers.registry import shown_levers
@@ -211,10 +213,14 @@ class _Speedup:
         close_frame = the_ledger.close
         getframe = sys._getframe
 
+        in_graph = step_in_graph(fast, label, target, stats, func)  # inside torch.compile
+
         # An exception that lands between the ledger's open and the try, or before the
         # ledger's close begins, is caught too (as in fast_math's decorator).
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if is_compiling() or hooked():  # inside torch.compile: traced, or eager in it
+                return in_graph(args, kwargs)
             caller = getframe(1)
             where = (caller.f_code.co_filename, caller.f_lineno)
             stats.calls += 1
@@ -238,7 +244,7 @@ class _Speedup:
                         close_frame(frame, where)
                     raise
 
-        return wrapper
+        return own_code(wrapper)
 
     def _stepped(self, func: Callable[..., Any], label: str, stats: SpeedupStats) -> Any:
         # Generators and coroutines: the levers (and inference mode) hold per step.
