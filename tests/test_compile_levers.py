@@ -234,6 +234,20 @@ def test_a_spec_built_outside_is_refused_by_dynamo_under_fullgraph() -> None:
         torch.compile(step, backend="aot_eager", fullgraph=True)(X)
 
 
+def test_a_fastmath_built_directly_in_compiled_code_runs_eagerly() -> None:
+    # FastMath(...) is traced as a user class (not through fast_math()): its block runs
+    # eagerly. Under fullgraph=True 2.13 traces its __enter__ (LeverInGraphError: it cannot
+    # be a graph), 2.1 fails earlier, inside FastMath.__init__ (dynamo's own error).
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with speedflags.FastMath(amp="bf16", device="cpu"):
+            return x @ W
+
+    assert torch.compile(step, backend="aot_eager")(X).dtype == torch.bfloat16
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        torch.compile(step, backend="aot_eager", fullgraph=True)(X)
+
+
 # --- nothing to apply -------------------------------------------------------------------
 
 

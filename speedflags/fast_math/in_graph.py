@@ -261,10 +261,11 @@ def _entered_form() -> Form:
         where = format_where(traced_where()) or "traced code"
         raise graph_error(
             LeverInGraphError(
-                f"a speedflags spec built outside the compiled function is entered inside it "
-                f"with fullgraph=True ({where}): it runs eagerly, which a full graph cannot. "
-                "Build an amp-only block inline (`with speedflags.autocast(...)`, traced into "
-                "the graph), or set the levers outside the compiled function."
+                f"a speedflags spec built outside the compiled function (or as FastMath(...)) "
+                f"is entered inside it with fullgraph=True ({where}): it runs eagerly, which a "
+                "full graph cannot. Build an amp-only block inline (`with "
+                "speedflags.autocast(...)`, traced into the graph), or set the levers outside "
+                "the compiled function."
             )
         )
     return (EAGER,)
