@@ -88,7 +88,7 @@ class LeverInGraphError(SpeedflagsError, RuntimeError):
     needs neither: it is traced into the graph as ``torch.autocast``.
 
     Raised while dynamo compiles, it is also an instance of dynamo's ``Unsupported`` (the
-    error dynamo lets through unchanged; ``docs/compile.md``), and its message ends with the
+    error dynamo lets through unchanged; ``docs/inside_compile.md``), and its message ends with the
     lines dynamo traced.
 
     Example:

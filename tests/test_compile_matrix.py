@@ -10,7 +10,7 @@ Places (where the ``fast_math`` levers are given):
 - ``decorated_called``: a ``@fast_math(...)`` function called by a compiled function;
 - ``speedup``: ``@speedup(compile=..., **levers)`` (the levers set around the compiled call).
 
-What each cell must give, on PyTorch 2.1 and the newest alike (``docs/compile.md``):
+What each cell must give, on PyTorch 2.1 and the newest alike (``docs/inside_compile.md``):
 
 - ``amp`` in the first four places is traced into the graph as ``torch.autocast``: one
   graph, ``fullgraph=True`` works, eager's dtype and values, gradients too; the ledger

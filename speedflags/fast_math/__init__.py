@@ -328,6 +328,11 @@ def fast_math(
     overrides another's process-wide lever warns (:class:`~speedflags.LeverConflictWarning`).
     See ``docs/threading.md``.
 
+    Inside a function given to ``torch.compile``: an ``amp``-only spec is traced into the
+    graph as ``torch.autocast`` (and is one there: ``with ... as frame`` binds ``None``);
+    any other runs its block eagerly, a graph break around it, or, with ``fullgraph=True``,
+    raises :class:`~speedflags.LeverInGraphError`. See ``docs/inside_compile.md``.
+
     Example:
         >>> import torch, speedflags
         >>> with speedflags.fast_math(matmul_precision="medium"):

@@ -1,6 +1,6 @@
 """What a spec does while dynamo traces it: inside a function given to ``torch.compile``.
 
-A spec's *form* in a graph, decided at trace time from its plan (``docs/compile.md``):
+A spec's *form* in a graph, decided at trace time from its plan (``docs/inside_compile.md``):
 
 - ``amp`` alone (or nothing that applies here): the block is a native ``torch.autocast``
   region of the graph, which dynamo traces on every supported PyTorch (with

@@ -2,7 +2,7 @@
 
 While dynamo traces a function for ``torch.compile``, the Python it meets is recorded, not
 run: a lock, ``sys._getframe`` or a flag setter met there is a graph break, a crash, or a
-write that a graph drops (``docs/compile.md`` has the measured facts, PyTorch 2.1 and 2.13).
+write that a graph drops (``docs/inside_compile.md`` has the measured facts, PyTorch 2.1 and 2.13).
 And code that runs eagerly inside compiled code (after a graph break, in a frame dynamo
 gave up on) runs with dynamo's frame hook set: each function it calls that names torch is
 compiled as a frame of its own, the levers' setters included, whose writes graphs drop.
@@ -210,9 +210,10 @@ def first_trace(*key: Any) -> bool:
     from torch._guards import CompileContext  # loaded: dynamo is tracing
 
     context: Any = CompileContext.get()  # None outside a compilation (2.13 types it without)
-    if context is None:
+    try:
+        seen = _SEEN.setdefault(context, set())
+    except TypeError:  # None, or a context that takes no weak reference: record each trace
         return True
-    seen = _SEEN.setdefault(context, set())
     if key in seen:
         return False
     seen.add(key)

@@ -225,7 +225,7 @@ def test_a_spec_built_outside_runs_its_block_eagerly_with_the_levers_in_force() 
 def test_a_spec_built_outside_is_refused_by_dynamo_under_fullgraph() -> None:
     # Dynamo refuses a `with` on an object it did not see built, before calling __enter__
     # (2.13: "Unsupported context manager"; 2.1: "SETUP_WITH UserDefinedObjectVariable"):
-    # its error, not speedflags'. docs/compile.md and the README say to build it inline.
+    # its error, not speedflags'. docs/inside_compile.md and the README say to build it inline.
     def step(x: torch.Tensor) -> torch.Tensor:
         with OUTSIDE_AMP:
             return x @ W
