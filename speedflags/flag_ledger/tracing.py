@@ -48,12 +48,15 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 Where = Optional[Tuple[str, int]]
 
-# Found once, by feature. Dynamo folds a call of either function to True while it traces;
-# run for real, PyTorch 2.1's always answers False and torch.compiler's answers True while
-# dynamo runs (at trace time too), False inside a KeptOut function. torch._utils' spelling
-# is 2.1's (torch._dynamo.is_compiling would import dynamo); from 2.3 it is deprecated.
+# Found once, by feature: the cheapest function dynamo folds to True while it traces.
+# torch.compiler.is_dynamo_compiling (newer PyTorch) and 2.1's torch._utils.is_compiling just
+# return False when run; torch.compiler.is_compiling (2.3+, in between) reads a flag that is
+# True while dynamo runs, at trace time too (and False inside a KeptOut function). Nothing
+# here relies on what a real call answers. torch._dynamo.is_compiling would import dynamo.
 is_compiling: Callable[[], bool] = (
-    getattr(torch.compiler, "is_compiling", None) or torch._utils.is_compiling
+    getattr(torch.compiler, "is_dynamo_compiling", None)
+    or getattr(torch.compiler, "is_compiling", None)
+    or torch._utils.is_compiling
 )
 
 
@@ -65,9 +68,15 @@ _EVAL_FRAME = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
 _SET_HOOK = getattr(_EVAL_FRAME, "set_eval_frame", None)
 
 
+_MODULES = sys.modules
+
+
 def _hook_of_2_1() -> Any:
     # PyTorch 2.1 has no getter; its setter returns the hook it replaces (what
-    # torch.compiler.disable does around every call: set None, then put the prior back)
+    # torch.compiler.disable does around every call: set None, then put the prior back).
+    # Both cost ~130 ns: skipped while nothing has imported dynamo (no hook without it).
+    if "torch._dynamo" not in _MODULES:
+        return None
     prior = _SET_HOOK(None)  # type: ignore[misc]
     _SET_HOOK(prior)  # type: ignore[misc]
     return prior
