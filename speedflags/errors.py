@@ -26,6 +26,7 @@ __all__ = [
     "LedgerOrderError",
     "LedgerReentryError",
     "LeverConflictWarning",
+    "LeverInGraphError",
     "LeverUnavailableError",
     "MixedTF32APIError",
     "RankMismatchError",
@@ -73,6 +74,35 @@ class MixedTF32APIError(SpeedflagsError, RuntimeError):
 
 class LeverUnavailableError(SpeedflagsError, RuntimeError):
     """With ``strict=True``: a lever would have no effect on this device (or no native speed-up)."""
+
+
+class LeverInGraphError(SpeedflagsError, RuntimeError):
+    """A process-wide lever is set inside a function compiled with ``fullgraph=True``.
+
+    A graph cannot set ``tf32``, ``matmul_precision``, ``cudnn_benchmark``, ``sdpa``,
+    ``deterministic`` or ``reduced_precision_reduction``: dynamo drops the write (or keeps it
+    for the first call only) and does not guard it. Without ``fullgraph=True`` such a block
+    runs eagerly, a graph break around it, with the levers in force; with it, this error is
+    raised when the function is compiled, naming the levers and where. The fix: set them
+    outside the compiled function, or use ``@speedup(compile=...)``. An ``amp``-only block
+    needs neither: it is traced into the graph as ``torch.autocast``.
+
+    Raised while dynamo compiles, it is also an instance of dynamo's ``Unsupported`` (the
+    error dynamo lets through unchanged; ``docs/inside_compile.md``), and its message ends with the
+    lines dynamo traced.
+
+    Example:
+        >>> import torch, speedflags
+        >>> @torch.compile(fullgraph=True, backend="eager")
+        ... def step(x):
+        ...     with speedflags.fast_math(deterministic=True):
+        ...         return x + 1
+        >>> try:
+        ...     step(torch.ones(2))
+        ... except speedflags.LeverInGraphError as exc:
+        ...     print("Set it outside the compiled function" in str(exc))
+        True
+    """
 
 
 class LedgerOrderError(SpeedflagsError, RuntimeError):

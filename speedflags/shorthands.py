@@ -1,6 +1,8 @@
 """The single-lever shorthands: ``tf32()``, ``matmul_precision()``, ``cudnn_benchmark()``,
 ``sdpa_backend()``, ``deterministic()``, ``reduced_precision_reduction()`` and ``autocast()``,
 each a :class:`~speedflags.FastMath` for one lever with a label that names the call.
+Called inside a function given to ``torch.compile``, each returns what ``fast_math`` returns
+there (``speedflags.fast_math.in_graph``): ``autocast()`` a ``torch.autocast``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import enum
 from typing import Any, Union
 
 from .fast_math import FastMath
+from .fast_math.in_graph import built_in_graph
 from .hardware import DeviceLike, normalize_device
 from .levers.arguments import AmpArg, DeterministicArg, MatmulPrecisionArg, SdpaName
 from .levers.registry import lever_spec
@@ -24,6 +27,7 @@ __all__ = [
 ]
 
 
+@built_in_graph
 def tf32(enabled: bool = True, *, strict: bool = False) -> FastMath:
     """TF32 on (or off) for cuBLAS matmuls and cuDNN conv/rnn: ``fast_math(tf32=enabled)``.
 
@@ -39,6 +43,7 @@ def tf32(enabled: bool = True, *, strict: bool = False) -> FastMath:
     return FastMath(tf32=value, strict=strict, label=f"tf32({value!r})")
 
 
+@built_in_graph
 def matmul_precision(value: MatmulPrecisionArg, *, strict: bool = False) -> FastMath:
     """Float32 matmul precision for a block: ``fast_math(matmul_precision=value)``.
 
@@ -54,6 +59,7 @@ def matmul_precision(value: MatmulPrecisionArg, *, strict: bool = False) -> Fast
     return FastMath(matmul_precision=checked, strict=strict, label=f"matmul_precision({checked!r})")
 
 
+@built_in_graph
 def cudnn_benchmark(enabled: bool = True, *, strict: bool = False) -> FastMath:
     """``torch.backends.cudnn.benchmark`` for a block, and nothing else.
 
@@ -70,6 +76,7 @@ def cudnn_benchmark(enabled: bool = True, *, strict: bool = False) -> FastMath:
     return FastMath(cudnn_benchmark=value, strict=strict, label=f"cudnn_benchmark({value!r})")
 
 
+@built_in_graph
 def sdpa_backend(*backends: Union[SdpaName, enum.Enum], strict: bool = False) -> FastMath:
     """Preferred SDPA kernels, in order: ``fast_math(sdpa=backends)``.
 
@@ -88,6 +95,7 @@ def sdpa_backend(*backends: Union[SdpaName, enum.Enum], strict: bool = False) ->
     return FastMath(sdpa=value, strict=strict, label=f"sdpa_backend({shown})")
 
 
+@built_in_graph
 def deterministic(mode: DeterministicArg = True, *, strict: bool = False) -> FastMath:
     """Deterministic algorithms for a block: ``fast_math(deterministic=mode)``.
 
@@ -111,6 +119,7 @@ def deterministic(mode: DeterministicArg = True, *, strict: bool = False) -> Fas
     return FastMath(deterministic=value, strict=strict, label=f"deterministic({value!r})")
 
 
+@built_in_graph
 def reduced_precision_reduction(enabled: bool = True, *, strict: bool = False) -> FastMath:
     """cuBLAS reductions of fp16/bf16 GEMMs in reduced precision (``True``, PyTorch's default)
     or in fp32 (``False``): ``fast_math(reduced_precision_reduction=enabled)``.
@@ -140,6 +149,7 @@ def reduced_precision_reduction(enabled: bool = True, *, strict: bool = False) -
     )
 
 
+@built_in_graph
 def autocast(dtype: AmpArg, device: DeviceLike = None, *, strict: bool = False) -> FastMath:
     """Autocast in ``dtype`` on ``device`` for a block: ``fast_math(amp=dtype, device=device)``.
 

@@ -16,116 +16,27 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar, Union,
 import torch
 
 from ._short_repr import short_repr
-from .compile.guarded import COMPILED, GuardedCompile, compile_options
-from .compile.lever_guard import LeverGuardStats
+from .compile.guarded import GuardedCompile, compile_options
 from .errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from .fast_math import FastMath
-from .flag_ledger.decorate import decorate
+from .fast_math.in_graph import step_in_graph
+from .flag_ledger.decorate import decorate, own_code
 from .flag_ledger.ledger import Frame, ledger
+from .flag_ledger.tracing import hooked, is_compiling
 from .hardware import DeviceLike
 from .levers.lever_sets import document_levers
 from .levers.registry import shown_levers
-from .recommend import recommended
+from .speedup_stats import SpeedupStats
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .levers.arguments import LeverArgs
 
-__all__ = ["SpeedupStats", "speedup"]
+__all__ = ["SpeedupStats", "speedup"]  # SpeedupStats: speedup_stats.py
 
 F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
-
-
-_STATS_FIELDS = (
-    "calls", "mode", "fallback_reason", "compile_options", "inference", "levers", "lever_guard"
-)  # fmt: skip
-
-
-class SpeedupStats:
-    """What a ``@speedup`` function has done: ``step.stats`` (read-only, updated live).
-
-    Attributes:
-        calls: how many times the function was called (for generator and coroutine
-            functions: how many steps ran); counted without a lock.
-        mode: ``"eager"`` (no compile requested), ``"pending"`` (compile requested, not
-            called yet), ``"compiled"``, or ``"fallback"`` (compiling failed; runs eagerly).
-        compiled: ``mode == "compiled"``.
-        fallback_reason: why compiling failed, or ``None``.
-        compile_options: the ``torch.compile`` options, or ``None`` without compile.
-        inference: whether calls run under ``torch.inference_mode()``.
-        levers: the lever values applied around each call (for a bare ``@speedup``, the
-            device's recommended levers).
-        lever_guard: with compile, how states of the levers dynamo does not guard are kept
-            apart (``mode``, ``states``, ``recompiles``: ``docs/compile.md``), else None.
-
-    Example:
-        >>> import speedflags
-        >>> @speedflags.speedup(cudnn_benchmark=True)
-        ... def step():
-        ...     pass
-        >>> step(); step()
-        >>> step.stats.calls, step.stats.mode, step.stats.levers
-        (2, 'eager', {'cudnn_benchmark': True})
-    """
-
-    __slots__ = ("_compile", "_fast", "_inference", "calls")
-
-    def __init__(self, fast: FastMath, compiled: Optional[GuardedCompile], inference: bool) -> None:
-        self.calls = 0
-        self._fast = fast
-        self._compile = compiled
-        self._inference = inference
-
-    @property
-    def mode(self) -> str:
-        return "eager" if self._compile is None else self._compile.state
-
-    @property
-    def compiled(self) -> bool:
-        return self.mode == COMPILED
-
-    @property
-    def fallback_reason(self) -> Optional[str]:
-        return None if self._compile is None else self._compile.reason
-
-    @property
-    def compile_options(self) -> Optional[Dict[str, Any]]:
-        return None if self._compile is None else dict(self._compile.options)
-
-    @property
-    def inference(self) -> bool:
-        return self._inference
-
-    @property
-    def lever_guard(self) -> Optional[LeverGuardStats]:
-        return None if self._compile is None else self._compile.levers.stats
-
-    @property
-    def levers(self) -> Dict[str, Any]:
-        fast = self._fast
-        plan = fast._plan_cache
-        if plan is not None:
-            program = plan.program
-            return {
-                lever.name: lever.describe_value(value)
-                for lever, value in zip(program.levers, program.values)
-            }
-        if fast._recommend:
-            return dict(recommended(fast._device).levers)
-        return fast.levers
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The stats as plain values."""
-        values = {name: getattr(self, name) for name in _STATS_FIELDS}
-        return {**values, "lever_guard": self.lever_guard and self.lever_guard.to_dict()}
-
-    def __repr__(self) -> str:
-        reason = f", fallback_reason={self.fallback_reason!r}" if self.fallback_reason else ""
-        return (
-            f"SpeedupStats(calls={self.calls}, mode={self.mode!r}{reason}, levers={self.levers!r})"
-        )
 
 
 class _Speedup:
@@ -226,10 +137,14 @@ class _Speedup:
         close_frame = the_ledger.close
         getframe = sys._getframe
 
+        in_graph = step_in_graph(fast, label, target, stats, func)  # inside torch.compile
+
         # An exception that lands between the ledger's open and the try, or before the
         # ledger's close begins, is caught too (as in fast_math's decorator).
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if is_compiling() or hooked():  # inside torch.compile: traced, or eager in it
+                return in_graph(args, kwargs)
             caller = getframe(1)
             where = (caller.f_code.co_filename, caller.f_lineno)
             stats.calls += 1
@@ -253,7 +168,7 @@ class _Speedup:
                         close_frame(frame, where)
                     raise
 
-        return wrapper
+        return own_code(wrapper)
 
     def _stepped(self, func: Callable[..., Any], label: str, stats: SpeedupStats) -> Any:
         # Generators and coroutines: the levers (and inference mode) hold per step.

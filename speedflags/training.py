@@ -18,7 +18,7 @@ from torch.optim.optimizer import Optimizer  # the public path; 2.4's stubs lack
 
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
-from .fast_math import _resolve_auto
+from .fast_math.plan import resolve_auto
 from .flag_ledger.decorate import caller_where
 from .flag_ledger.ledger import ledger
 from .hardware import DeviceLike, capabilities, resolve_device
@@ -81,7 +81,7 @@ def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
     dtype = lever_spec("amp").check("grad_scaler", amp)
     target = resolve_device(device, "grad_scaler")
     if dtype == AUTO:
-        dtype, why = _resolve_auto(target)
+        dtype, why = resolve_auto(target)
         why = f"amp='auto' chose {_dtype_name(dtype)}: {why}"
     else:
         why = ""

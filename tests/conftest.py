@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import pytest
 import torch
@@ -340,3 +340,15 @@ def cpu_with_bf16(fake_cpu: Callable[..., None]) -> None:
 @pytest.fixture
 def fresh_history() -> None:
     ledger().clear_history()
+
+
+def last_seq() -> int:
+    """The history's last ``seq`` (the ring is bounded: an index would not do)."""
+    history = speedflags.ledger().history
+    return history[-1].seq if history else 0
+
+
+def records_since(seq: int) -> List[speedflags.FlagRecord]:
+    """The ledger's own records after ``seq`` (a running watch also records torch's own
+    writes, action "external")."""
+    return [r for r in speedflags.ledger().history if r.seq > seq and r.action != "external"]

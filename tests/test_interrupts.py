@@ -11,6 +11,7 @@ from __future__ import annotations
 import dis
 import inspect
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -70,7 +71,7 @@ TARGETS: Dict[str, Callable[..., Any]] = {
 
 
 def statement_lines(func: Callable[..., Any]) -> List[int]:
-    """The lines of ``func``'s body that start a statement, but ``try:`` lines.
+    """The lines of ``func``'s body that start a statement, but those with no check point.
 
     A ``try:`` line's own trace event comes before its protection begins, but no signal
     handler can run there: CPython checks for signals at calls, function starts and loop
@@ -80,7 +81,15 @@ def statement_lines(func: Callable[..., Any]) -> List[int]:
     source, first = inspect.getsourcelines(func)
     body = first + next(i for i, line in enumerate(source) if line.lstrip().startswith("def "))
     lines = {line for _, line in dis.findlinestarts(code) if line is not None and line > body}
-    return sorted(n for n in lines if source[n - first].split("#")[0].strip() != "try:")
+    return sorted(n for n in lines if not _no_check_point(source[n - first].split("#")[0]))
+
+
+def _no_check_point(statement: str) -> bool:
+    # ``try:``, and a store of a constant (``in_graph = False`` before an exit's ``try``):
+    # neither calls nor jumps, so no signal handler runs there. A function's first line still
+    # follows its entry check point: the gap signal_safe closes (docs/architecture.md).
+    text = statement.strip()
+    return text == "try:" or re.fullmatch(r"\w+ = (False|True|None)", text) is not None
 
 
 def passes(func: Callable[..., Any], line: int) -> Tuple[int, ...]:

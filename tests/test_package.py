@@ -94,6 +94,7 @@ def test_all_is_exactly_the_public_face() -> None:
         "report",
         "schedule",
         "shorthands",
+        "speedup_stats",
         "status",
         "training",
     }

@@ -29,7 +29,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("status", ("status",)),
     ("rank check", ("distributed",)),
     ("fast_math", ("fast_math",)),
-    ("blocks", ("shorthands", "speedup", "training", "schedule")),
+    ("blocks", ("shorthands", "speedup", "speedup_stats", "training", "schedule")),
     (
         "tools",
         (

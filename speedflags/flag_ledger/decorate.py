@@ -6,6 +6,10 @@ suspends at a ``yield`` or ``await``, so code that runs in between (the consumer
 generator, other tasks on the event loop) never sees them. This is what
 ``torch.no_grad``'s generator support does; ``contextlib.ContextDecorator`` instead wraps only
 the creation of the generator or coroutine object (CPython gh-125862).
+
+Inside ``torch.compile`` (a plain function called by traced code, or compiled itself), the
+wrapper hands the call to its ``in_graph`` branch (:mod:`.tracing`): dynamo never traces the
+frame bookkeeping.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import (
     AsyncGenerator,
     Callable,
     ContextManager,
+    Dict,
     Generator,
     Optional,
     Tuple,
@@ -28,11 +33,14 @@ from .._short_repr import short_repr
 from ..errors import InvalidTypeError, SpeedflagsError
 from .interrupts import PENDING, critical, deliver_pending
 from .ledger import ledger
+from .tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 
 F = TypeVar("F", bound=Callable[..., Any])
 Where = Optional[Tuple[str, int]]
 OpenFrame = Callable[[Where], Any]
 CloseFrame = Callable[[Any, Where], None]
+# what a plain function's wrapper does while dynamo traces it: (func, args, kwargs) -> result
+InGraph = Callable[[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]], Any]
 
 
 def caller_where(depth: int = 2) -> Where:
@@ -51,6 +59,7 @@ def decorate(
     what: str,
     owner: object = None,
     step_guard: Optional[Callable[[], ContextManager[Any]]] = None,
+    in_graph: Optional[InGraph] = None,
 ) -> F:
     """Wrap ``func`` so that each call (or each step) runs inside a frame.
 
@@ -59,7 +68,8 @@ def decorate(
     (:meth:`~speedflags.FlagLedger.cancel_open`). ``step_guard``, for generator and
     coroutine functions, makes a context manager entered around each step inside its frame
     (``@speedup(inference=True)``'s inference mode); entered and exited in C, it cannot be
-    left half-entered by an interruption.
+    left half-entered by an interruption. ``in_graph`` is what a plain function's wrapper
+    does while dynamo traces it (default: the call, eagerly in a frame, a graph break).
     """
     if isinstance(func, type):
         raise InvalidTypeError(
@@ -67,7 +77,9 @@ def decorate(
             "the constructor or every method should run with the levers; decorate the methods"
         )
     if isinstance(func, (staticmethod, classmethod)):
-        return type(func)(decorate(func.__func__, open_frame, close_frame, what, owner, step_guard))
+        return type(func)(
+            decorate(func.__func__, open_frame, close_frame, what, owner, step_guard, in_graph)
+        )
     if not callable(func):
         raise InvalidTypeError(f"{what} can only decorate a callable, got {short_repr(func)}")
 
@@ -126,9 +138,14 @@ def decorate(
         return generator_wrapper  # type: ignore[return-value]
 
     the_ledger = ledger()
+    if in_graph is None:
+        in_graph = _framed_in_graph(open_frame, close_frame, owner)
+    traced = in_graph
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling() or hooked():  # inside torch.compile: traced, or eager in it
+            return traced(func, args, kwargs)
         where = caller_where()
         mark = the_ledger._last_id
         frame = None
@@ -151,7 +168,82 @@ def decorate(
                     close_frame(frame, where)
                 raise
 
-    return wrapper  # type: ignore[return-value]
+    return own_code(wrapper)  # type: ignore[return-value]
+
+
+def own_code(wrapper: F) -> F:
+    """``wrapper`` with a code object of its own (equal to the one it shares with every other
+    wrapper). Dynamo keeps its compiled variants per code object, at most 8 (then runs the
+    code eagerly, compiling what it calls: the ledger's lever writes, which graphs drop), and
+    each decorated function is a variant of the shared code: one code each, one cache each.
+    """
+    wrapper.__code__ = wrapper.__code__.replace()
+    return wrapper
+
+
+def call_framed(
+    func: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    open_frame: OpenFrame,
+    close_frame: CloseFrame,
+    owner: object,
+    where: Where,
+) -> Any:
+    """``func(*args, **kwargs)`` inside a frame: the plain wrapper's body, for callers that
+    found ``where`` themselves."""
+    the_ledger = ledger()
+    mark = the_ledger._last_id
+    frame = None
+    try:
+        frame = open_frame(where)
+        return func(*args, **kwargs)
+    finally:
+        try:
+            if frame is None:
+                the_ledger.cancel_open(owner, mark, where)
+            else:
+                close_frame(frame, where)
+        except SpeedflagsError:
+            raise
+        except BaseException:
+            if frame is None:
+                the_ledger.cancel_open(owner, mark, where)
+            elif not frame.closed:
+                close_frame(frame, where)
+            raise
+
+
+def _call_framed_here(
+    func: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    open_frame: OpenFrame,
+    close_frame: CloseFrame,
+    owner: object,
+) -> Any:
+    return call_framed(func, args, kwargs, open_frame, close_frame, owner, eager_where())
+
+
+# A decorated call met by dynamo, run eagerly (a graph break): the levers really in force.
+FRAMED = KeptOut(_call_framed_here)
+
+
+@at_trace_time
+def _prepared() -> Tuple[()]:
+    KeptOut.prepare()
+    return ()
+
+
+def _framed_in_graph(open_frame: OpenFrame, close_frame: CloseFrame, owner: object) -> InGraph:
+    def in_graph(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        if is_compiling():
+            _prepared()
+        else:
+            KeptOut.prepare()
+        return FRAMED.call(func, args, kwargs, open_frame, close_frame, owner)
+
+    return in_graph
 
 
 class _Driver:

@@ -2,7 +2,11 @@
 
 Creating a spec validates every argument and touches no torch state. Each ``with`` (and each
 decorated call) opens a new ledger frame, so one spec can be reused, nested, shared between
-threads and used recursively.
+threads and used recursively. :mod:`.plan` works out what the levers do on the device;
+:mod:`.in_graph` what a spec does inside ``torch.compile``.
+
+May import: the ledger (:mod:`speedflags.flag_ledger`), the levers, the rank check
+(:mod:`speedflags.distributed`) and the base modules; never the blocks or tools above.
 """
 
 from __future__ import annotations
@@ -13,45 +17,36 @@ from typing import (
     Any,
     Callable,
     Dict,
-    NamedTuple,
     Optional,
     Tuple,
     TypeVar,
     overload,
 )
 
-import torch
-
-from . import _warn
-from ._short_repr import short_repr, short_str
-from .errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
-from .flag_ledger.decorate import decorate
-from .flag_ledger.interrupts import PENDING, critical, deliver_pending
-from .flag_ledger.ledger import Frame, LeverItem, Program, Where, ledger
-from .hardware import DeviceLike, capabilities, default_device, normalize_device
-from .levers._unset import UNSET
-from .levers.autocast import AUTO
-from .levers.lever_sets import document_levers
-from .levers.registry import check_levers, lever_spec, shown_levers
-from .recommend import recommended
+from .. import _warn
+from .._short_repr import short_repr, short_str
+from ..errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
+from ..flag_ledger.decorate import decorate
+from ..flag_ledger.interrupts import PENDING, critical, deliver_pending
+from ..flag_ledger.ledger import Frame, Where, ledger
+from ..flag_ledger.tracing import hooked, is_compiling
+from ..hardware import DeviceLike, default_device, normalize_device
+from ..levers._unset import UNSET
+from ..levers.lever_sets import document_levers
+from ..levers.registry import check_levers, lever_spec, shown_levers
+from .in_graph import BUILDERS, decorated_in_graph, enter_in_graph, exit_in_graph, spec_in_graph
+from .plan import Plan, make_plan
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .distributed import FirstEntryCheck
-    from .levers.arguments import LeverArgs
+    from ..distributed import FirstEntryCheck
+    from ..levers.arguments import LeverArgs
 
 __all__ = ["FastMath", "fast_math"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
-
-
-class _Plan(NamedTuple):
-    device: str
-    program: Program
-    refusals: Tuple[str, ...]
-    slow: Tuple[Tuple[Any, str], ...]
 
 
 class FastMath:
@@ -134,11 +129,11 @@ class FastMath:
             shown.append("check_ranks=True")
         self._label = label if label is not None else f"fast_math({', '.join(shown)})"
         # Resolved on first entry (the device, and so the plan, never changes in a process).
-        self._plan_cache: Optional[_Plan] = None
+        self._plan_cache: Optional[Plan] = None
         self._rank_check: Optional[FirstEntryCheck] = None
         if check_ranks:
             # torch.distributed is imported only by specs that check ranks
-            from .distributed import FirstEntryCheck
+            from ..distributed import FirstEntryCheck
 
             self._rank_check = FirstEntryCheck()
 
@@ -156,11 +151,13 @@ class FastMath:
     def __repr__(self) -> str:
         return f"<speedflags {short_str(self._label)}>"
 
-    def _plan(self) -> _Plan:
+    def _plan(self) -> Plan:
         plan = self._plan_cache
         if plan is None:
             device = self._device if self._device is not None else default_device()
-            plan = self._plan_cache = self._make_plan(device)
+            plan = self._plan_cache = make_plan(
+                self._requested, self._recommend, self._strict, device
+            )
             for cause, message in plan.slow:
                 _warn.warn_once(cause, message, SlowPathWarning)
         if plan.refusals:
@@ -169,47 +166,6 @@ class FastMath:
                 f"effect on {plan.device}: " + "; ".join(plan.refusals) + ". Nothing was changed."
             )
         return plan
-
-    def _make_plan(self, device: torch.device) -> _Plan:
-        shown_device = capabilities(device).device
-        requested = self._requested
-        reasons: Dict[str, str] = {}
-        skipped = []
-        if self._recommend:
-            rec = recommended(device)
-            reasons = {k: f"recommended: {v}" for k, v in rec.reasons.items()}
-            requested = check_levers("recommended", rec.levers)
-            if not requested:
-                skipped.append(("*", reasons["*"]))
-        items: list[LeverItem] = []
-        refusals = []
-        slow = []
-        for name, value in requested:
-            note = reasons.get(name, "")
-            lever = lever_spec(name).lever(device.type)
-            if value == AUTO:  # amp="auto": the dtype depends on the device
-                value, why = _resolve_auto(device)
-                if value is None:
-                    skipped.append((name, f"{name}='auto': {why}"))
-                    continue
-                note = f"{name}='auto' chose {lever.describe_value(value)}: {why}"
-            effect = lever.available(value, device)
-            shown = f"{name}={lever.describe_value(value)!r}"
-            if not effect.effective and self._strict:
-                refusals.append(f"{shown}: {effect.reason}")
-            if effect.unsupported:  # this PyTorch would raise: recorded as skipped instead
-                skipped.append((name, f"{shown}: {effect.reason}"))
-                continue
-            if effect.slow:
-                slow.append(
-                    (
-                        (name, shown_device, str(value)),
-                        f"{shown} on {shown_device}: {effect.reason}. Use amp='bf16', or "
-                        "strict=True to refuse it.",
-                    )
-                )
-            items.append((lever, value, "; ".join(r for r in (note, effect.reason) if r)))
-        return _Plan(shown_device, Program(items, skipped), tuple(refusals), tuple(slow))
 
     # --- context manager -----------------------------------------------------------------
 
@@ -229,6 +185,8 @@ class FastMath:
     # handler called at its first instruction (no except clause yet) waits for the close.
 
     def __enter__(self) -> Frame:
+        if is_compiling() or hooked():  # inside torch.compile: traced, or eager in it
+            return enter_in_graph(self)  # type: ignore[no-any-return]
         caller = sys._getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)
         mark = _LEDGER._last_id
@@ -240,15 +198,24 @@ class FastMath:
 
     @critical
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        in_graph = False  # a constant store: no check point before the try
         try:  # first: no exception may land between the exit's start and its try
-            caller = sys._getframe(1)
-            _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
+            if is_compiling() or hooked():
+                in_graph = True
+            else:
+                caller = sys._getframe(1)
+                _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
         except SpeedflagsError:
             raise
         except BaseException:
             _LEDGER.finish_exit(self)
             raise
-        finally:  # a signal_safe handler held back here; no check point after the last test
+        finally:
+            if in_graph:
+                # Inside torch.compile (traced, or eager in it): out of the try, where a
+                # graph break can resume
+                exit_in_graph(self)
+            # a signal_safe handler held back here; no check point after the last test
             while True:
                 if not PENDING:
                     break
@@ -296,18 +263,11 @@ class FastMath:
         def close_frame(frame: Frame, where: Any) -> None:
             the_ledger.close(frame, where)
 
-        return decorate(func, open_frame, close_frame, "fast_math", self)
+        in_graph = decorated_in_graph(self, label, open_frame, close_frame, func)
+        return decorate(func, open_frame, close_frame, "fast_math", self, in_graph=in_graph)
 
 
-def _resolve_auto(device: torch.device) -> Tuple[Optional[torch.dtype], str]:
-    caps = capabilities(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        return None, f"no autocast on {caps.device}: {caps.bf16.reason}"
-    if caps.bf16:
-        return torch.bfloat16, caps.bf16.reason
-    if device.type == "cuda" and caps.fp16:
-        return torch.float16, f"no native bf16 ({caps.bf16.reason}); {caps.fp16.reason}"
-    return None, f"no native bf16 or fp16 on {caps.device}: {caps.bf16.reason}"
+BUILDERS["fast_math"] = FastMath
 
 
 @overload
@@ -374,6 +334,11 @@ def fast_math(
     overrides another's process-wide lever warns (:class:`~speedflags.LeverConflictWarning`).
     See ``docs/threading.md``.
 
+    Inside a function given to ``torch.compile``: an ``amp``-only spec is traced into the
+    graph as ``torch.autocast`` (and is one there: ``with ... as frame`` binds ``None``);
+    any other runs its block eagerly, a graph break around it, or, with ``fullgraph=True``,
+    raises :class:`~speedflags.LeverInGraphError`. See ``docs/inside_compile.md``.
+
     Example:
         >>> import torch, speedflags
         >>> with speedflags.fast_math(matmul_precision="medium"):
@@ -385,6 +350,9 @@ def fast_math(
     Levers:
     {levers}
     """
+    if func is None and (is_compiling() or hooked()):  # inside torch.compile
+        options = {"device": device, "strict": strict, "label": label, "check_ranks": check_ranks}
+        return spec_in_graph("fast_math", (), {**options, **levers})
     spec = FastMath(device=device, strict=strict, label=label, check_ranks=check_ranks, **levers)
     if func is None:
         return spec
