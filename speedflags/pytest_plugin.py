@@ -71,7 +71,7 @@ from .leak_report.collect import (
 )
 from .levers._base import Unreadable
 from .levers.culprits import made_by_torch
-from .watching.setters import Domain, Write, domains, flatten, record_name
+from .watching.setters import Domain, Write, domains, flatten
 from .watching.watch import watch
 from .watching.watcher import _watcher
 
@@ -277,7 +277,7 @@ class LeakGuard:
             why = made_by_torch(domain.lever, was, now)
             if why is not None:
                 kept[i] = was  # compared as unchanged; the state stays as torch left it
-                notes.append(f"{domain.shorthand}: {why} (during {item.nodeid})")
+                notes.append(f"{domain.name}: {why} (during {item.nodeid})")
         if notes and reports:
             setattr(_target(reports), TORCH_ATTRIBUTE, notes)
         return tuple(kept)
@@ -303,7 +303,7 @@ class LeakGuard:
                     restored.append((domain, was, now, now, f"could not put it back: {exc!r}"))
         for domain, was, now, back, problem in restored:
             describe = domain.lever.describe
-            names = ", ".join(dict.fromkeys(record_name(n) for n, _, _ in domain.views))
+            names = ", ".join(dict.fromkeys(n for n, _, _ in domain.views))
             changes = _changes(domain.views[0][1], describe(was), describe(now))
             writes: List[Optional[Write]] = [*_watcher().writes_since(seen, domain.key)]
             seen_writes = [findings.write_info(w.sentence(), w.function, w.where, w.thread)
@@ -319,7 +319,7 @@ class LeakGuard:
                 lines.append(f"    {problem}")
             settings += [findings.setting(names, name, old, new, seen_writes, problem)
                          for _, name, old, new in changes]  # fmt: skip
-            the_ledger.note(domain.shorthand, "restore", problem or label,
+            the_ledger.note(domain.name, "restore", problem or label,
                             before=describe(now), after=describe(back), label=label,
                             where=where)  # fmt: skip
         header = (

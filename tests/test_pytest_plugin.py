@@ -127,7 +127,7 @@ def test_fail_mode_fails_each_leaking_test_naming_lever_values_and_writer(
     result.stdout.fnmatch_lines(
         [
             "*test_thread_leak left torch flags changed*",
-            "  sdpa_backend:",
+            "  sdpa:",
             "    math: True -> False",
             "    write: torch.backends.cuda.enable_math_sdp(False) by writer at "
             f"{test_file}:24 (thread 'sdpa-writer')",

@@ -238,7 +238,7 @@ def test_the_json_report_has_the_documented_shape(pytester: pytest.Pytester) -> 
     ]
     (math,) = thread["settings"]
     assert (math["lever"], math["name"], math["before"], math["after"]) == (
-        "sdpa_backend",
+        "sdpa",
         "sdpa.math",
         "True",
         "False",

@@ -146,5 +146,5 @@ def test_a_watch_records_the_cpp_move_as_torchs_at_the_next_boundary(
                 pass
     finally:
         _set_order_in_cpp(before)
-    (record,) = [r for r in seen.records if r.lever == "sdpa_backend"]
+    (record,) = [r for r in seen.records if r.lever == "sdpa"]
     assert record.reason.startswith("changed by PyTorch itself, around Python: PyTorch's first")

@@ -33,7 +33,7 @@ from speedflags.levers.registry import LEVER_NAMES, REGISTRY
 from speedflags.watching.setters import SETTERS
 
 HERE = os.path.abspath(__file__)
-SHORTHANDS = {spec.shorthand for spec in REGISTRY}
+NAMES = {spec.name for spec in REGISTRY}
 
 
 # --- one writer per Python path ----------------------------------------------------------
@@ -152,14 +152,14 @@ PATHS: List[Any] = [
     (benchmark_attribute, "cudnn_benchmark"),
     (cudnn_set_flags, "cudnn_benchmark"),
     (cudnn_flags_block, "cudnn_benchmark"),
-    (sdpa_enable_function, "sdpa_backend"),
-    (sdpa_imported_before_watching, "sdpa_backend"),
-    pytest.param(sdpa_kernel_block, "sdpa_backend", marks=needs_sdpa_kernel),
-    pytest.param(autocast_setter, "autocast", marks=needs_generic_autocast),
-    pytest.param(autocast_dtype_setter, "autocast", marks=needs_generic_autocast),
-    pytest.param(autocast_cpu_setter, "autocast", marks=old_autocast_api),
-    pytest.param(autocast_gpu_dtype_setter, "autocast", marks=old_autocast_api),
-    (autocast_block, "autocast"),
+    (sdpa_enable_function, "sdpa"),
+    (sdpa_imported_before_watching, "sdpa"),
+    pytest.param(sdpa_kernel_block, "sdpa", marks=needs_sdpa_kernel),
+    pytest.param(autocast_setter, "amp", marks=needs_generic_autocast),
+    pytest.param(autocast_dtype_setter, "amp", marks=needs_generic_autocast),
+    pytest.param(autocast_cpu_setter, "amp", marks=old_autocast_api),
+    pytest.param(autocast_gpu_dtype_setter, "amp", marks=old_autocast_api),
+    (autocast_block, "amp"),
 ]
 NEW_API_PATHS: List[Tuple[Callable[[], None], str]] = [
     (generic_node, "tf32"),
@@ -195,7 +195,7 @@ def test_every_python_path_is_recorded_with_its_writer(
     first = records[0]
     assert first.action == "external"
     assert first.lever == lever
-    assert first.lever in SHORTHANDS
+    assert first.lever in NAMES  # the lever's one name, as in speedflags' own records
     assert first.label == writer.__name__  # the writer's function name
     assert first.where == f"{HERE}:{first_line(writer)}"  # for a `with`: the with line
     assert first.thread == threading.current_thread().name
@@ -298,6 +298,28 @@ def test_speedflags_own_writes_are_not_external() -> None:
             pass
     assert [r.label for r in w.records] == (["generic_node"] if HAS_NEW_API else [])
     assert OWN_WRITES.depth == 0
+
+
+def test_a_lever_has_one_name_in_own_external_and_unexplained_records() -> None:
+    # Failed before: speedflags' own writes were recorded as "amp"/"sdpa", the same torch
+    # state written by anyone else as "autocast"/"sdpa_backend" (the shorthands' names).
+    start = speedflags.ledger().history[-1].seq if speedflags.ledger().history else 0
+    with speedflags.watch() as w:
+        with fast_math(amp="bf16", sdpa="math", device="cpu"):
+            pass
+        autocast_block()  # set and put back by torch.autocast: external records
+        sdpa_enable_function()  # external, through Python
+        torch._C._set_sdp_use_math.__wrapped__(True)  # unseen: found at the next boundary
+        with fast_math(cudnn_benchmark=False):
+            pass
+    records = [r for r in speedflags.ledger().history if r.seq > start]
+    own = {r.lever for r in records if r.action in ("set", "restore")}
+    external = [r.lever for r in records if r.action == "external"]
+    unexplained = [r.lever for r in w.records if r.label == "unknown code"]
+    assert own >= {"amp", "sdpa"}
+    assert "amp" in external and external.count("sdpa") == 2
+    assert unexplained == ["sdpa"]
+    assert not {"autocast", "sdpa_backend"} & {*own, *external}
 
 
 def test_every_wrapped_setter_names_a_registry_lever_or_guarded_setting() -> None:

@@ -72,7 +72,7 @@ def setting(
 ) -> Dict[str, Any]:
     """One changed setting; ``writes`` in the order they were made (``writer`` is the last).
 
-    >>> setting("sdpa_backend", "sdpa.math", "True", "False", [])["writer"] is None
+    >>> setting("sdpa", "sdpa.math", "True", "False", [])["writer"] is None
     True
     """
     return {

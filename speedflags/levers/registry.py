@@ -59,10 +59,10 @@ class LeverSpec:
     """One lever, as every part of speedflags sees it.
 
     Attributes:
-        name: the ``fast_math`` keyword (``"tf32"``); also ``Lever.name`` and the name in
-            the ledger's history for speedflags' own writes.
-        shorthand: the single-lever function (``speedflags.sdpa_backend``); also the name
-            ``watch`` and the pytest plugin give the torch state this lever guards.
+        name: the ``fast_math`` keyword (``"tf32"``); also ``Lever.name`` and the one name
+            the lever goes by everywhere else: the ledger's history (speedflags' own writes
+            and, under ``watch``, everyone else's), snapshots, warnings and the leak report.
+        shorthand: the name of the single-lever function (``speedflags.sdpa_backend``).
         scope: ``"process"`` (C++-global flags) or ``"thread"`` (autocast).
         values: the accepted values, in words (for errors and help).
         annotation: the keyword's type, for ``fast_math``'s run-time signature (from

@@ -45,7 +45,7 @@ from ..flag_ledger.own_writes import Where
 from ..levers import _fp32_model as family
 from ..levers._base import Guard
 from ..levers.guarded import GUARDED
-from ..levers.registry import AUTOCAST_DEVICE_TYPES, LEVER_NAMES, REGISTRY, lever_spec
+from ..levers.registry import AUTOCAST_DEVICE_TYPES, REGISTRY
 
 __all__ = [
     "SETTERS",
@@ -54,7 +54,6 @@ __all__ = [
     "Write",
     "domains",
     "flatten",
-    "record_name",
     "writer_frame",
 ]
 
@@ -168,11 +167,6 @@ _GUARDED_SETTERS = tuple(
 SETTERS: Dict[str, Setter] = {setter.name: setter for setter in _TABLE + _GUARDED_SETTERS}
 
 
-def record_name(name: str) -> str:
-    """The name records and reports give a lever's (its shorthand) or a guarded setting's."""
-    return lever_spec(name).shorthand if name in LEVER_NAMES else name
-
-
 _SPLITK_SETTERS = frozenset(
     f"_set_cublas_allow_{dtype}_reduced_precision_reduction" for dtype in ("fp16", "bf16")
 )
@@ -248,7 +242,7 @@ def writer_frame() -> Optional[types.FrameType]:
 class Write(NamedTuple):
     """One write the watch saw (or a change it found at a boundary, with no ``function``)."""
 
-    lever: str  # the record's lever name (the registry's shorthand)
+    lever: str  # the record's lever name: the lever's (its fast_math keyword) or setting's
     text: str  # "torch.backends.cudnn.benchmark set to True", or what was found where
     function: str  # the writer's function name; "" for a change made around Python
     where: Where
@@ -277,7 +271,7 @@ class Domain(NamedTuple):
     key: str  # the levers' domain: one piece of torch state
     thread: bool  # thread-local (autocast)
     lever: Guard  # reads it (and puts it back, for the leak check)
-    shorthand: str  # the record's lever name for a change found at a boundary
+    name: str  # the record's lever name for a change found at a boundary (the registry's)
     views: Tuple[Tuple[str, str, Guard], ...]  # (registry name, snapshot prefix, lever)
 
     def describer(self, name: str) -> Callable[[Any], Any]:
@@ -301,7 +295,7 @@ def domains() -> Tuple[Domain, ...]:
             old = found.get(lever.domain)
             if old is None:
                 found[lever.domain] = Domain(
-                    lever.domain, spec.scope == "thread", lever, spec.shorthand, (view,)
+                    lever.domain, spec.scope == "thread", lever, spec.name, (view,)
                 )
             else:
                 found[lever.domain] = old._replace(views=(*old.views, view))

@@ -3,8 +3,8 @@
 While watching, every write to a lever's torch state made through Python, by any code and
 in any thread, is recorded in :func:`speedflags.ledger`'s history as a ``FlagRecord`` with
 ``action == "external"``: ``lever`` (``tf32``, ``matmul_precision``, ``cudnn_benchmark``,
-``sdpa_backend``, ``deterministic``, ``reduced_precision_reduction``, ``autocast``: the
-registry's shorthand), ``before`` and ``after``,
+``sdpa``, ``deterministic``, ``reduced_precision_reduction``, ``amp``: the lever's name,
+as in ``fast_math`` and speedflags' own records), ``before`` and ``after``,
 ``thread``, ``label`` (the writer's function name), ``where`` (``"file:line"`` of the first
 frame outside torch, speedflags, ``contextlib`` and ``functools``: for
 ``with torch.backends.cudnn.flags(...)``, the ``with`` line) and ``reason`` (the write in

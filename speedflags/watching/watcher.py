@@ -59,7 +59,6 @@ from .setters import (
     Write,
     domains,
     flatten,
-    record_name,
     torch_writer,
     writer_frame,
 )
@@ -231,11 +230,10 @@ class _Watcher:
                 else (inside.f_code.co_name, (inside.f_code.co_filename, inside.f_lineno))
             )
             text = setter.describe(args, kwargs)
-            shorthand = record_name(setter.lever)
             thread = threading.current_thread().name
             out = []
             for domain, before, after in changed:
-                item = Write(shorthand, text, function, where, thread, after, by_torch)
+                item = Write(setter.lever, text, function, where, thread, after, by_torch)
                 self._remember(item, domain, before, after)
                 out.append((item, domain, before, after))
             return out
@@ -308,11 +306,11 @@ class _Watcher:
                 f"not wrap) {between}"
             )
         torch_frame = None if by_torch is None else ("PyTorch", None)
-        item = Write(domain.shorthand, text, "", None, thread, now, torch_frame)
+        item = Write(domain.name, text, "", None, thread, now, torch_frame)
         self._remember(item, domain, was, now)
         describe = domain.lever.describe
         rank = _history.rank_source()
-        the_ledger._one(_UNKNOWN, 0, thread, rank, None, domain.shorthand, "external",
+        the_ledger._one(_UNKNOWN, 0, thread, rank, None, domain.name, "external",
                         text, describe(was), describe(now))  # fmt: skip
 
     def settled(self, label: str, where: Where, levers_only: bool = False) -> None:
