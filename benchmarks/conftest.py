@@ -47,7 +47,7 @@ from speedflags.bench.runner import warm_up
 from speedflags.bench.table import finish, render
 from speedflags.bench.timing import plan_calls, plan_rounds, synced, timer_for
 from speedflags.bench.workloads import WORKLOADS, Problem, Workload
-from speedflags.flag_ledger.ledger import json_default
+from speedflags.flag_ledger.history import json_default
 
 # group -> the variant that is the group's baseline (its parameter id, or one parameter value)
 BASELINES: Dict[str, str] = {

@@ -40,8 +40,10 @@ from .compile.user_compile import guard_levers
 from .distributed import RankSnapshot, check_ranks
 from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
 from .fast_math import FastMath, fast_math
+from .flag_ledger.history import FlagRecord
 from .flag_ledger.interrupts import signal_safe
-from .flag_ledger.ledger import FlagLedger, FlagRecord, Frame, ledger
+from .flag_ledger.ledger import FlagLedger, ledger
+from .flag_ledger.program import Frame
 from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
 from .levers._unset import UNSET

@@ -60,7 +60,6 @@ from ._short_repr import short_repr
 from .errors import SpeedflagsError, SpeedflagsWarning
 from .fast_math import FastMath, fast_math
 from .flag_ledger.ledger import ledger
-from .flag_ledger.own_writes import section
 from .leak_report import findings
 from .leak_report.collect import (
     ATTRIBUTE,
@@ -293,7 +292,7 @@ class LeakGuard:
         shown, path, line = at
         where = (path, line)
         restored: List[Tuple[Domain, Any, Any, Any, str]] = []
-        with the_ledger._lock, section(the_ledger, label, where):
+        with the_ledger.lock, the_ledger.section(label, where):
             for domain, was, now in zip(self.domains, before, after):
                 if was == now:
                     continue

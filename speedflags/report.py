@@ -23,7 +23,8 @@ import torch
 from . import distributed
 from ._version import __version__
 from .fast_math import fast_math
-from .flag_ledger.ledger import json_default, ledger
+from .flag_ledger.history import json_default
+from .flag_ledger.ledger import ledger
 from .hardware import capabilities, resolve_device
 from .levers import _fp32_model as family
 from .levers import _fp32_torch as family_io

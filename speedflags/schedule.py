@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import FastMath
-from .flag_ledger.ledger import Frame, ledger
+from .flag_ledger.ledger import ledger
 from .hardware import DeviceLike, normalize_device
 from .levers.registry import lever_spec
 
@@ -111,7 +111,9 @@ class Schedule:
                     raise type(exc)(f"{self._name}: epoch {epoch}: {exc}") from None
             entries.append((epoch, settings, spec))
         self._entries: Tuple[Tuple[int, Dict[str, Any], Optional[FastMath]], ...] = tuple(entries)
-        self._frame: Optional[Frame] = None
+        # the spec whose frame holds now (or is being opened): set before its start(), so that
+        # a start interrupted after it opened the frame is stopped by the next switch or close
+        self._spec: Optional[FastMath] = None
         self._active: Optional[int] = None
         # True from the start of a switch until it completes: a switch interrupted half-way
         # (Ctrl-C) is made again by the next step, whatever _active still says.
@@ -161,13 +163,8 @@ class Schedule:
         self._active = None
         spec = None if entry is None else entry[2]
         if spec is not None:
-            plan = spec._plan()
-            mark = _LEDGER._last_id
-            try:
-                self._frame = _LEDGER.open(plan.program, spec.label, where, self, plan.device)
-            except BaseException:  # interrupted after the open returned: not kept, so closed
-                _LEDGER.cancel_open(self, mark, where)
-                raise
+            self._spec = spec
+            spec.start(where)
         self._active = key
         self._switching = False
         after = {} if entry is None else dict(entry[1])
@@ -189,13 +186,12 @@ class Schedule:
         self._active = None
 
     def _close(self, where: Tuple[str, int]) -> None:
-        # closed, then forgotten: an interruption in between leaves a closed frame, skipped
-        # by the next call, never an open one nobody holds
-        frame = self._frame
-        if frame is not None:
-            if not frame.closed:
-                _LEDGER.close(frame, where)
-            self._frame = None
+        # stopped, then forgotten: an interruption in between leaves a spec with no frame
+        # open, which the next call stops again (nothing), never a frame nobody holds
+        spec = self._spec
+        if spec is not None:
+            spec.stop(where)
+            self._spec = None
 
     def _entry(self, epoch: int) -> Optional[Tuple[int, Dict[str, Any], Optional[FastMath]]]:
         found = None

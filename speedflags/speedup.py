@@ -8,21 +8,17 @@ exactly, recorded); compiling is :mod:`speedflags.compile.guarded`'s job.
 
 from __future__ import annotations
 
-import functools
 import inspect
-import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar, Union, overload
 
 import torch
 
 from ._short_repr import short_repr
 from .compile.guarded import GuardedCompile, compile_options
-from .errors import InvalidTypeError, InvalidValueError, SpeedflagsError
+from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import FastMath
 from .fast_math.in_graph import step_in_graph
-from .flag_ledger.decorate import decorate, own_code
-from .flag_ledger.ledger import Frame, ledger
-from .flag_ledger.tracing import hooked, is_compiling
+from .flag_ledger.decorate import decorate
 from .hardware import DeviceLike
 from .levers.lever_sets import document_levers
 from .levers.registry import shown_levers
@@ -36,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["SpeedupStats", "speedup"]  # SpeedupStats: speedup_stats.py
 
 F = TypeVar("F", bound=Callable[..., Any])
-_LEDGER = ledger()
 
 
 class _Speedup:
@@ -95,7 +90,7 @@ class _Speedup:
         if isinstance(func, (staticmethod, classmethod)):
             return type(func)(self(func.__func__))
         if isinstance(func, type) or not callable(func):
-            return decorate(func, _never, _never, "speedup")  # raises its usual error
+            return decorate(func, self._fast, "speedup", "")  # raises its usual error
         label = f"{getattr(func, '__qualname__', repr(func))}: {self._label}"
         plain = not (
             inspect.isgeneratorfunction(func)
@@ -126,64 +121,20 @@ class _Speedup:
         label: str,
         stats: SpeedupStats,
     ) -> Callable[..., Any]:
-        # The hot path: one frame per call, nothing allocated that fast_math does not.
+        # The hot path: one frame per call (FastMath.open_frame: the plan, the ledger frame
+        # and check_ranks at the first entry), the same wrapper as @fast_math's.
         target: Callable[..., Any] = func if guarded is None else guarded
         if self._inference:
             target = _in_inference_mode(target)
-        # FastMath._open: the plan, the ledger frame, and check_ranks at the first entry
         fast = self._fast
-        open_frame = fast._open
-        the_ledger = _LEDGER
-        close_frame = the_ledger.close
-        getframe = sys._getframe
-
         in_graph = step_in_graph(fast, label, target, stats, func)  # inside torch.compile
-
-        # An exception that lands between the ledger's open and the try, or before the
-        # ledger's close begins, is caught too (as in fast_math's decorator).
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if is_compiling() or hooked():  # inside torch.compile: traced, or eager in it
-                return in_graph(args, kwargs)
-            caller = getframe(1)
-            where = (caller.f_code.co_filename, caller.f_lineno)
-            stats.calls += 1
-            mark = the_ledger._last_id
-            frame = None
-            try:
-                frame = open_frame(label, where)
-                return target(*args, **kwargs)
-            finally:
-                try:
-                    if frame is None:
-                        the_ledger.cancel_open(fast, mark, where)
-                    else:
-                        close_frame(frame, where)
-                except SpeedflagsError:
-                    raise
-                except BaseException:
-                    if frame is None:
-                        the_ledger.cancel_open(fast, mark, where)
-                    elif not frame.closed:
-                        close_frame(frame, where)
-                    raise
-
-        return own_code(wrapper)
+        return decorate(func, fast, "speedup", label, in_graph=in_graph, call=target,
+                        counter=stats)  # fmt: skip
 
     def _stepped(self, func: Callable[..., Any], label: str, stats: SpeedupStats) -> Any:
         # Generators and coroutines: the levers (and inference mode) hold per step.
-        fast = self._fast
-
-        def open_frame(where: Any) -> Frame:
-            stats.calls += 1
-            return fast._open(label, where)
-
         guard = _inference_guard if self._inference else None
-        return decorate(func, open_frame, _LEDGER.close, "speedup", fast, guard)
-
-
-def _never(*args: Any) -> Any:  # pragma: no cover - decorate refuses before calling it
-    raise AssertionError("unreachable")
+        return decorate(func, self._fast, "speedup", label, step_guard=guard, counter=stats)
 
 
 # torch._C's guard is entered and exited in C: no interruption can land between the mode's

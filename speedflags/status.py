@@ -15,7 +15,6 @@ import torch
 from .errors import StateMismatchError
 from .flag_ledger.decorate import caller_where
 from .flag_ledger.ledger import ledger
-from .flag_ledger.own_writes import section
 from .levers import _fp32_model as family
 from .levers import _fp32_torch as family_io
 from .levers._fp32_mixed import conflicts, heal_target
@@ -198,7 +197,7 @@ def heal_tf32() -> TF32Status:
     tf32_lever = lever_spec("tf32").lever()
     # the lock: no frame may open or close while the family is rewritten; the section:
     # speedflags.watch() takes these writes as speedflags' own
-    with the_ledger._lock, section(the_ledger, "heal_tf32()", where):
+    with the_ledger.lock, the_ledger.section("heal_tf32()", where):
         before = family_io.read_state()
         notes: list[str] = []
         after = before

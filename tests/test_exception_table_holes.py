@@ -31,6 +31,7 @@ import speedflags.levers
 # What runs inside the ledger's enters and exits, under its lock, or restores flags.
 CRITICAL_MODULES = [
     "speedflags.flag_ledger.decorate",
+    "speedflags.flag_ledger.entering",
     "speedflags.flag_ledger.history",
     "speedflags.flag_ledger.interrupts",
     "speedflags.flag_ledger.ledger",
@@ -39,6 +40,8 @@ CRITICAL_MODULES = [
     "speedflags.flag_ledger.notices",
     "speedflags.flag_ledger.own_writes",
     "speedflags.flag_ledger.program",
+    "speedflags.flag_ledger.scope",
+    "speedflags.flag_ledger.stacks",
     "speedflags.flag_ledger.tracing",
     "speedflags._warn",
     "speedflags.watching.watcher",

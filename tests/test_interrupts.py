@@ -35,10 +35,12 @@ from speedflags.errors import (
     SpeedflagsWarning,
 )
 from speedflags.fast_math import FastMath
+from speedflags.flag_ledger.entering import call_framed, close_innermost
 from speedflags.flag_ledger.history import expand, json_default
 from speedflags.flag_ledger.interrupts import PENDING
 from speedflags.flag_ledger.ledger import FlagLedger
 from speedflags.flag_ledger.own_writes import _WRITING
+from speedflags.flag_ledger.scope import FrameScope
 from speedflags.levers.registry import LEVER_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +55,7 @@ def ledger_lock_released() -> Iterator[None]:
     # A test that leaves the ledger's lock held by this thread fails, and the lock is let go:
     # left held, every later test whose threads enter a block would hang (as CI once did).
     yield
-    lock = speedflags.ledger()._lock
+    lock = speedflags.ledger().lock
     if lock._is_owned():
         while lock._is_owned():
             lock.release()
@@ -63,10 +65,10 @@ def ledger_lock_released() -> Iterator[None]:
 TARGETS: Dict[str, Callable[..., Any]] = {
     "FlagLedger.open": FlagLedger.open,
     "FlagLedger.close": FlagLedger.close,
-    "FlagLedger.close_innermost": FlagLedger.close_innermost,
-    "FastMath.__enter__": FastMath.__enter__,
-    "FastMath._open": FastMath._open,
-    "FastMath.__exit__": FastMath.__exit__,
+    "entering.close_innermost": close_innermost,
+    "FrameScope.__enter__": FrameScope.__enter__,  # FastMath's: the frame API's, inherited
+    "FastMath.open_frame": FastMath.open_frame,
+    "FrameScope.__exit__": FrameScope.__exit__,
 }
 
 
@@ -154,7 +156,7 @@ def records_are_whole(entries: int = 4) -> bool:
     """The last entries' records each hold a state read before and after (never a None left
     by an exit interrupted before it read its lever), and describe themselves: ``to_json()``
     of the whole history once raised a TypeError from such a record."""
-    ring = speedflags.ledger()._history
+    ring = speedflags.ledger()._ring.entries
     for record in [
         r for i in range(max(len(ring) - entries, 0), len(ring)) for r in expand(ring[i])
     ]:
@@ -225,7 +227,7 @@ def test_an_injected_exception_in_a_decorated_call_or_a_step_restores_too() -> N
         return torch.backends.cudnn.benchmark
 
     for call in (decorated, step):
-        for target in (FlagLedger.open, FlagLedger.close):
+        for target in (FlagLedger.open, FlagLedger.close, call_framed):
             for line in statement_lines(target):
                 injector = Injector(target.__code__, line, 1, KeyboardInterrupt)
                 sys.settrace(injector)
@@ -326,7 +328,7 @@ def test_a_plain_handler_on_the_timer_never_hangs_the_ledger() -> None:
         warnings.simplefilter("ignore", SpeedflagsWarning)
         interrupted, _, raised = under_timer(lambda handler: handler, 6000)
     assert interrupted <= raised
-    assert not speedflags.ledger()._lock._is_owned()
+    assert not speedflags.ledger().lock._is_owned()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DriftWarning)  # what later blocks changed under them
         for frame in reversed(speedflags.ledger().open_frames()):
@@ -348,10 +350,10 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
     # levers were written), the next while that enter is rolled back and leaves its stacks.
     # The frame must end up on no stack: a half-entered frame left there was later found by
     # the exit of the block around it, which failed with a TypeError (seen under the timer).
-    import speedflags.flag_ledger.ledger as ledger_module
-    from speedflags.flag_ledger.paths import LedgerPaths
+    import speedflags.flag_ledger.history as history_module
+    from speedflags.flag_ledger.stacks import FrameStacks
 
-    real_now, real_unlink = ledger_module.now, LedgerPaths._unlink
+    real_now, real_unlink = history_module.now, FrameStacks.unlink
     armed = {"now": False, "unlink": False}
 
     def interrupted_now() -> float:
@@ -360,14 +362,14 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
             raise KeyboardInterrupt
         return real_now()
 
-    def interrupted_unlink(self: LedgerPaths, frame: Any, i: int) -> None:
+    def interrupted_unlink(self: FrameStacks, frame: Any, i: int) -> None:
         if armed["unlink"]:
             armed["unlink"] = False
             raise KeyboardInterrupt
         real_unlink(self, frame, i)
 
-    monkeypatch.setattr(ledger_module, "now", interrupted_now)
-    monkeypatch.setattr(LedgerPaths, "_unlink", interrupted_unlink)
+    monkeypatch.setattr(history_module, "now", interrupted_now)
+    monkeypatch.setattr(FrameStacks, "unlink", interrupted_unlink)
     before = speedflags.snapshot()
     outer = fast_math(cudnn_benchmark=False, matmul_precision="medium", device="cpu")
     inner = fast_math(cudnn_benchmark=True, matmul_precision="high", device="cpu")
@@ -449,7 +451,7 @@ def test_reentry_is_refused_with_the_ledger_unchanged_and_usable() -> None:
     # its lock, as when a handler runs inside an enter.
     the_ledger = speedflags.ledger()
     before = speedflags.snapshot()
-    with the_ledger._lock:
+    with the_ledger.lock:
         _WRITING.add(threading.get_ident())
         try:
             with pytest.raises(LedgerReentryError, match="signal handler"):
@@ -469,22 +471,22 @@ def test_an_exit_interrupted_again_while_finishing_a_lever_raises_the_interrupt(
     # after it had taken a lever's entry off its stack; the close that finished it found the
     # stack empty (IndexError) and was interrupted again while finishing that lever. The exit
     # raised the IndexError, and the KeyboardInterrupt was lost.
-    from speedflags.flag_ledger.recovery import LedgerRecovery
+    from speedflags.flag_ledger.paths import RarePaths
 
     the_ledger = speedflags.ledger()
     spec = fast_math(cudnn_benchmark=True, device="cpu")
     frame = spec.__enter__()
     the_ledger._stacks[frame.key(0)].remove((frame, 0))  # what the first exit got through
-    real = LedgerRecovery._finish_lever
+    real = RarePaths.finish_lever
     armed = [True]
 
-    def interrupted(self: LedgerRecovery, *args: Any) -> Any:
+    def interrupted(self: RarePaths, *args: Any) -> Any:
         if armed:
             armed.pop()
             raise KeyboardInterrupt
         return real(self, *args)
 
-    monkeypatch.setattr(LedgerRecovery, "_finish_lever", interrupted)
+    monkeypatch.setattr(RarePaths, "finish_lever", interrupted)
     with pytest.raises(KeyboardInterrupt):
         spec.__exit__(None, None, None)
     assert not armed and frame.closed and not the_ledger.open_frames()

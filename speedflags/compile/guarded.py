@@ -124,7 +124,7 @@ class GuardedCompile:
         self.reason: Optional[str] = None
         self.levers = LeverGuard(self._make)
         self._fullgraph = bool(options.get("fullgraph", False))
-        self._lock = threading.Lock()
+        self._compile_lock = threading.Lock()
         self._failures: List[str] = []
         self._serial = next(_serials)
         self._dynamo_config: Any = None
@@ -212,7 +212,7 @@ class GuardedCompile:
 
     def _make(self, key: Optional[LeverState]) -> Optional[Callable[..., Any]]:
         """torch.compile the function with a backend of its own for lever state ``key``."""
-        with self._lock:
+        with self._compile_lock:
             if self.state is FALLBACK:
                 return None
             compile_fn = getattr(torch, "compile", None)
@@ -251,7 +251,7 @@ class GuardedCompile:
         self._failures.append(f"the backend failed on a graph: {describe(exc)}")
 
     def _fall_back(self, reason: str, outcome: str) -> None:
-        with self._lock:
+        with self._compile_lock:
             if self.state is FALLBACK:
                 return
             self.state = FALLBACK

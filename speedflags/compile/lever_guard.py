@@ -244,7 +244,7 @@ class LeverGuard:
         self.recompiles = 0
         self.calls = 0
         self._make = make
-        self._lock = threading.Lock()
+        self._states_lock = threading.Lock()
         self._by_state: Dict[LeverState, Callable[..., Any]] = {}
         self._single: Optional[Callable[..., Any]] = None
         self._last: Optional[LeverState] = None
@@ -259,7 +259,7 @@ class LeverGuard:
             return compiled if compiled is not None else self._build(state, state)
         generation = _PROCESS.enter(state)
         if generation != self._generation or state != self._last:
-            with self._lock:
+            with self._states_lock:
                 if self._generation and generation != self._generation:
                     self.recompiles += 1  # its frames were forgotten: the next call compiles
                 self._generation = generation
@@ -273,7 +273,7 @@ class LeverGuard:
             _PROCESS.leave()
 
     def _build(self, key: Optional[LeverState], state: LeverState) -> Optional[Callable[..., Any]]:
-        with self._lock:
+        with self._states_lock:
             found = self._by_state.get(state) if key is not None else self._single
             if found is not None:
                 return found

@@ -197,19 +197,19 @@ class FirstEntryCheck:
     read.
     """
 
-    __slots__ = ("_lock", "_noted", "done", "group")
+    __slots__ = ("_check_lock", "_noted", "done", "group")
 
     def __init__(self, group: Any = None) -> None:
         self.group = group
         self.done = False
         self._noted = False
-        self._lock = threading.Lock()
+        self._check_lock = threading.Lock()
 
     def __call__(self, label: str, undo: Callable[[], None]) -> None:
         """Check once; if the check raises, call ``undo`` (close the frame) and re-raise."""
         if self.done:
             return
-        with self._lock:
+        with self._check_lock:
             self._check_once(label, undo)
 
     def _check_once(self, label: str, undo: Callable[[], None]) -> None:

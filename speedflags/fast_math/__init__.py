@@ -11,7 +11,6 @@ May import: the ledger (:mod:`speedflags.flag_ledger`), the levers, the rank che
 
 from __future__ import annotations
 
-import sys
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -25,10 +24,12 @@ from typing import (
 
 from .. import _warn
 from .._short_repr import short_repr, short_str
-from ..errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning, SpeedflagsError
+from ..errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
 from ..flag_ledger.decorate import decorate
-from ..flag_ledger.interrupts import PENDING, critical, deliver_pending
-from ..flag_ledger.ledger import Frame, Where, ledger
+from ..flag_ledger.history import Where
+from ..flag_ledger.ledger import ledger
+from ..flag_ledger.program import Frame
+from ..flag_ledger.scope import FrameScope
 from ..flag_ledger.tracing import hooked, is_compiling
 from ..hardware import DeviceLike, default_device, normalize_device
 from ..levers._unset import UNSET
@@ -49,12 +50,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
 
 
-class FastMath:
+class FastMath(FrameScope):
     """A reusable set of lever values: ``with spec:`` or ``@spec``.
 
     Build one with :func:`fast_math` or a single-lever shorthand. It is immutable; every
     ``with`` and every decorated call opens its own ledger frame (reusable, reentrant,
-    recursion-safe). ``with spec as frame:`` binds the :class:`~speedflags.Frame`.
+    recursion-safe). ``with spec as frame:`` binds the :class:`~speedflags.Frame`. It is a
+    :class:`~speedflags.flag_ledger.scope.FrameScope` of the process's ledger whose levers
+    are its plan: ``spec.start()``/``spec.stop()`` and ``async with spec`` work too.
 
     Scope: ``amp`` is thread-local; every other lever (``tf32``, ``matmul_precision``,
     ``cudnn_benchmark``, ``sdpa``, ``deterministic``, ``reduced_precision_reduction``) is
@@ -84,7 +87,6 @@ class FastMath:
 
     __slots__ = (
         "_device",
-        "_label",
         "_plan_cache",
         "_rank_check",
         "_recommend",
@@ -116,6 +118,7 @@ class FastMath:
                 f"fast_math(check_ranks={short_repr(check_ranks)}): expected True or False, got "
                 f"{type(check_ranks).__name__}"
             )
+        self.ledger = _LEDGER
         self._requested: Tuple[Tuple[str, Any], ...] = requested
         self._recommend = all(v is UNSET for v in levers.values())
         self._device = normalize_device(device, "fast_math")
@@ -144,10 +147,6 @@ class FastMath:
         """The requested lever values (empty for a bare ``fast_math()``: see ``recommended``)."""
         return {name: lever_spec(name).describe_value(value) for name, value in self._requested}
 
-    @property
-    def label(self) -> str:
-        return self._label
-
     def __repr__(self) -> str:
         return f"<speedflags {short_str(self._label)}>"
 
@@ -167,104 +166,30 @@ class FastMath:
             )
         return plan
 
-    # --- context manager -----------------------------------------------------------------
+    # --- frames (FrameScope: with, async with, start/stop, and the interrupt handling) ---
 
-    def _open(self, label: str, where: Where) -> Frame:
+    def open_frame(self, label: str, where: Where) -> Frame:
         """Open a frame with this spec's levers (and the first-entry rank check)."""
         plan = self._plan()
         frame = _LEDGER.open(plan.program, label, where, self, plan.device)
         rank_check = self._rank_check
         if rank_check is not None and not rank_check.done:
             # after the levers are applied; a mismatch closes the frame before raising
-            rank_check(label, lambda: _LEDGER.close(frame, where))
+            rank_check(label, lambda: frame.close(where))
         return frame
 
-    # An exception can interrupt a `with` between the ledger's open and __enter__'s return,
-    # or between __exit__'s start and the ledger's close: the except clauses below close the
-    # frame opened, or that the exit never reached. __exit__ is critical code: a signal_safe
-    # handler called at its first instruction (no except clause yet) waits for the close.
+    def enter_in_graph(self) -> Frame:
+        return enter_in_graph(self)  # type: ignore[no-any-return]
 
-    def __enter__(self) -> Frame:
-        if is_compiling() or hooked():  # inside torch.compile: traced, or eager in it
-            return enter_in_graph(self)  # type: ignore[no-any-return]
-        caller = sys._getframe(1)
-        where = (caller.f_code.co_filename, caller.f_lineno)
-        mark = _LEDGER._last_id
-        try:
-            return self._open(self._label, where)
-        except BaseException:
-            _LEDGER.cancel_open(self, mark, where)
-            raise
-
-    @critical
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        in_graph = False  # a constant store: no check point before the try
-        try:  # first: no exception may land between the exit's start and its try
-            if is_compiling() or hooked():
-                in_graph = True
-            else:
-                caller = sys._getframe(1)
-                _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
-        except SpeedflagsError:
-            raise
-        except BaseException:
-            _LEDGER.finish_exit(self)
-            raise
-        finally:
-            if in_graph:
-                # Inside torch.compile (traced, or eager in it): out of the try, where a
-                # graph break can resume
-                exit_in_graph(self)
-            # a signal_safe handler held back here; no check point after the last test
-            while True:
-                if not PENDING:
-                    break
-                deliver_pending()
-
-    # ``async with``: the same frame, in the running task's context (as a plain ``with`` in a
-    # coroutine). The bodies repeat __enter__'s and __exit__'s: a call between them would be
-    # one more place for an exception to land outside the except clauses.
-    async def __aenter__(self) -> Frame:
-        caller = sys._getframe(1)
-        where = (caller.f_code.co_filename, caller.f_lineno)
-        mark = _LEDGER._last_id
-        try:
-            return self._open(self._label, where)
-        except BaseException:
-            _LEDGER.cancel_open(self, mark, where)
-            raise
-
-    @critical
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:  # first: no exception may land between the exit's start and its try
-            caller = sys._getframe(1)
-            _LEDGER.close_innermost(self, (caller.f_code.co_filename, caller.f_lineno))
-        except SpeedflagsError:
-            raise
-        except BaseException:
-            _LEDGER.finish_exit(self)
-            raise
-        finally:  # a signal_safe handler held back here; no check point after the last test
-            while True:
-                if not PENDING:
-                    break
-                deliver_pending()
+    def exit_in_graph(self) -> None:
+        exit_in_graph(self)
 
     # --- decorator -----------------------------------------------------------------------
 
     def __call__(self, func: F) -> F:
         label = f"{getattr(func, '__qualname__', repr(func))}: {self._label}"
-        the_ledger = _LEDGER
-        open_spec = self._open
-
-        def open_frame(where: Any) -> Frame:
-            return open_spec(label, where)
-
-        def close_frame(frame: Frame, where: Any) -> None:
-            the_ledger.close(frame, where)
-
-        in_graph = decorated_in_graph(self, label, open_frame, close_frame, func)
-        return decorate(func, open_frame, close_frame, "fast_math", self, in_graph=in_graph)
+        in_graph = decorated_in_graph(self, label, func)
+        return decorate(func, self, "fast_math", label, in_graph=in_graph)
 
 
 BUILDERS["fast_math"] = FastMath

@@ -25,14 +25,13 @@ from typing import Any, Callable, Dict, Tuple, TypeVar
 import torch
 
 from ..errors import LeverInGraphError, SpeedflagsError
-from ..flag_ledger.decorate import FRAMED, CloseFrame, InGraph, OpenFrame, own_code
+from ..flag_ledger.decorate import FRAMED, InGraph, own_code
 from ..flag_ledger.history import format_where
-from ..flag_ledger.interrupts import deliver_pending
 from ..flag_ledger.ledger import ledger
+from ..flag_ledger.scope import ENTER, EXIT
 from ..flag_ledger.tracing import (
     KeptOut,
     at_trace_time,
-    eager_where,
     first_trace,
     graph_error,
     hooked,
@@ -191,14 +190,7 @@ def built_in_graph(builder: B) -> B:
 # --- a decorated function called in traced code -------------------------------------------
 
 
-def decorated_in_graph(
-    spec: Any,
-    label: str,
-    open_frame: OpenFrame,
-    close_frame: CloseFrame,
-    func: Any,
-    carried: bool = True,
-) -> InGraph:
+def decorated_in_graph(spec: Any, label: str, func: Any, carried: bool = True) -> InGraph:
     """What a function decorated with ``spec`` does inside compiled code. Traced: its body in
     an autocast region (amp only), or eagerly in a frame, a graph break (``carried=False``:
     always so, as ``@speedup`` steps run). Called eagerly there: eagerly in a frame, out of
@@ -227,14 +219,14 @@ def decorated_in_graph(
                 return func(*args, **kwargs)
         else:
             KeptOut.prepare()
-        return FRAMED.call(func, args, kwargs, open_frame, close_frame, spec)
+        return FRAMED.call(func, args, kwargs, spec, label)
 
     return call_in_graph
 
 
 def step_in_graph(
     spec: Any, label: str, target: Callable[..., Any], stats: Any, func: Any
-) -> Callable[[Tuple[Any, ...], Dict[str, Any]], Any]:
+) -> InGraph:
     """What a ``@speedup`` step (``target``, counted in ``stats``) does when called inside
     compiled code: the whole step runs eagerly in its frame, its own compile included (a
     graph break; under ``fullgraph=True``, :class:`~speedflags.LeverInGraphError`)."""
@@ -243,9 +235,8 @@ def step_in_graph(
         stats.calls += 1
         return target(*args, **kwargs)
 
-    opened = functools.partial(spec._open, label)
-    call = decorated_in_graph(spec, label, opened, _LEDGER.close, func, carried=False)
-    return lambda args, kwargs: call(counted, args, kwargs)
+    call = decorated_in_graph(spec, label, func, carried=False)
+    return lambda _target, args, kwargs: call(counted, args, kwargs)
 
 
 # --- `with spec:` for a spec built outside traced code -----------------------------------
@@ -271,31 +262,6 @@ def _entered_form() -> Form:
     return (EAGER,)
 
 
-def _enter_eagerly(spec: Any) -> Any:
-    where = eager_where()
-    mark = _LEDGER._last_id
-    try:
-        return spec._open(spec._label, where)
-    except BaseException:
-        _LEDGER.cancel_open(spec, mark, where)
-        raise
-
-
-def _exit_eagerly(spec: Any) -> None:
-    try:
-        _LEDGER.close_innermost(spec, eager_where())
-    except SpeedflagsError:
-        deliver_pending()
-        raise
-    except BaseException:
-        _LEDGER.finish_exit(spec)
-        raise
-
-
-_ENTER = KeptOut(_enter_eagerly)
-_EXIT = KeptOut(_exit_eagerly)
-
-
 def _kept_out_ready() -> None:
     if is_compiling():
         _entered_form()
@@ -304,12 +270,13 @@ def _kept_out_ready() -> None:
 
 
 def enter_in_graph(spec: Any) -> Any:
-    """``spec.__enter__`` inside compiled code: the frame opened out of dynamo's way."""
+    """``spec.__enter__`` inside compiled code: the frame opened out of dynamo's way (or,
+    under ``fullgraph=True``, LeverInGraphError)."""
     _kept_out_ready()
-    return _ENTER.call(spec)
+    return ENTER.call(spec)
 
 
 def exit_in_graph(spec: Any) -> None:
     """``spec.__exit__`` inside compiled code: the frame closed out of dynamo's way."""
     _kept_out_ready()
-    _EXIT.call(spec)
+    EXIT.call(spec)

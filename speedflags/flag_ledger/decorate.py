@@ -1,4 +1,4 @@
-"""Turn "open a frame / close a frame" into a decorator for any kind of callable.
+"""Turn a frame scope into a decorator for any kind of callable: the frame per call or per step.
 
 Plain functions get one frame per call. Generator, coroutine and async-generator functions
 get one frame per *step*: the levers hold while the body runs and are restored whenever it
@@ -18,6 +18,7 @@ import functools
 import inspect
 import sys
 from typing import (
+    TYPE_CHECKING,
     Any,
     AsyncGenerator,
     Callable,
@@ -31,16 +32,18 @@ from typing import (
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, SpeedflagsError
+from .entering import call_framed, cancel_open
 from .interrupts import PENDING, critical, deliver_pending
-from .ledger import ledger
 from .tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
+
+if TYPE_CHECKING:
+    from .scope import FrameScope
 
 F = TypeVar("F", bound=Callable[..., Any])
 Where = Optional[Tuple[str, int]]
-OpenFrame = Callable[[Where], Any]
-CloseFrame = Callable[[Any, Where], None]
 # what a plain function's wrapper does while dynamo traces it: (func, args, kwargs) -> result
 InGraph = Callable[[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]], Any]
+_getframe = sys._getframe
 
 
 def caller_where(depth: int = 2) -> Where:
@@ -54,22 +57,25 @@ def caller_where(depth: int = 2) -> Where:
 
 def decorate(
     func: F,
-    open_frame: OpenFrame,
-    close_frame: CloseFrame,
+    scope: FrameScope,
     what: str,
-    owner: object = None,
+    label: str,
     step_guard: Optional[Callable[[], ContextManager[Any]]] = None,
     in_graph: Optional[InGraph] = None,
+    call: Optional[Callable[..., Any]] = None,
+    counter: Any = None,
 ) -> F:
-    """Wrap ``func`` so that each call (or each step) runs inside a frame.
+    """Wrap ``func`` so that each call (or each step) runs inside a frame of ``scope``,
+    labelled ``label`` (``what`` names the decorator in errors).
 
-    ``owner`` is the object the frames are opened for (``open_frame`` opens them with it as
-    their owner): a wrapper finds by it the frame an interruption kept it from receiving
-    (:meth:`~speedflags.FlagLedger.cancel_open`). ``step_guard``, for generator and
-    coroutine functions, makes a context manager entered around each step inside its frame
-    (``@speedup(inference=True)``'s inference mode); entered and exited in C, it cannot be
-    left half-entered by an interruption. ``in_graph`` is what a plain function's wrapper
-    does while dynamo traces it (default: the call, eagerly in a frame, a graph break).
+    ``step_guard``, for generator and coroutine functions, makes a context manager entered
+    around each step inside its frame (``@speedup(inference=True)``'s inference mode);
+    entered and exited in C, it cannot be left half-entered by an interruption. ``in_graph``
+    is what a plain function's wrapper does while dynamo traces it (default: the call,
+    eagerly in a frame, a graph break). ``call``, for a plain function, is what each call
+    runs instead of ``func`` (``@speedup``'s compiled step; the wrapper keeps ``func``'s
+    name and signature). ``counter``: an object whose ``calls`` each call (or step)
+    increments (``@speedup``'s stats).
     """
     if isinstance(func, type):
         raise InvalidTypeError(
@@ -78,12 +84,12 @@ def decorate(
         )
     if isinstance(func, (staticmethod, classmethod)):
         return type(func)(
-            decorate(func.__func__, open_frame, close_frame, what, owner, step_guard, in_graph)
+            decorate(func.__func__, scope, what, label, step_guard, in_graph, call, counter)
         )
     if not callable(func):
         raise InvalidTypeError(f"{what} can only decorate a callable, got {short_repr(func)}")
 
-    driver = _Driver(open_frame, close_frame, owner, step_guard)
+    driver = _Driver(scope, label, step_guard, counter)
     if inspect.isasyncgenfunction(func):
 
         @functools.wraps(func)
@@ -137,36 +143,19 @@ def decorate(
 
         return generator_wrapper  # type: ignore[return-value]
 
-    the_ledger = ledger()
-    if in_graph is None:
-        in_graph = _framed_in_graph(open_frame, close_frame, owner)
-    traced = in_graph
+    target = func if call is None else call
+    traced = _framed_in_graph(scope, label) if in_graph is None else in_graph
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if is_compiling() or hooked():  # inside torch.compile: traced, or eager in it
-            return traced(func, args, kwargs)
-        where = caller_where()
-        mark = the_ledger._last_id
-        frame = None
-        try:
-            frame = open_frame(where)
-            return func(*args, **kwargs)
-        finally:
-            # frame None: open() failed, or an exception came between it and here
-            try:
-                if frame is None:
-                    the_ledger.cancel_open(owner, mark, where)
-                else:
-                    close_frame(frame, where)
-            except SpeedflagsError:
-                raise
-            except BaseException:  # interrupted before the exit began: exit now
-                if frame is None:
-                    the_ledger.cancel_open(owner, mark, where)
-                elif not frame.closed:
-                    close_frame(frame, where)
-                raise
+            return traced(target, args, kwargs)
+        if counter is not None:
+            counter.calls += 1
+        caller = _getframe(1)
+        return call_framed(
+            scope, label, target, args, kwargs, (caller.f_code.co_filename, caller.f_lineno)
+        )
 
     return own_code(wrapper)  # type: ignore[return-value]
 
@@ -181,48 +170,14 @@ def own_code(wrapper: F) -> F:
     return wrapper
 
 
-def call_framed(
-    func: Callable[..., Any],
-    args: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
-    open_frame: OpenFrame,
-    close_frame: CloseFrame,
-    owner: object,
-    where: Where,
-) -> Any:
-    """``func(*args, **kwargs)`` inside a frame: the plain wrapper's body, for callers that
-    found ``where`` themselves."""
-    the_ledger = ledger()
-    mark = the_ledger._last_id
-    frame = None
-    try:
-        frame = open_frame(where)
-        return func(*args, **kwargs)
-    finally:
-        try:
-            if frame is None:
-                the_ledger.cancel_open(owner, mark, where)
-            else:
-                close_frame(frame, where)
-        except SpeedflagsError:
-            raise
-        except BaseException:
-            if frame is None:
-                the_ledger.cancel_open(owner, mark, where)
-            elif not frame.closed:
-                close_frame(frame, where)
-            raise
-
-
 def _call_framed_here(
     func: Callable[..., Any],
     args: Tuple[Any, ...],
     kwargs: Dict[str, Any],
-    open_frame: OpenFrame,
-    close_frame: CloseFrame,
-    owner: object,
+    scope: FrameScope,
+    label: str,
 ) -> Any:
-    return call_framed(func, args, kwargs, open_frame, close_frame, owner, eager_where())
+    return call_framed(scope, label, func, args, kwargs, eager_where())
 
 
 # A decorated call met by dynamo, run eagerly (a graph break): the levers really in force.
@@ -235,35 +190,35 @@ def _prepared() -> Tuple[()]:
     return ()
 
 
-def _framed_in_graph(open_frame: OpenFrame, close_frame: CloseFrame, owner: object) -> InGraph:
+def _framed_in_graph(scope: FrameScope, label: str) -> InGraph:
     def in_graph(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         if is_compiling():
             _prepared()
         else:
             KeptOut.prepare()
-        return FRAMED.call(func, args, kwargs, open_frame, close_frame, owner)
+        return FRAMED.call(func, args, kwargs, scope, label)
 
     return in_graph
 
 
 class _Driver:
-    """What a generator's or coroutine's steps are run with: how to open and close their
-    frames, the frames' owner, and a guard entered around each step inside its frame."""
+    """What a generator's or coroutine's steps are run with: the scope whose frames hold
+    them, their label, a guard entered around each step inside its frame, and a counter."""
 
-    __slots__ = ("close", "guard", "ledger", "open", "owner")
+    __slots__ = ("counter", "guard", "label", "ledger", "scope")
 
     def __init__(
         self,
-        open_frame: OpenFrame,
-        close_frame: CloseFrame,
-        owner: object,
+        scope: FrameScope,
+        label: str,
         guard: Optional[Callable[[], ContextManager[Any]]],
+        counter: Any,
     ) -> None:
-        self.open = open_frame
-        self.close = close_frame
-        self.owner = owner
+        self.scope = scope
+        self.label = label
         self.guard = guard
-        self.ledger = ledger()
+        self.counter = counter
+        self.ledger = scope.ledger
 
 
 def _steps(it: Any, driver: _Driver, where: Where) -> Generator[Any, Any, Any]:
@@ -320,7 +275,9 @@ def _step(driver: _Driver, where: Where, advance: Callable[..., Any], *args: Any
     mark = driver.ledger._last_id
     frame = None
     try:
-        frame = driver.open(where)
+        if driver.counter is not None:
+            driver.counter.calls += 1
+        frame = driver.scope.open_frame(driver.label, where)
         guard = driver.guard
         if guard is None:
             return advance(*args)
@@ -342,9 +299,9 @@ def _end_step(driver: _Driver, mark: int, frame: Any, where: Where) -> None:
     # owner). A frame closed already: an earlier try got that far before being interrupted.
     try:
         if frame is None:
-            driver.ledger.cancel_open(driver.owner, mark, where)
+            cancel_open(driver.ledger, driver.scope, mark, where)
         elif not frame.closed:
-            driver.close(frame, where)
+            driver.ledger.close(frame, where)
     finally:  # signal_safe handlers deferred in here
         while True:  # no check point after the last test: see deliver_pending
             if not PENDING:

@@ -1,7 +1,8 @@
 """The ledger's history: compact ring entries, and the :class:`FlagRecord` views built from them.
 
-The ledger appends one tuple per frame operation (a frame's set, its restore) or event; the
-per-lever :class:`FlagRecord` objects are built only when ``history`` is read. Entries hold
+:class:`History` is the ledger's part that keeps them: the ledger appends one tuple per frame
+operation (a frame's set, its restore) or event; the per-lever :class:`FlagRecord` objects
+are built only when ``history`` is read. Entries hold
 only strings, numbers and exact tuples of them (lever keys, not levers; the frame's label
 and id, not the frame): the garbage collector can stop tracking such tuples, so the ring
 does not cost a traversal on every collection (measured: the collector was ~23% of a
@@ -12,13 +13,18 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from .._version import __version__
 from ..levers._base import Lever, Unreadable
+
+if TYPE_CHECKING:
+    from .program import Frame
 
 Where = Optional[Tuple[str, int]]
 
@@ -199,24 +205,6 @@ class FlagRecord:
         )
 
 
-def one_entry(
-    seq: int,
-    label: str,
-    frame_id: int,
-    thread: str,
-    rank: Optional[int],
-    where: Where,
-    lever: str,
-    action: str,
-    reason: str,
-    before: Any,
-    after: Any,
-) -> tuple[Any, ...]:
-    """A single-record entry (an event, a skip, a re-applied lever)."""
-    return (ONE, seq, now(), label, frame_id, thread, rank, where, lever, action, reason,
-            before, after)  # fmt: skip
-
-
 def expand(entry: tuple[Any, ...]) -> List[FlagRecord]:
     """The records one ring entry stands for, in ``seq`` order."""
     kind, seq, when, label, frame, thread, rank, where = entry[:8]
@@ -276,3 +264,123 @@ def to_json(history: Iterable[FlagRecord], indent: Optional[int] = None) -> str:
         "records": [r.to_dict() for r in history],
     }
     return json.dumps(payload, indent=indent, default=json_default)
+
+
+class History:
+    """The ledger's history (a part of :class:`~speedflags.FlagLedger`): a ring of compact
+    entries holding the most recent ``size`` records, and the last record's ``seq``.
+
+    Every method is called with the ledger's lock held. The hot path (a frame's ``set``
+    entry) appends to ``entries`` itself.
+
+    Example:
+        >>> from speedflags.flag_ledger.history import History
+        >>> ring = History(2)
+        >>> _ = [ring.one("", 0, "main", None, None, "note", "event", str(i), None, None)
+        ...      for i in range(3)]
+        >>> [r.reason for r in ring.records()]  # the two most recent
+        ['1', '2']
+    """
+
+    __slots__ = ("entries", "seq", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        # each entry holds one or more records, so the ring never needs more entries than
+        # records kept
+        self.entries: Deque[tuple[Any, ...]] = deque(maxlen=size)
+        self.seq = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def records(self) -> tuple[FlagRecord, ...]:
+        """The most recent records, oldest first (built now)."""
+        return records(tuple(self.entries), self.size)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def one(
+        self,
+        label: str,
+        frame_id: int,
+        thread: str,
+        rank: Optional[int],
+        where: Where,
+        lever: str,
+        action: str,
+        reason: str,
+        before: Any,
+        after: Any,
+    ) -> tuple[Any, ...]:
+        """Append a single record (an event, a skip, a re-applied lever); return its entry."""
+        self.seq += 1
+        entry = (ONE, self.seq, now(), label, frame_id, thread, rank, where, lever, action,
+                 reason, before, after)  # fmt: skip
+        self.entries.append(entry)
+        return entry
+
+    def note(
+        self,
+        lever: str,
+        action: str,
+        reason: str,
+        before: Any,
+        after: Any,
+        label: str,
+        where: Where,
+    ) -> FlagRecord:
+        """An event that is not a frame, with the calling thread's name and the rank."""
+        thread = threading.current_thread().name
+        entry = self.one(label, 0, thread, rank_source(), where, lever, action, reason, before,
+                         after)  # fmt: skip
+        return expand(entry)[0]
+
+    def frame_one(
+        self, frame: Frame, where: Where, i: int, action: str, reason: str, before: Any, after: Any
+    ) -> None:
+        """A single record of lever ``i`` of ``frame``."""
+        key = frame.program.lever_keys[i]
+        self.one(frame.label, frame.id, frame.thread, frame.rank, where, key, action, reason,
+                 before, after)  # fmt: skip
+
+    def skips(self, frame: Frame, where: Where) -> None:
+        """The ``skip`` records of the levers ``frame``'s program leaves out."""
+        for name, reason in frame.program.skipped:
+            self.one(frame.label, frame.id, frame.thread, frame.rank, where, name, "skip",
+                     reason, None, None)  # fmt: skip
+
+    def opened(self, frame: Frame, where: Where) -> None:
+        """The ``set`` records of ``frame``'s enter (and ``skip`` for what it left out)."""
+        program = frame.program
+        n = program.n
+        self.seq = seq = self.seq + n
+        self.entries.append(
+            (SET, seq - n + 1, now(), frame.label, frame.id, frame.thread, frame.rank, where,
+             program.lever_keys, program.reasons, tuple(frame.befores), tuple(frame.afters))
+        )  # fmt: skip
+        if program.skipped:
+            self.skips(frame, where)
+
+    def closed(
+        self,
+        frame: Frame,
+        where: Where,
+        found: List[Any],
+        restored: List[Any],
+        notes: Optional[List[str]],
+    ) -> None:
+        """The ``restore`` records of ``frame``'s exit: what each lever read, and after."""
+        n = len(found)
+        self.seq = seq = self.seq + n
+        self.entries.append(
+            (RESTORE, seq - n + 1, now(), frame.label, frame.id, frame.thread, frame.rank,
+             where, frame.program.lever_keys[:n], tuple(notes) if notes else None,
+             tuple(found), tuple(restored))
+        )  # fmt: skip
+
+    def closed_last(self, frame: Frame) -> bool:
+        """Whether the last entry is ``frame``'s restore (an interrupted exit may have made it)."""
+        last = self.entries[-1] if self.entries else None
+        return last is not None and last[0] == RESTORE and last[4] == frame.id

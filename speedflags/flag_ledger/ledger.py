@@ -1,88 +1,64 @@
 """The FlagLedger: every lever change goes through here, is recorded, and is undone exactly.
 
-The ledger knows levers only through the :class:`~speedflags.levers._base.Lever` protocol;
-what it runs is a :class:`~speedflags.flag_ledger.program.Program` per frame, and what it
-records goes into a ring of compact entries (:mod:`speedflags.flag_ledger.history`).
-
-Stacks. For each piece of torch state (a lever *domain*) the ledger keeps a stack of the
-open frames that set it, each with the state it found. Process-wide domains have one stack;
-thread-local ones (autocast) one per thread. Closing the top entry restores the state it
-found. Closing an entry below others (a frame of another thread that exits first, or an
-out-of-order exit) restores the state it found and then re-applies the entries above it, so
-every frame still open keeps what it asked for and the base state comes back once the last
-one exits.
-
-Contexts. Which frames are open, and in which order they must exit, is kept per
-``contextvars`` context: each thread, and each asyncio task, has its own tuple of open
-frames (a task created inside a block starts from a copy, and never changes its parent's).
-So tasks that hold blocks across ``await`` may exit in any order; within one context an
-out-of-order exit is still an error. A frame that sets a shared flag (a process-wide lever,
-or autocast for the tasks of one thread) to a value other than an open frame of another
-thread or task has set warns (:class:`~speedflags.LeverConflictWarning`). The contract is
-in ``docs/threading.md``.
+A ledger is made of parts, each with its own state: :class:`~.stacks.FrameStacks` (the open
+frames, per domain and per context), :class:`~.history.History` (the records),
+:class:`~.paths.RarePaths` (roll-backs, buried exits, conflicts) and
+:class:`~.recovery.Recovery` (interrupted exits, threads that ended, fork). This module holds
+the hot path (open and close of a frame under one lock) and the public API; the context form
+of the frame API is :class:`~.scope.FrameScope`. ``docs/architecture.md`` ("The ledger").
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from asyncio import current_task as _current_task
 from asyncio.events import _get_running_loop
-from collections import deque
-from contextvars import ContextVar
-from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
+from typing import Any, List, Optional
 
 from .._short_repr import short_repr
 from . import history as _history
 from . import notices as _notices
 from . import own_writes as _own_writes
-from .history import SET, FlagRecord, Where, format_where, json_default, now
+from .history import FlagRecord, History, Where
+from .history import to_json as _to_json
 from .interrupts import PENDING, critical, deliver_pending
 from .notices import Failure, Notice
 from .own_writes import _WRITING
-from .program import Frame, LeverItem, Program, without_closed
-from .recovery import LEDGERS, LedgerRecovery
+from .paths import RarePaths
+from .program import Frame, Levers, Program
+from .recovery import Recovery
+from .scope import FrameScope
+from .stacks import FrameStacks
 
-__all__ = [
-    "FlagLedger",
-    "FlagRecord",
-    "Frame",
-    "LeverItem",
-    "Program",
-    "Where",
-    "format_where",
-    "json_default",
-    "ledger",
-]
+__all__ = ["FlagLedger", "ledger"]
 
 DEFAULT_HISTORY_SIZE = 4096
-BURIED_NOTE = "closed under frames entered later; see the records around it"
 _get_ident = threading.get_ident
 _current_thread = threading.current_thread
 
 
-class FlagLedger(LedgerRecovery):
+class FlagLedger:
     """Applies, records and restores lever changes for a process.
 
     Use :func:`speedflags.ledger` for the process's ledger: the flags it guards are
     process-wide, so all frames must go through one ledger. Scope: process; its operations
     are thread-safe (one lock), thread-local levers (autocast) are kept per thread, and the
-    order in which frames must exit is kept per thread and asyncio task. Closing a frame
-    restores each of its levers to the state it found.
+    order in which frames must exit per thread and asyncio task. Closing a frame restores
+    each of its levers to the state it found, also when an exception (Ctrl-C) interrupts
+    the enter or the exit (``docs/architecture.md``, "Interrupts, signals and fork").
 
-    Entering and exiting are safe against exceptions raised in the middle of them (Ctrl-C,
-    or any exception a signal handler raises): an enter either completes or is rolled back
-    with every flag as before, and an exit completes its restore before letting the
-    exception through (``docs/architecture.md``, "Interrupts, signals and fork"). A block
-    left open by a thread that ended is restored at the next boundary, and a forked child
-    starts with a usable ledger.
+    The frame API: ``frame = ledger.open(levers, label=...)`` ... ``frame.close()``, or
+    ``with ledger.frame(levers, label=...) as frame:`` (also ``start()``/``stop()``, ``@``),
+    ``levers`` being ``(lever, value)`` pairs (:class:`~speedflags.levers._base.Lever`).
 
     Example:
         >>> import speedflags
-        >>> with speedflags.fast_math(cudnn_benchmark=True):
-        ...     pass
-        >>> [(r.lever, r.action) for r in speedflags.ledger().history[-2:]]
-        [('cudnn_benchmark', 'set'), ('cudnn_benchmark', 'restore')]
+        >>> from speedflags.levers import PROCESS_LEVERS
+        >>> the_ledger = speedflags.ledger()
+        >>> frame = the_ledger.open([(PROCESS_LEVERS["cudnn_benchmark"], True)], label="demo")
+        >>> frame.close()
+        >>> [(r.lever, r.action, r.label) for r in the_ledger.history[-2:]]
+        [('cudnn_benchmark', 'set', 'demo'), ('cudnn_benchmark', 'restore', 'demo')]
 
     Args:
         history_size: how many recent records ``history`` keeps (a ring: a training loop
@@ -92,87 +68,70 @@ class FlagLedger(LedgerRecovery):
     def __init__(self, history_size: int = DEFAULT_HISTORY_SIZE) -> None:
         if type(history_size) is not int or history_size <= 0:  # not a bool either
             raise ValueError(f"history_size={short_repr(history_size)}: expected a positive int")
-        self._history_size = history_size
-        # Taken with `with`, which CPython enters without an interrupt check between the
-        # acquire and the block, so no exception can leave it held. Reentrant, so that a
-        # signal handler entering a block while its thread holds it is refused with an error
-        # (LedgerReentryError) instead of waiting forever for itself.
+        # Reentrant: a signal handler entering a block while its thread holds it is refused
+        # (LedgerReentryError) instead of waiting forever for itself. Taken with `with` only.
         self._lock = threading.RLock()
-        # domain -> [(frame, index)] (process scope); (domain, thread id) -> ... (thread scope)
-        self._stacks: Dict[Hashable, List[Tuple[Frame, int]]] = {}
-        # every open frame, of every thread and context, by id (so in order of entry)
-        self._open: Dict[int, Frame] = {}
-        # the open frames of the current context (thread or asyncio task), innermost last,
-        # and on top of them maybe frames closed since (skipped; dropped by the next open):
-        # an immutable tuple, set anew by open(), so a task created inside a block inherits
-        # a snapshot and never shares mutation with its parent
-        self._frames: ContextVar[Tuple[Frame, ...]] = ContextVar(
-            f"speedflags_frames_{id(self):x}", default=()
-        )
-        # Each entry holds one or more records, so the ring never needs more entries than
-        # records kept.
-        self._history: Deque[tuple[Any, ...]] = deque(maxlen=history_size)
-        self._seq = 0
-        # the id of the last frame opened: a caller interrupted right after open() returned
-        # finds the frame it opened by it (cancel_open)
-        self._last_id = 0
-        # threads that opened frames (ident -> token), and the tokens of those that ended:
-        # their frames are abandoned, and restored at the next boundary (_drop_abandoned)
-        self._threads: Dict[int, int] = {}
-        self._gone: List[int] = []
-        self._tokens = itertools.count(1)
-        LEDGERS.add(self)
+        self._table = FrameStacks(self._lock)
+        self._ring = History(history_size)
+        self._paths = RarePaths(self._table, self._ring)
+        self._recovery = Recovery(self._lock, self._table, self._ring, self._paths)
+        # the parts' containers, bound once for the hot path (the same objects)
+        self._stacks = self._table.stacks
+        self._open = self._table.open
+        self._frames = self._table.context
+        self._entries = self._ring.entries
+        self._threads = self._recovery.threads
+        self._gone = self._recovery.gone
+        self._last_id = 0  # the last frame's id: an interrupted enter finds its frame by it
 
     # --- frames: the hot path --------------------------------------------------------------
 
     @critical
     def open(
         self,
-        program: Program,
-        label: str,
+        levers: Levers,
+        label: str = "",
         where: Where = None,
         owner: object = None,
         device: Optional[str] = None,
     ) -> Frame:
-        """Apply ``program``'s levers as one frame and return the frame.
+        """Apply ``levers`` as one frame and return it; :meth:`Frame.close` restores them.
 
-        All levers' states are read and checked first (a mixed TF32 state is refused before
-        anything changes); then, in order, each is written and pushed on its domain's stack.
-        If anything fails or is interrupted before the frame is complete, every lever already
-        applied is restored before the error propagates: the frame is opened whole or not at
-        all. A :class:`~speedflags.LeverConflictWarning` (another thread's or task's open
-        frame set a shared flag differently) is emitted once the frame is open and the lock
-        released; if it raises (warnings as errors), the frame is closed again first.
+        ``levers``: ``(lever, value[, reason])`` items, or a compiled
+        :class:`~speedflags.flag_ledger.program.Program` (``fast_math``'s). ``owner`` is what
+        the frame is opened for (:meth:`innermost` finds it by that), ``where`` its
+        ``(file, line)``. Every state is read and checked before any write; a failure or an
+        interruption restores every lever applied: the frame opens whole or not at all.
 
         Raises:
-            LedgerReentryError: this thread is inside the ledger already (a signal handler
-                entered a block while its thread was entering or exiting one).
+            MixedTF32APIError: the TF32 APIs disagree (refused before any write).
+            LedgerReentryError: this thread is inside the ledger already (a signal handler).
         """
+        program = levers if type(levers) is Program else Program.of(levers)
         tid = _get_ident()
         if tid in _WRITING:
-            self._reentered(label)
+            self._recovery.reentered(label)
         token = self._threads.get(tid)
         if token is None:
-            token = self._thread_token(tid)
+            token = self._recovery.thread_token(tid)
         loop = _get_running_loop()
         task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
         frame = Frame(
             label, owner, where, device, program, tid, _current_thread().name,
-            task, _history.rank_source(), token,
+            task, _history.rank_source(), token, self,
         )  # fmt: skip
         befores = frame.befores
         afters = frame.afters
         stacks = self._stacks
         crowded = False  # a stack held entries already: look for conflicts
         notices: Optional[List[Notice]] = None
-        context = self._frames
         try:
             with self._lock:
                 _WRITING.add(tid)
                 watched = None
                 try:
                     if self._gone:
-                        notices = self._drop_abandoned(where)
+                        notices = self._recovery.drop_abandoned(where)
                     # speedflags.watch(): a boundary where changes made around Python are found
                     if _own_writes.WATCHER is not None:
                         watched = _own_writes.enter(self, label, where)
@@ -198,7 +157,7 @@ class FlagLedger(LedgerRecovery):
                             key = (domain, tid)
                         stack = stacks.get(key)
                         if stack is None:
-                            stack = self._new_stack(key)
+                            stack = self._table.new_stack(key)
                         elif stack:
                             crowded = True
                         # Counted, then pushed, then written: a roll-back after any of the three
@@ -206,29 +165,17 @@ class FlagLedger(LedgerRecovery):
                         frame.applied = i + 1
                         stack.append((frame, i))
                         afters[i] = lever.apply(value, before)
-                    n = program.n
-                    self._seq = seq = self._seq + n
-                    self._history.append(
-                        (SET, seq - n + 1, now(), label, fid, frame.thread, frame.rank, where,
-                         program.lever_keys, program.reasons, tuple(befores), tuple(afters))
-                    )  # fmt: skip
-                    if program.skipped:
-                        self._skips(frame, where)
+                    self._ring.opened(frame, where)
                     self._open[fid] = frame
                     if crowded:
-                        conflicts = self._conflicts(frame)
+                        conflicts = self._paths.conflicts(frame)
                         if conflicts:
                             notices = conflicts if notices is None else notices + conflicts
-                    frames = context.get()
-                    if frames and frames[-1].closed:  # the common case: close() left one there
-                        frames = frames[:-1]
-                        if frames and frames[-1].closed:
-                            frames = without_closed(frames)
-                    context.set(frames + (frame,))  # noqa: RUF005
+                    self._table.push(frame)
                     if watched is not None:
                         watched.__exit__(None, None, None)
                 except BaseException as exc:  # a failure, or an exception that interrupted us
-                    error = self._abort_open(frame, exc, where, watched)
+                    error = self._paths.abort_open(frame, exc, where, watched)
                     if error is not None:
                         raise error  # noqa: B904 - its cause is set
                     raise
@@ -257,42 +204,27 @@ class FlagLedger(LedgerRecovery):
         return frame
 
     @critical
-    def close_innermost(self, owner: object, where: Where = None) -> None:
-        """``close(innermost(owner), where)``: what a ``with`` block's exit does."""
-        frames = self._frames.get()
-        if frames:
-            frame = frames[-1]
-            if frame.owner is owner and not frame.closed:
-                return self.close(frame, where)
-        return self.close(self.innermost(owner), where)
-
-    @critical
     def close(self, frame: Frame, where: Where = None) -> None:
         """Restore every lever of ``frame`` (in reverse order, trying each one) and close it.
 
-        Every lever is restored first; warnings (drift) and errors come after, once the
-        frame is off every stack and the ledger's lock is released. An exception that
-        interrupts the exit (Ctrl-C) is raised once the exit is complete.
+        Warnings (drift) and errors come once every lever is restored and the lock released;
+        an interruption (Ctrl-C) is raised once the exit is done.
 
         Raises:
-            LedgerOrderError: the frame is closed already, belongs to another thread, or is
-                not the innermost open frame of this thread (or asyncio task). In the last
-                case the frame is still closed correctly (frames opened after it keep their
-                levers) before raising.
-            RestoreError: several levers could not be restored; its message names those
-                restored and those not (with what they read now). A single failure is
-                raised as itself.
+            LedgerOrderError: the frame is closed already, another thread's, or not the
+                innermost of this thread or task (then closed all the same).
+            RestoreError: several levers could not be restored (one failure: raised as is).
             LedgerReentryError: this thread is inside the ledger already (a signal handler).
         """
         tid = _get_ident()
         if tid in _WRITING:
-            self._reentered(frame.label)
+            self._recovery.reentered(frame.label)
         failures: Optional[List[Failure]] = None
         notices: Optional[List[Notice]] = None
         pending: Optional[BaseException] = None  # an interruption, raised once the exit is done
         with self._lock:
             if frame.closed or frame.thread_id != tid:
-                raise self._not_closable(frame)
+                raise self._recovery.not_closable(frame)
             _WRITING.add(tid)
             watched = None
             program = frame.program
@@ -302,7 +234,7 @@ class FlagLedger(LedgerRecovery):
             notes: Optional[List[str]] = None
             try:
                 if self._gone:
-                    notices = self._drop_abandoned(where)
+                    notices = self._recovery.drop_abandoned(where)
                 if _own_writes.WATCHER is not None:
                     watched = _own_writes.enter(self, frame.label, where)
                 befores = frame.befores
@@ -328,38 +260,23 @@ class FlagLedger(LedgerRecovery):
                                 lever.restore(before, current) if current != before else current
                             )
                             if current is not after:
-                                if notes is None:
-                                    notes = [""] * n
-                                if notices is None:
-                                    notices = []
-                                notes[i], notice = _notices.drift(
-                                    lever, current, after, before, frame
-                                )
-                                notices.append(notice)
+                                notes, notices = self._paths.drifted(frame, i, current, notes,
+                                                                     notices)  # fmt: skip
                         else:  # under later frames (or off its stack: an interrupted exit's)
-                            if notices is None:
-                                notices = []
-                            restored[i] = self._finish_lever(frame, i, where, notices)
-                            if notes is None:
-                                notes = [""] * n
-                            notes[i] = (
-                                "closed under frames entered later; see the records around it"
-                            )
+                            notes, notices = self._paths.buried(frame, i, where, restored, notes,
+                                                                notices)  # fmt: skip
                     except BaseException as exc:  # every lever is restored even if one fails
-                        if notes is None:
-                            notes = [""] * n
-                        if failures is None:
-                            failures = []
-                        pending = self._restore_again(frame, i, exc, where, found, restored,
-                                                      notes, failures, pending)  # fmt: skip
+                        notes, failures, pending = self._recovery.restore_again(
+                            frame, i, exc, where, found, restored, notes, failures, pending
+                        )
                 frame.closed = True
                 frame.task = None  # a frame kept by the caller must not keep its task alive
                 self._open.pop(frame.id, None)
-                self._record_close(frame, where, found, restored, notes)
+                self._ring.closed(frame, where, found, restored, notes)
                 if watched is not None:
                     watched.__exit__(None, None, None)
             except BaseException as exc:  # interrupted in the bookkeeping: finish it first
-                self._finish_close(frame, where, found, restored, notes, watched)
+                self._recovery.finish_close(frame, where, found, restored, notes, watched)
                 pending = pending or exc
             finally:
                 _WRITING.discard(tid)
@@ -372,7 +289,7 @@ class FlagLedger(LedgerRecovery):
             k -= 1
         innermost: Optional[Frame] = None
         if k < 0 or frames[k] is not frame:
-            innermost = self._leave_context(frames, frame)
+            innermost = self._table.leave_context(frames, frame)
         try:
             if notices or failures or innermost is not None or pending is not None:
                 error = _notices.close_error(frame, innermost, failures or (), restored)
@@ -382,6 +299,89 @@ class FlagLedger(LedgerRecovery):
                 if not PENDING:
                     break
                 deliver_pending()
+
+    def frame(self, levers: Levers, *, label: str = "", device: Optional[str] = None) -> FrameScope:
+        """``levers`` as a reusable scope on this ledger (:class:`~.scope.FrameScope`):
+        ``with``, ``async with``, ``start()``/``stop()``, or ``@scope`` on a function.
+
+        Example:
+            >>> import torch, speedflags
+            >>> from speedflags.levers import PROCESS_LEVERS
+            >>> with speedflags.ledger().frame([(PROCESS_LEVERS["cudnn_benchmark"], True)]):
+            ...     torch.backends.cudnn.benchmark
+            True
+        """
+        return FrameScope(levers, label=label, device=device, ledger=self)
+
+    @property
+    def history(self) -> tuple[FlagRecord, ...]:
+        """The most recent records (at most ``history_size``), oldest first (a copy)."""
+        with self._lock:
+            return self._ring.records()
+
+    def clear_history(self) -> None:
+        """Forget the recorded history (open frames and their restore data are kept)."""
+        with self._lock:
+            self._ring.clear()
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        """The history as JSON, with the PyTorch and speedflags versions and the process id."""
+        return _to_json(self.history, indent)
+
+    def note(
+        self,
+        lever: str,
+        action: str,
+        reason: str,
+        *,
+        before: Any = None,
+        after: Any = None,
+        label: str = "",
+        where: Where = None,
+    ) -> FlagRecord:
+        """Append an event that is not a frame (a heal, a compile fallback, a write seen by
+        ``watch``) to the history, with this thread's name and the process's rank."""
+        with self._lock:
+            return self._ring.note(lever, action, reason, before, after, label, where)
+
+    def open_frames(self) -> tuple[Frame, ...]:
+        """Every frame open now, in all threads and tasks, in order of entry."""
+        with self._lock:
+            return tuple(self._open.values())
+
+    def innermost(self, owner: object) -> Frame:
+        """The innermost open frame entered through ``owner`` in this task (or thread).
+
+        Raises:
+            LedgerOrderError: ``owner`` has no open frame here.
+        """
+        return self._table.innermost(owner)
+
+    @property
+    def lock(self) -> Any:
+        """The ledger's (reentrant) lock: held, no other thread opens or closes a frame.
+        Take it with ``with`` only, around writes to torch state outside a frame:
+
+        Example:
+            >>> import speedflags
+            >>> the_ledger = speedflags.ledger()
+            >>> with the_ledger.lock, the_ledger.section("my repair"):
+            ...     pass  # writes here are speedflags' own to watch()
+        """
+        return self._lock
+
+    def section(self, label: str, where: Where = None) -> Any:
+        """Around speedflags' own writes outside a frame (holding :attr:`lock`): ``watch()``
+        takes them as speedflags' own and reports changes found before it."""
+        return _own_writes.section(self, label, where)
+
+    def __repr__(self) -> str:
+        return f"<FlagLedger: {len(self._ring)} entries, {len(self.open_frames())} open frames>"
+
+    def _forget_frames(self) -> None:
+        # For tests that left frames open: drop them everywhere, restoring nothing.
+        with self._lock:
+            self._table.forget()
 
 
 _PROCESS_LEDGER = FlagLedger()

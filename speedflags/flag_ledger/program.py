@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any, Hashable, List, Optional, Sequence, Tuple
+import sys
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Hashable,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 from .._short_repr import short_repr
+from ..errors import InvalidTypeError
 from ..levers._base import Lever
 from .history import Where, format_where, lever_key
 
+if TYPE_CHECKING:
+    from .ledger import FlagLedger
+
 LeverItem = Tuple[Lever, Any, str]  # (lever, requested value, reason to record)
+# What FlagLedger.open and FlagLedger.frame take: a Program, or (lever, value) and
+# (lever, value, reason) items
+Levers = Union["Program", Iterable[Union[Tuple[Lever, Any], Tuple[Lever, Any, str]]]]
 
 
 class Program:
@@ -71,15 +90,40 @@ class Program:
         # The last state read for each of them (see FlagLedger.open)
         self.seen: List[Any] = [None] * self.n
 
+    @classmethod
+    def of(cls, levers: Levers) -> Program:
+        """``levers`` as a Program: itself if it is one, else compiled from its items,
+        ``(lever, value)`` or ``(lever, value, reason)``, in the order they are applied.
+
+        Example:
+            >>> from speedflags.flag_ledger.program import Program
+            >>> from speedflags.levers import PROCESS_LEVERS
+            >>> Program.of([(PROCESS_LEVERS["cudnn_benchmark"], True)]).reasons
+            ('',)
+        """
+        if isinstance(levers, Program):
+            return levers
+        items: List[LeverItem] = []
+        for item in cast(Iterable[object], levers):  # what a user passed: checked
+            if not isinstance(item, tuple) or len(item) not in (2, 3):
+                raise InvalidTypeError(
+                    f"levers: expected (lever, value) or (lever, value, reason) tuples, got "
+                    f"{short_repr(item)}"
+                )
+            items.append((item[0], item[1], item[2] if len(item) == 3 else ""))
+        return cls(items)
+
 
 class Frame:
     """One ``fast_math`` block or decorated call, as the ledger sees it.
 
-    ``with fast_math(...) as frame:`` binds it. Attributes: ``id``, ``label``, ``device``
+    ``with fast_math(...) as frame:`` binds it, and :meth:`FlagLedger.open
+    <speedflags.FlagLedger.open>` returns it. Attributes: ``id``, ``label``, ``device``
     (the device the levers were resolved for), ``levers`` (names, in application order),
     ``values`` (what each lever was set to, after ``"auto"`` resolution), ``thread`` (the
     thread's name), ``rank`` (the process's ``torch.distributed`` rank, ``None`` without a
-    process group), ``where`` and ``closed``.
+    process group), ``where``, ``closed`` and ``ledger`` (the ledger it was opened on).
+    :meth:`close` restores what it found.
 
     Example:
         >>> import speedflags
@@ -99,6 +143,7 @@ class Frame:
         "device",
         "id",
         "label",
+        "ledger",
         "owner",
         "program",
         "rank",
@@ -119,9 +164,11 @@ class Frame:
         thread: str,
         task: object,
         rank: Optional[int],
-        token: int = 0,
+        token: int,
+        ledger: FlagLedger,
     ) -> None:
         self.id = 0  # given by the ledger when the frame opens
+        self.ledger = ledger
         self.label = label
         self.owner = owner
         self.thread_id = thread_id
@@ -137,6 +184,24 @@ class Frame:
         self.befores: List[Any] = [None] * n
         self.afters: List[Any] = [None] * n
         self.applied = 0
+
+    def close(self, where: Where = None) -> None:
+        """Restore every lever this frame set to the state it found, and close it:
+        ``frame.ledger.close(frame, where)`` (see :meth:`speedflags.FlagLedger.close`).
+        ``where`` (``(file, line)``) defaults to the caller's line.
+
+        Example:
+            >>> import speedflags
+            >>> from speedflags.levers import PROCESS_LEVERS
+            >>> frame = speedflags.ledger().open([(PROCESS_LEVERS["cudnn_benchmark"], True)])
+            >>> frame.close()
+            >>> frame.closed
+            True
+        """
+        if where is None:
+            caller = sys._getframe(1)
+            where = (caller.f_code.co_filename, caller.f_lineno)
+        self.ledger.close(self, where)
 
     def key(self, i: int) -> Hashable:
         """The stack key of lever ``i``: its domain, or (domain, thread) if thread-local."""

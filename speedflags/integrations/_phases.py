@@ -19,7 +19,8 @@ from .._short_repr import short_repr
 from .._warn import user_stacklevel
 from ..errors import InvalidTypeError, InvalidValueError, SpeedflagsError, SpeedflagsWarning
 from ..fast_math import FastMath
-from ..flag_ledger.ledger import Frame, ledger
+from ..flag_ledger.ledger import ledger
+from ..flag_ledger.program import Frame
 from ..levers.registry import check_levers
 from ..status import heal_tf32, tf32_status
 
@@ -210,14 +211,18 @@ class PhaseFrames:
         spec = self.spec(phase, device, epoch)
         if spec is None:
             return None
-        frame = spec.__enter__()
+        frame = spec.start()
         self._frames.append(frame)
         return frame
 
     def close(self) -> None:
         """Close the innermost open frame (if any), restoring what it found."""
         if self._frames:
-            ledger().close(self._frames.pop())
+            frame = self._frames[-1]
+            try:
+                frame.close()
+            finally:  # closed (an interruption is raised once the exit is complete): forgotten
+                self._frames.pop()
 
     def close_all(self) -> None:
         """Close every open frame, innermost first."""
@@ -230,7 +235,7 @@ class PhaseFrames:
         while self._frames:
             frame = self._frames.pop()
             try:
-                ledger().close(frame)
+                frame.close()
             except SpeedflagsError as exc:
                 warnings.warn(
                     f"{self.owner}: {why}: {exc}", SpeedflagsWarning, stacklevel=user_stacklevel()

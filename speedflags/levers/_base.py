@@ -1,7 +1,9 @@
 """The Lever protocol: what the ledger needs to know about one reversible setting.
 
 A lever reads, writes and restores one piece of PyTorch state. The ledger never imports a
-concrete lever; it works through this protocol only.
+concrete lever; it works through :class:`Lever` only, so any object that follows it (a fake
+lever over a dict, in tests) is a lever to the ledger. :class:`DeviceLever` adds what
+``fast_math``'s plans ask of torch's levers: whether a value has an effect on a device.
 
 State values returned by :meth:`Lever.read` are hashable and compared with ``==``; they are
 internal (tuples) and turned into JSON-friendly values by :meth:`Lever.describe`.
@@ -9,7 +11,7 @@ internal (tuples) and turned into JSON-friendly values by :meth:`Lever.describe`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Hashable, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Hashable, Literal, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # torch-free at run time: the pure fp32 model imports Unreadable from here
     import torch
@@ -69,6 +71,7 @@ class Effect(NamedTuple):
     unsupported: bool = False
 
 
+@runtime_checkable
 class Guard(Protocol):
     """What the watch and the leak check need of a piece of torch state: a lever, or a
     guarded setting (:mod:`speedflags.levers.guarded`) that speedflags only reads and puts
@@ -96,15 +99,35 @@ class Guard(Protocol):
         ...
 
 
+@runtime_checkable
 class Lever(Guard, Protocol):
-    """One reversible PyTorch setting: a :class:`Guard` that speedflags also writes.
+    """One reversible setting: a :class:`Guard` that speedflags also writes. What the
+    ledger needs of a lever, and all it knows of one.
 
     Attributes:
-        name: the ``fast_math`` argument it implements (``"tf32"``).
+        name: the ``fast_math`` argument it implements (``"tf32"``); its name in records.
         scope: ``"process"`` for C++-global flags, ``"thread"`` for thread-local ones.
-        domain: the piece of torch state it reads and writes. Levers that share state
-            (``tf32`` and ``matmul_precision``) share a domain, so the ledger keeps one
-            stack of open frames for both.
+        domain: the piece of state it reads and writes. Levers that share state (``tf32``
+            and ``matmul_precision``) share a domain, so the ledger keeps one stack of open
+            frames for both.
+
+    States (what :meth:`read` returns) are hashable, compared with ``==``, never ``None``.
+
+    Example:
+        >>> from speedflags.levers._base import Lever
+        >>> class DictLever:  # a lever over a dict: enough for the ledger
+        ...     name = domain = "knob"
+        ...     scope = "process"
+        ...     checks_state = False
+        ...     def __init__(self): self.state = {"knob": 0}
+        ...     def read(self): return self.state["knob"]
+        ...     def check(self, state): pass
+        ...     def apply(self, value, before): self.state["knob"] = value; return self.read()
+        ...     def restore(self, target, current): return self.apply(target, current)
+        ...     def describe(self, state): return state
+        ...     def describe_value(self, value): return value
+        >>> isinstance(DictLever(), Lever)
+        True
     """
 
     @property
@@ -123,6 +146,12 @@ class Lever(Guard, Protocol):
     def describe_value(self, value: Any) -> Any:
         """A JSON-friendly view of a requested value."""
         ...
+
+
+@runtime_checkable
+class DeviceLever(Lever, Protocol):
+    """One of torch's levers, as ``fast_math``'s plans and ``tune`` see it: a :class:`Lever`
+    that also says whether a value changes what kernels do on a device."""
 
     def available(self, value: Any, device: torch.device) -> Effect:
         """Whether ``value`` has an effect on ``device``, with the reason."""

@@ -31,7 +31,7 @@ import torch
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
-from ._base import Lever, Scope
+from ._base import DeviceLever, Scope
 from ._unset import UNSET
 from .arguments import lever_annotations
 from .autocast import AUTO, AutocastLever, validate_amp
@@ -69,8 +69,8 @@ class LeverSpec:
             :class:`~speedflags.levers.arguments.LeverArgs`, what type checkers read).
         validate: normalises a value or raises ``InvalidValueError`` / ``InvalidTypeError``
             saying what is wrong (without saying where: :meth:`check` adds that).
-        make: the :class:`Lever` that reads, writes and describes the state, per device
-            type (process levers ignore the device type).
+        make: the :class:`~speedflags.levers._base.DeviceLever` that reads, writes and
+            describes the state, per device type (process levers ignore the device type).
         summary: what the lever switches, one line.
         accuracy: what it costs in accuracy, one line.
         baseline: the value that means "off" (plain fp32 eager); ``UNSET`` when the lever
@@ -92,7 +92,7 @@ class LeverSpec:
     values: str
     annotation: Any
     validate: Callable[[object], Any]
-    make: Callable[[str], Lever]
+    make: Callable[[str], DeviceLever]
     summary: str
     accuracy: str
     baseline: Any = UNSET
@@ -100,7 +100,7 @@ class LeverSpec:
     ops: Tuple[str, ...] = ()
     dynamo_misses: str = ""
 
-    def lever(self, device_type: str = "cpu") -> Lever:
+    def lever(self, device_type: str = "cpu") -> DeviceLever:
         """The lever object for ``device_type`` (one shared instance per type)."""
         return self.make(device_type)
 
@@ -135,7 +135,7 @@ class LeverSpec:
         return self.baseline is not UNSET
 
 
-_PROCESS_LEVERS: Dict[str, Lever] = {
+_PROCESS_LEVERS: Dict[str, DeviceLever] = {
     "tf32": TF32Lever(),
     "matmul_precision": MatmulPrecisionLever(),
     "cudnn_benchmark": CudnnBenchmarkLever(),
@@ -147,7 +147,7 @@ _autocast: Dict[str, AutocastLever] = {}
 _autocast_lock = threading.Lock()
 
 
-def _process_lever(name: str) -> Callable[[str], Lever]:
+def _process_lever(name: str) -> Callable[[str], DeviceLever]:
     lever = _PROCESS_LEVERS[name]
     return lambda device_type: lever
 
@@ -301,7 +301,7 @@ REGISTRY: Tuple[LeverSpec, ...] = (
 
 LEVER_NAMES: Tuple[str, ...] = tuple(spec.name for spec in REGISTRY)
 _BY_NAME: Dict[str, LeverSpec] = {spec.name: spec for spec in REGISTRY}
-PROCESS_LEVERS: Mapping[str, Lever] = _PROCESS_LEVERS
+PROCESS_LEVERS: Mapping[str, DeviceLever] = _PROCESS_LEVERS
 
 
 def lever_spec(name: object, call: str = "speedflags") -> LeverSpec:

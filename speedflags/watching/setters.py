@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Hashable, NamedTuple, Optional, Tuple
 import torch
 
 from .._warn import PACKAGE_DIR
-from ..flag_ledger.ledger import format_where
+from ..flag_ledger.history import format_where
 from ..flag_ledger.own_writes import Where
 from ..levers import _fp32_model as family
 from ..levers._base import Guard

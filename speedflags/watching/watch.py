@@ -34,7 +34,8 @@ import os
 import time
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
-from ..flag_ledger.ledger import FlagRecord, ledger
+from ..flag_ledger.history import FlagRecord
+from ..flag_ledger.ledger import ledger
 from .setters import writer_frame
 from .watcher import _watcher
 

@@ -42,9 +42,9 @@ import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-expor
 from .. import _warn
 from .._short_repr import short_repr
 from ..errors import SpeedflagsWarning
-from ..flag_ledger import history as _history
 from ..flag_ledger import own_writes as _own_writes
-from ..flag_ledger.ledger import format_where, ledger
+from ..flag_ledger.history import format_where
+from ..flag_ledger.ledger import ledger
 from ..flag_ledger.own_writes import OWN_WRITES, Where
 from ..levers import _fp32_model as family
 from ..levers import culprits
@@ -90,7 +90,7 @@ class _Watcher:
         # The ledger's own lock, held by its sections while speedflags writes, and here around
         # each watched write: so one is never mistaken for the other across threads. One
         # lock, taken only with `with`, so that no interruption can leave it held.
-        self._lock = ledger()._lock
+        self._ledger_lock = ledger().lock
         self._patches: List[Tuple[Any, str, Any]] = []
         self._expected: Dict[str, Hashable] = {}
         self._local = threading.local()
@@ -107,7 +107,7 @@ class _Watcher:
         with self._start_lock:
             if self.count == 0:
                 the_ledger = ledger()
-                with the_ledger._lock:  # no ledger section is half-way through
+                with the_ledger.lock:  # no ledger section is half-way through
                     self._install()
                     self._local = threading.local()
                     self._expected = self._read(thread=False)
@@ -128,7 +128,7 @@ class _Watcher:
                 return
             self.count -= 1
             if self.count == 0:
-                with ledger()._lock:
+                with ledger().lock:
                     _own_writes.WATCHER = None
                     culprits.set_source(None)
                     for owner, attr, original in reversed(self._patches):
@@ -194,7 +194,7 @@ class _Watcher:
     ) -> Any:
         found: List[Tuple[Write, Domain, Any, Any]] = []
         try:
-            with self._lock:
+            with self._ledger_lock:
                 befores = [d.lever.read() for d in domains]
                 try:
                     return original(*args, **kwargs)
@@ -309,9 +309,9 @@ class _Watcher:
         item = Write(domain.name, text, "", None, thread, now, torch_frame)
         self._remember(item, domain, was, now)
         describe = domain.lever.describe
-        rank = _history.rank_source()
-        the_ledger._one(_UNKNOWN, 0, thread, rank, None, domain.name, "external",
-                        text, describe(was), describe(now))  # fmt: skip
+        # the caller (the ledger's boundary) holds the ledger's lock: note() takes it again
+        the_ledger.note(domain.name, "external", text, before=describe(was),
+                        after=describe(now), label=_UNKNOWN)  # fmt: skip
 
     def settled(self, label: str, where: Where, levers_only: bool = False) -> None:
         """After speedflags' own writes: their result is the expected state from now on.
