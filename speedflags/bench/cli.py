@@ -148,7 +148,7 @@ def _too_big(
 ) -> Optional[str]:
     """Why a size cannot be allocated on ``device`` (its estimate against the device's
     memory), or None."""
-    from .workloads import WORKLOADS, memory_bytes
+    from .._measure.workloads import WORKLOADS, memory_bytes
 
     have = memory_bytes(device)
     if have is None:  # the system does not say: the run finds out
@@ -217,7 +217,8 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     sizes: Optional[Tuple[int, ...]] = _ints(args.sizes, parser, "--sizes") if args.sizes else None
 
-    from .plot import MISSING, have_matplotlib
+    from .._measure.plot_axes import have_matplotlib
+    from .plot import MISSING
 
     if args.plot and not have_matplotlib():  # before a long run, not after it
         print(f"speedflags bench: {MISSING}", file=sys.stderr)
@@ -282,9 +283,9 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _check_outputs(args: argparse.Namespace) -> Optional[str]:
     """Why ``--json`` or ``--plot`` could not be written after the run, or None."""
+    from .._measure.output_paths import check_output
+    from .._measure.plot_axes import PLOT_SUFFIXES
     from ..errors import SpeedflagsError
-    from .output_paths import check_output
-    from .plot import PLOT_SUFFIXES
 
     try:
         if args.json:

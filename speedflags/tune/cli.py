@@ -209,9 +209,9 @@ def _check_device(text: Optional[str]) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse an output that cannot be written before the run, not after it."""
-    from ..bench.output_paths import check_output
-    from ..bench.plot import PLOT_SUFFIXES
-    from .files import FORMATS, YAML_MISSING
+    from .._measure.lever_files import FORMATS, YAML_MISSING
+    from .._measure.output_paths import check_output
+    from .._measure.plot_axes import PLOT_SUFFIXES
 
     if args.out:
         check_output(args.out, "--out", FORMATS)

@@ -56,8 +56,8 @@ def _writable(path: str) -> Optional[str]:
 
 def command(args: argparse.Namespace) -> int:
     """Run ``speedflags verify`` with parsed arguments; return the exit status."""
+    from .._measure.verdicts import verify
     from ..errors import SpeedflagsError
-    from .check import verify
 
     if args.json:
         problem = _writable(args.json)

@@ -14,7 +14,7 @@ trying its nearest existing folder.
 
 Example:
     >>> import os, tempfile
-    >>> from speedflags.bench.output_paths import check_output
+    >>> from speedflags._measure.output_paths import check_output
     >>> folder = tempfile.mkdtemp()
     >>> check_output(os.path.join(folder, "new", "results.json"), "--json", (".json",))
     >>> try:
