@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, TypeVar,
 import torch
 
 from ._short_repr import short_repr
-from .compile.guarded import COMPILED, GuardedCompile, compile_options
 from .errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from .fast_math import FastMath
 from .flag_ledger.decorate import decorate
@@ -29,6 +28,7 @@ from .recommend import recommended
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from .compile.guarded import GuardedCompile
     from .levers.arguments import LeverArgs
 
 __all__ = ["SpeedupStats", "speedup"]
@@ -79,7 +79,11 @@ class SpeedupStats:
 
     @property
     def compiled(self) -> bool:
-        return self.mode == COMPILED
+        if self._compile is None:
+            return False
+        from .compile.guarded import COMPILED  # local: compile/ loads with compile= only
+
+        return self._compile.state == COMPILED
 
     @property
     def fallback_reason(self) -> Optional[str]:
@@ -132,6 +136,8 @@ class _Speedup:
         inference: object,
         check_ranks: object = False,
     ) -> None:
+        from .compile.options import compile_options  # local: not loaded by import speedflags
+
         options = compile_options(compile)
         if not isinstance(inference, bool):
             raise InvalidTypeError(
@@ -189,6 +195,8 @@ class _Speedup:
                     "compiles plain functions, not generator or coroutine functions; compile "
                     "the function it calls, or leave compile out"
                 )
+            from .compile.guarded import GuardedCompile  # local: compile/ loads with compile=
+
             guarded = GuardedCompile(func, self._compile, label)
         stats = SpeedupStats(self._fast, guarded, self._inference)
         if plain:
