@@ -13,8 +13,10 @@ from typing import Any, Iterator, Union
 
 from .output_paths import make_parent_folder
 
-__all__ = ["PLOT_SUFFIXES", "have_matplotlib", "speedup_axes"]
+__all__ = ["MISSING", "PLOT_SUFFIXES", "have_matplotlib", "speedup_axes"]
 
+# What a command line's --plot says without matplotlib (TuneResult.plot has its own words).
+MISSING = "--plot needs matplotlib, an optional extra of speedflags: pip install 'speedflags[plot]'"
 # The file types a plot is written as (matplotlib picks the format by the suffix; without
 # one it would write "PATH.png" while the command reported PATH).
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")

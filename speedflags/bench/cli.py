@@ -217,8 +217,7 @@ def command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     sizes: Optional[Tuple[int, ...]] = _ints(args.sizes, parser, "--sizes") if args.sizes else None
 
-    from .._measure.plot_axes import have_matplotlib
-    from .plot import MISSING
+    from .._measure.plot_axes import MISSING, have_matplotlib
 
     if args.plot and not have_matplotlib():  # before a long run, not after it
         print(f"speedflags bench: {MISSING}", file=sys.stderr)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
-from .._measure.plot_axes import speedup_axes
+from .._measure.plot_axes import MISSING, speedup_axes
 from .results import BenchRun, Result, describe_source
 
-__all__ = ["MISSING", "plot"]
-
-MISSING = "--plot needs matplotlib, an optional extra of speedflags: pip install 'speedflags[plot]'"
+__all__ = ["plot"]
 
 
 def _points(results: Sequence[Result]) -> Dict[str, List[Result]]:
