@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar, Union,
 import torch
 
 from ._short_repr import short_repr
-from .compile.guarded import GuardedCompile, compile_options
 from .errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from .fast_math import FastMath
 from .fast_math.in_graph import step_in_graph
@@ -31,6 +30,7 @@ from .speedup_stats import SpeedupStats
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from .compile.guarded import GuardedCompile
     from .levers.arguments import LeverArgs
 
 __all__ = ["SpeedupStats", "speedup"]  # SpeedupStats: speedup_stats.py
@@ -53,6 +53,8 @@ class _Speedup:
         inference: object,
         check_ranks: object = False,
     ) -> None:
+        from .compile.options import compile_options  # local: not loaded by import speedflags
+
         options = compile_options(compile)
         if not isinstance(inference, bool):
             raise InvalidTypeError(
@@ -110,6 +112,8 @@ class _Speedup:
                     "compiles plain functions, not generator or coroutine functions; compile "
                     "the function it calls, or leave compile out"
                 )
+            from .compile.guarded import GuardedCompile  # local: compile/ loads with compile=
+
             guarded = GuardedCompile(func, self._compile, label)
         stats = SpeedupStats(self._fast, guarded, self._inference)
         if plain:
