@@ -52,8 +52,7 @@ from .flag_ledger.interrupts import signal_safe
 from .flag_ledger.ledger import FlagLedger, FlagRecord, Frame, ledger
 from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
-from .levers._unset import UNSET
-from .recommend import Recommendation, recommended
+from .levers._base import UNSET
 from .shorthands import (
     autocast,
     cudnn_benchmark,
@@ -63,7 +62,7 @@ from .shorthands import (
     sdpa_backend,
     tf32,
 )
-from .speedup import SpeedupStats, speedup
+from .speedup import speedup
 
 if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type checkers see them
     from . import bench as bench
@@ -73,7 +72,9 @@ if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type chec
     from ._measure.verification import Verification
     from .compile.user_compile import guard_levers
     from .distributed import RankSnapshot, check_ranks
+    from .recommend import Recommendation, recommended
     from .schedule import Schedule, TF32Schedule
+    from .speedup_stats import SpeedupStats
     from .status import TF32Status, heal_tf32, snapshot, tf32_status
     from .training import fast_optimizer, grad_scaler, to_device
     from .tune import tune
@@ -92,6 +93,9 @@ _LAZY: _typing.Dict[str, str] = {
     "check_ranks": ".distributed",
     "RankSnapshot": ".distributed",
     "guard_levers": ".compile.user_compile",
+    "Recommendation": ".recommend",
+    "recommended": ".recommend",
+    "SpeedupStats": ".speedup_stats",
     "Schedule": ".schedule",
     "TF32Schedule": ".schedule",
     "TF32Status": ".status",

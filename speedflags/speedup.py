@@ -25,15 +25,15 @@ from .flag_ledger.tracing import hooked, is_compiling
 from .hardware import DeviceLike
 from .levers.lever_sets import document_levers
 from .levers.registry import shown_levers
-from .speedup_stats import SpeedupStats
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .compile.guarded import GuardedCompile
     from .levers.arguments import LeverArgs
+    from .speedup_stats import SpeedupStats
 
-__all__ = ["SpeedupStats", "speedup"]  # SpeedupStats: speedup_stats.py
+__all__ = ["speedup"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
@@ -115,6 +115,8 @@ class _Speedup:
             from .compile.guarded import GuardedCompile  # local: compile/ loads with compile=
 
             guarded = GuardedCompile(func, self._compile, label)
+        from .speedup_stats import SpeedupStats  # local: loaded with the first @speedup step
+
         stats = SpeedupStats(self._fast, guarded, self._inference)
         if plain:
             wrapper = self._plain(func, guarded, label, stats)

@@ -22,7 +22,6 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 import torch
 
 from .._short_repr import SHOWN_CHARS, short_repr
-from .output_paths import make_parent_folder
 from ..errors import InvalidTypeError, InvalidValueError
 from ..levers.autocast import _BY_NAME as _AMP_NAMES
 from ..levers.registry import LEVER_NAMES, check_levers, lever_spec

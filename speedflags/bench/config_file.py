@@ -41,10 +41,10 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from .._short_repr import short_repr
 from .._measure.configs import Config
 from .._measure.lever_files import load_levers, read_file
 from .._measure.workloads import WORKLOADS
+from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from ..levers.registry import LEVER_NAMES, check_levers
 

@@ -33,9 +33,9 @@ import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .._short_repr import short_repr
 from .._measure.output_paths import check_output
 from .._measure.timing import MAX_ROUNDS
+from .._short_repr import short_repr
 from ..errors import SpeedflagsError
 from ..levers.registry import LEVER_NAMES, lever_spec
 from ..tune.search import COMPILE

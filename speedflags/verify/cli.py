@@ -48,8 +48,8 @@ def command(args: argparse.Namespace) -> int:
     """Run ``speedflags verify`` with arguments :func:`speedflags.cli.options.check` checked
     (``lever_names`` among them; ``--json`` tried for writing); return the exit status."""
     from .._measure.output_paths import write_output
-    from ..errors import SpeedflagsError
     from .._measure.verdicts import verify
+    from ..errors import SpeedflagsError
 
     try:
         run = verify(args.device, args.lever_names)
