@@ -195,7 +195,7 @@ def _never(*args: Any) -> Any:  # pragma: no cover - decorate refuses before cal
 # torch._C's guard is entered and exited in C: no interruption can land between the mode's
 # change and the with statement's hold on it, as one can in torch.inference_mode's Python
 # __enter__ and __exit__ (docs/architecture.md, "Interrupts, signals and fork").
-_C_INFERENCE_MODE: Any = getattr(torch._C, "_InferenceMode", None)
+_C_INFERENCE_MODE: Any = getattr(torch._C, "_InferenceMode", None)  # type: ignore[attr-defined, unused-ignore]
 
 
 def _inference_guard() -> Any:
