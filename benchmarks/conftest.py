@@ -8,7 +8,7 @@ the fastest configuration and the relative error against float64.
 How a benchmark takes part:
 
 - A workload suite (``test_matmul.py`` and friends) sets ``WORKLOAD = "<name>"`` (a key of
-  ``speedflags.bench.workloads.WORKLOADS``) and has one test taking ``measure, device,
+  ``speedflags.bench.WORKLOADS``) and has one test taking ``measure, device,
   size, config``; this file parametrizes it and ``measure`` does the rest.
 - Any other benchmark sets its ``group`` (``@pytest.mark.benchmark(group=...)``) and names
   its group's baseline in one of two ways: an entry ``group -> variant`` in
@@ -24,10 +24,11 @@ Sizes: each workload's defaults for the device (CPU: matmul 1024 and 2048; GPU: 
 small "smoke" size, so that the suites cannot rot and stay fast. ``--bench-sizes`` overrides
 both: ``smoke``, ``default``, or comma-separated sizes.
 
-Timing (see ``speedflags.bench.timing``): ``benchmark.pedantic`` with the setup and the
-target each ending in a device synchronisation (so the host clock brackets the GPU work),
-a warm-up inside the configuration's frames before it, rounds sized to last about a
-second, and input sets rotated past the last-level cache. On a GPU, kernels under a
+Timing (see ``speedflags._measure.timing``, re-exported by ``speedflags.bench``):
+``benchmark.pedantic`` with the setup and the target each ending in a device
+synchronisation (so the host clock brackets the GPU work), a warm-up inside the
+configuration's frames before it, rounds sized to last about a second, and input sets
+rotated past the last-level cache. On a GPU, kernels under a
 millisecond run several times per round (``extra_info["calls_per_round"]``; the table
 divides by it), so that the synchronisation does not distort them.
 """
@@ -41,12 +42,21 @@ import pytest
 import torch
 
 import speedflags
-from speedflags.bench.accuracy import TOLERANCE, coarsest
-from speedflags.bench.results import Result
-from speedflags.bench.runner import warm_up
-from speedflags.bench.table import finish, render
-from speedflags.bench.timing import plan_calls, plan_rounds, synced, timer_for
-from speedflags.bench.workloads import WORKLOADS, Problem, Workload
+from speedflags.bench import (
+    TOLERANCE,
+    WORKLOADS,
+    Problem,
+    Result,
+    Workload,
+    coarsest,
+    finish,
+    plan_calls,
+    plan_rounds,
+    render,
+    synced,
+    timer_for,
+    warm_up,
+)
 from speedflags.flag_ledger.history import json_default
 
 # group -> the variant that is the group's baseline (its parameter id, or one parameter value)

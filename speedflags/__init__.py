@@ -5,6 +5,9 @@ algorithms, cuBLAS reduced-precision reductions, autocast) is a reversible conte
 and decorator built on one :class:`FlagLedger`, which records the state before and after
 each change, restores it exactly, and refuses to mix PyTorch's legacy and new TF32 APIs.
 
+Importing it loads the levers, the ledger and the blocks; the tools (``tune``, ``verify``,
+``speedflags.bench``, ``speedflags.report``, ``watch``, ...) load when first used.
+
 Example:
     >>> import torch, speedflags
     >>> with speedflags.fast_math(tf32=True, amp="bf16", device="cpu"):
@@ -13,9 +16,13 @@ Example:
     torch.bfloat16
 """
 
+import os as _os
 import sys as _sys
+import typing as _typing
 import warnings as _warnings
+from importlib import import_module as _import_module
 from importlib.util import find_spec as _find_spec
+from types import ModuleType as _ModuleType
 
 
 def _numpy_missing() -> bool:
@@ -34,10 +41,11 @@ if "torch" not in _sys.modules and _numpy_missing():
         _warnings.filterwarnings("ignore", "Failed to initialize NumPy", UserWarning)
         import torch  # noqa: F401
 
+# Loaded at import: the levers, the ledger and the blocks users write. A name used inside a
+# function torch.compile traces must be here: PyTorch 2.1's dynamo reads a module's
+# __dict__ and never calls its __getattr__, so a name loaded on first use would fail there.
 from . import errors
 from ._version import __version__
-from .compile.user_compile import guard_levers
-from .distributed import RankSnapshot, check_ranks
 from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
 from .fast_math import FastMath, fast_math
 from .flag_ledger.history import FlagRecord
@@ -46,9 +54,7 @@ from .flag_ledger.ledger import FlagLedger, ledger
 from .flag_ledger.program import Frame
 from .hardware import Capabilities, Capability, capabilities
 from .levers import Unreadable
-from .levers._unset import UNSET
-from .recommend import Recommendation, recommended
-from .schedule import Schedule, TF32Schedule
+from .levers._base import UNSET
 from .shorthands import (
     autocast,
     cudnn_benchmark,
@@ -58,13 +64,54 @@ from .shorthands import (
     sdpa_backend,
     tf32,
 )
-from .speedup import SpeedupStats, speedup
-from .status import TF32Status, heal_tf32, snapshot, tf32_status
-from .training import fast_optimizer, grad_scaler, to_device
-from .tune import TuneResult, load_levers, tune
-from .verify import Verification, verify
-from .watching.watch import start_from_env as _start_from_env
-from .watching.watch import watch
+from .speedup import speedup
+
+if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type checkers see them
+    from . import bench as bench
+    from . import report as report
+    from ._measure.lever_files import load_levers
+    from ._measure.verdicts import verify
+    from ._measure.verification import Verification
+    from .compile.user_compile import guard_levers
+    from .distributed import RankSnapshot, check_ranks
+    from .recommend import Recommendation, recommended
+    from .schedule import Schedule, TF32Schedule
+    from .speedup_stats import SpeedupStats
+    from .status import TF32Status, heal_tf32, snapshot, tf32_status
+    from .training import fast_optimizer, grad_scaler, to_device
+    from .tune import tune
+    from .tune.result import TuneResult
+    from .watching.watch import watch
+
+# Loaded on first use (PEP 562): public name -> the module, relative to this package, that
+# defines it. Most programs only enter blocks; the tools, the status readers, the rank check,
+# the watch and the training helpers load when a program first touches them.
+_LAZY: _typing.Dict[str, str] = {
+    "bench": ".bench",  # a module, as users and benchmarks/ import it
+    "report": ".report",  # a module: speedflags report
+    "load_levers": "._measure.lever_files",
+    "verify": "._measure.verdicts",
+    "Verification": "._measure.verification",
+    "check_ranks": ".distributed",
+    "RankSnapshot": ".distributed",
+    "guard_levers": ".compile.user_compile",
+    "Recommendation": ".recommend",
+    "recommended": ".recommend",
+    "SpeedupStats": ".speedup_stats",
+    "Schedule": ".schedule",
+    "TF32Schedule": ".schedule",
+    "TF32Status": ".status",
+    "heal_tf32": ".status",
+    "snapshot": ".status",
+    "tf32_status": ".status",
+    "fast_optimizer": ".training",
+    "grad_scaler": ".training",
+    "to_device": ".training",
+    "tune": ".tune",
+    "TuneResult": ".tune.result",
+    "watch": ".watching.watch",
+}
+_MODULES = ("bench", "report")  # the lazy names that are modules themselves
 
 __all__ = [
     "UNSET",
@@ -112,12 +159,63 @@ __all__ = [
 ]
 __all__ += errors.__all__
 
-# Public classes say where users find them: <speedflags.FastMath ...>, not a private module.
-for _name in __all__:
-    _obj = globals()[_name]
-    if isinstance(_obj, type):
-        _obj.__module__ = __name__
-del _name, _obj, _numpy_missing
 
-# SPEEDFLAGS_WATCH=1: watch from the first import on, for the whole process
-_start_from_env()
+def _publish(name: str, value: _typing.Any) -> _typing.Any:
+    # Public classes say where users find them: <speedflags.FastMath ...>, not a private module.
+    if isinstance(value, type) and name in __all__:
+        value.__module__ = __name__
+    globals()[name] = value
+    return value
+
+
+for _name in __all__:
+    if _name not in _LAZY:
+        _publish(_name, globals()[_name])
+
+
+if not _typing.TYPE_CHECKING:  # type checkers read the names from the imports above instead
+
+    def __getattr__(name: str) -> _typing.Any:
+        if name not in _LAZY:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        module = _import_module(_LAZY[name], __name__)
+        if name in _MODULES:
+            return module
+        value = _publish(name, getattr(module, name))
+        # What that import loaded is public as well now: a TuneResult that speedflags.tune()
+        # returns reports speedflags.TuneResult before anyone asks for the class.
+        for other, where in _LAZY.items():
+            if other not in globals() and other not in _MODULES:
+                loaded = _sys.modules.get(__name__ + where)
+                if loaded is not None and hasattr(loaded, other):
+                    _publish(other, getattr(loaded, other))
+        return value
+
+
+def __dir__() -> _typing.List[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(_ModuleType):
+    """This package's module type: a submodule never replaces the public name it shares.
+
+    The import system binds each submodule it loads on its package, so a first
+    ``import speedflags.tune.cli`` would set ``speedflags.tune`` to the subpackage over the
+    function ``tune`` (loaded on first use, it is not bound yet).
+    """
+
+    def __setattr__(self, name: str, value: _typing.Any) -> None:
+        if isinstance(value, _ModuleType) and name in __all__:
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
+
+if _os.environ.get("SPEEDFLAGS_WATCH"):  # watch from the first import on, for the whole process
+    from .watching.watch import start_from_env as _start_from_env
+
+    _start_from_env()
+    del _start_from_env
+
+del _name, _numpy_missing

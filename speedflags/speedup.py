@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar, Union,
 import torch
 
 from ._short_repr import short_repr
-from .compile.guarded import GuardedCompile, compile_options
 from .errors import InvalidTypeError, InvalidValueError
 from .fast_math import FastMath
 from .fast_math.in_graph import step_in_graph
@@ -22,14 +21,15 @@ from .flag_ledger.decorate import decorate
 from .hardware import DeviceLike
 from .levers.lever_sets import document_levers
 from .levers.registry import shown_levers
-from .speedup_stats import SpeedupStats
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from .compile.guarded import GuardedCompile
     from .levers.arguments import LeverArgs
+    from .speedup_stats import SpeedupStats
 
-__all__ = ["SpeedupStats", "speedup"]  # SpeedupStats: speedup_stats.py
+__all__ = ["speedup"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,6 +48,8 @@ class _Speedup:
         inference: object,
         check_ranks: object = False,
     ) -> None:
+        from .compile.options import compile_options  # local: not loaded by import speedflags
+
         options = compile_options(compile)
         if not isinstance(inference, bool):
             raise InvalidTypeError(
@@ -105,7 +107,11 @@ class _Speedup:
                     "compiles plain functions, not generator or coroutine functions; compile "
                     "the function it calls, or leave compile out"
                 )
+            from .compile.guarded import GuardedCompile  # local: compile/ loads with compile=
+
             guarded = GuardedCompile(func, self._compile, label)
+        from .speedup_stats import SpeedupStats  # local: loaded with the first @speedup step
+
         stats = SpeedupStats(self._fast, guarded, self._inference)
         if plain:
             wrapper = self._plain(func, guarded, label, stats)
@@ -140,7 +146,7 @@ class _Speedup:
 # torch._C's guard is entered and exited in C: no interruption can land between the mode's
 # change and the with statement's hold on it, as one can in torch.inference_mode's Python
 # __enter__ and __exit__ (docs/architecture.md, "Interrupts, signals and fork").
-_C_INFERENCE_MODE: Any = getattr(torch._C, "_InferenceMode", None)
+_C_INFERENCE_MODE: Any = getattr(torch._C, "_InferenceMode", None)  # type: ignore[attr-defined, unused-ignore]
 
 
 def _inference_guard() -> Any:

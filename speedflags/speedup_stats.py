@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from .compile.guarded import COMPILED, GuardedCompile
-from .compile.lever_guard import LeverGuardStats
 from .fast_math import FastMath
 from .recommend import recommended
+
+if TYPE_CHECKING:  # compile/ is loaded by a step given compile=, not by import speedflags
+    from .compile.guarded import GuardedCompile
+    from .compile.lever_guard import LeverGuardStats
 
 __all__ = ["SpeedupStats"]
 
@@ -58,7 +60,7 @@ class SpeedupStats:
 
     @property
     def compiled(self) -> bool:
-        return self.mode == COMPILED
+        return self.mode == "compiled"  # compile.guarded.COMPILED
 
     @property
     def fallback_reason(self) -> Optional[str]:

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, settings
 
 import speedflags
 from speedflags import _warn, hardware
+from speedflags._measure import route
 from speedflags.flag_ledger.ledger import ledger
 from speedflags.hardware import CpuFeatures, KernelTrial, cpu_features
 from speedflags.hardware import cpu as hardware_cpu
 from speedflags.levers.reductions import ReducedPrecisionReductionLever
-from speedflags.verify import route
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest inside pytest
 

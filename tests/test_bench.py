@@ -19,9 +19,9 @@ import torch
 
 import speedflags
 from speedflags.__main__ import main
+from speedflags._measure.workloads import WORKLOADS
 from speedflags.bench import cli
 from speedflags.bench.results import BenchRun
-from speedflags.bench.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--device", "cpu", "--sizes", "32", "--passes", "1", "--rounds", "1", "--min-time", "0"]

@@ -1,4 +1,4 @@
-"""speedflags.bench.configs: each configuration is a real fast_math frame over the baseline.
+"""speedflags._measure.configs: each configuration is a real fast_math frame over the baseline.
 
 GPU answers (which configurations an A100 or a T4 can run) use the ``fake_gpu`` fixture:
 a CPU build cannot show a compute capability, so only ``capabilities`` is faked.
@@ -19,11 +19,11 @@ from conftest import (
 )
 
 import speedflags
-from speedflags.bench.configs import BASELINE_LEVERS, Config
-from speedflags.bench.workloads import MATMUL_CONFIGS, WORKLOADS
+from speedflags._measure.configs import BASELINE_LEVERS, Config
+from speedflags._measure.route import medium_route
+from speedflags._measure.workloads import MATMUL_CONFIGS, WORKLOADS
 from speedflags.hardware import cpu_kernels
 from speedflags.levers import precision
-from speedflags.verify.route import medium_route
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")

@@ -1,4 +1,4 @@
-"""speedflags.bench.timing: the synchronising clock, rotation past the cache, round planning.
+"""speedflags._measure.timing: the synchronising clock, rotation past the cache, round planning.
 
 The CUDA paths are checked with a faked ``torch.cuda.synchronize`` (a CPU build has no GPU
 to wait for): what is checked is *that* and *when* the device is waited for.
@@ -13,8 +13,8 @@ from typing import List
 import pytest
 import torch
 
-from speedflags.bench import timing
-from speedflags.bench.timing import (
+from speedflags._measure import timing
+from speedflags._measure.timing import (
     Timing,
     plan_calls,
     plan_rounds,

@@ -1,4 +1,4 @@
-"""speedflags.bench.workloads and .accuracy: inputs, FLOP counts, float64 references, errors.
+"""speedflags._measure.workloads and .accuracy: inputs, FLOP counts, float64 references, errors.
 
 Everything runs on the CPU at tiny sizes with the real torch kernels; the error bands are the
 ones ``benchmarks/RESULTS.md`` measured (fp32 ~2.5e-7, bf16 ~3e-3; see docs/performance.md).
@@ -9,12 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import speedflags
-from speedflags.bench.accuracy import TOLERANCE, coarsest, relative_error
-from speedflags.bench.configs import Config
-from speedflags.bench.problems import _kernel_refuses
-from speedflags.bench.timing import rotation_sets
-from speedflags.bench.workloads import (
+from speedflags._measure.accuracy import TOLERANCE, coarsest, relative_error
+from speedflags._measure.configs import Config
+from speedflags._measure.problems import _kernel_refuses
+from speedflags._measure.timing import cache_bytes, rotation_sets
+from speedflags._measure.workloads import (
     WORKLOADS,
     ConvProblem,
     MatmulProblem,
@@ -50,7 +49,7 @@ def test_inputs_are_reproducible_random_normals_and_leave_the_global_rng_alone()
 
 def test_matmul_rotates_input_sets_past_the_cache() -> None:
     problem = MatmulProblem(48, CPU)
-    assert problem.sets == rotation_sets(2 * 48 * 48 * 4, speedflags.bench.timing.cache_bytes(CPU))
+    assert problem.sets == rotation_sets(2 * 48 * 48 * 4, cache_bytes(CPU))
     assert problem.sets > 1
     runner = problem.runner(FP32)
     seen = [runner.setup()[0].data_ptr() for _ in range(problem.sets + 1)]

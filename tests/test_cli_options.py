@@ -18,9 +18,9 @@ import pytest
 import torch
 from conftest import needs_new_api
 
-import speedflags.verify.check  # noqa: F401 - imported before a test runs as another user
+import speedflags._measure.verdicts  # noqa: F401 - imported before a test runs as another user
 from speedflags.__main__ import main
-from speedflags.bench.output_paths import check_output
+from speedflags._measure.output_paths import check_output
 from speedflags.errors import InvalidValueError
 
 TINY = ["--device", "cpu", "--sizes", "16", "--passes", "1", "--rounds", "1", "--min-time", "0"]

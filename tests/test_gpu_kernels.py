@@ -3,7 +3,7 @@
 Written before any GPU run, against PyTorch's documented behaviour and source, so that the
 first run on a GPU confirms or refutes each expectation (``make gpu-check``). Every test
 skips without a CUDA GPU. What ran is read from ``torch.profiler`` (CPU-side ATen operators
-and the CUDA kernels launched), through ``speedflags.verify.measure.cuda_trace``.
+and the CUDA kernels launched), through ``speedflags._measure.evidence.cuda_trace``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import speedflags
 from speedflags import fast_math
-from speedflags.verify.measure import Trace, cuda_trace
+from speedflags._measure.evidence import Trace, cuda_trace
 
 pytestmark = [
     pytest.mark.cuda,

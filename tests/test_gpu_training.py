@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import speedflags
-from speedflags.verify.measure import cuda_trace
+from speedflags._measure.evidence import cuda_trace
 
 pytestmark = [
     pytest.mark.cuda,

@@ -36,13 +36,13 @@ from speedflags import (
     fast_math,
     recommended,
 )
-from speedflags.bench.workloads import MATMUL_CONFIGS
+from speedflags._measure.evidence import aten_ops
+from speedflags._measure.workloads import MATMUL_CONFIGS
 from speedflags.hardware import KernelTrial, cpu_features, cpu_kernels
 from speedflags.hardware import cpu as hardware_cpu
 from speedflags.levers.registry import lever_spec
 from speedflags.report import build_report
 from speedflags.tune.candidates import candidates
-from speedflags.verify.measure import aten_ops
 
 CPU = torch.device("cpu")
 DTYPES = (torch.bfloat16, torch.float16)

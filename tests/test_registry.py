@@ -15,7 +15,7 @@ import torch
 
 import speedflags
 from speedflags import InvalidTypeError, InvalidValueError
-from speedflags.bench.configs import BASELINE_LEVERS
+from speedflags._measure.configs import BASELINE_LEVERS
 from speedflags.levers import lever_sets, registry
 from speedflags.levers._base import Effect, SimpleLever
 from speedflags.levers.guarded import GUARDED

@@ -14,9 +14,9 @@ from conftest import HAS_NEW_API, C, needs_new_api
 
 import speedflags
 from speedflags import MixedTF32APIError, Unreadable, fast_math, heal_tf32, tf32_status
-from speedflags.bench.accuracy import relative_error
-from speedflags.verify.measure import FP32_MAX, TF32_MAX
-from speedflags.verify.route import medium_route
+from speedflags._measure.accuracy import relative_error
+from speedflags._measure.evidence import FP32_MAX, TF32_MAX
+from speedflags._measure.route import medium_route
 
 
 def tf32_getters() -> Dict[str, Any]:

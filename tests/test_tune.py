@@ -18,7 +18,7 @@ from _tune_helpers import QUICK, row, ticking
 from conftest import AMX_XEON, CPU_AUTOCAST_FP16, TORCH_2_1_KERNELS, autocast_enabled
 
 import speedflags
-from speedflags.bench.timing import Timing
+from speedflags._measure.timing import Timing
 from speedflags.errors import InvalidTypeError, InvalidValueError
 from speedflags.levers.lever_sets import with_baseline
 from speedflags.levers.registry import LEVER_NAMES

@@ -15,9 +15,9 @@ import torch
 
 import speedflags
 from speedflags.__main__ import main
+from speedflags._measure.lever_files import to_toml
 from speedflags.errors import InvalidTypeError, InvalidValueError
 from speedflags.levers.registry import LEVER_NAMES
-from speedflags.tune.files import to_toml
 from speedflags.tune.result import Row
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,8 @@ from _tune_helpers import QUICK, row
 from conftest import autocast_enabled
 
 import speedflags
-from speedflags.tune import files, run
+from speedflags._measure import lever_files as files
+from speedflags.tune import run
 from speedflags.tune import search as search_module
 
 # The capabilities bf16 and "medium" need on a CPU are faked where absent (conftest).

@@ -16,17 +16,17 @@ import torch
 
 import speedflags
 from speedflags.__main__ import main
+from speedflags._measure import causes, probes
+from speedflags._measure import route as route_module
+from speedflags._measure import verdicts as check_module
+from speedflags._measure.evidence import FP32_MAX, arithmetic
+from speedflags._measure.lever_files import plain_value
+from speedflags._measure.route import MediumRoute, effect_here, medium_route
+from speedflags._measure.verdicts import judge
+from speedflags._measure.verification import Verdict, Verification
 from speedflags.errors import InvalidTypeError, InvalidValueError
 from speedflags.levers.autocast import cpu_autocast_takes_fp16
 from speedflags.levers.registry import REGISTRY, lever_spec
-from speedflags.tune.files import plain_value
-from speedflags.verify import causes, probes
-from speedflags.verify import check as check_module
-from speedflags.verify import route as route_module
-from speedflags.verify.check import judge
-from speedflags.verify.measure import FP32_MAX, arithmetic
-from speedflags.verify.result import Verdict, Verification
-from speedflags.verify.route import MediumRoute, effect_here, medium_route
 
 CPU = torch.device("cpu")
 

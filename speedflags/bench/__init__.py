@@ -1,21 +1,50 @@
 """Measure what each lever buys, with its accuracy cost beside it: ``speedflags bench``.
 
-One measurement engine shared by ``python -m speedflags bench`` and the pytest-benchmark
-suites in ``benchmarks/``:
+The command line's runs and the pytest-benchmark suites in ``benchmarks/`` use this module;
+the measuring itself is shared with ``tune`` and ``verify`` and lives in
+:mod:`speedflags._measure` (workloads, problems, configurations, timing, rounds, accuracy,
+verdicts, output paths), whose names benchmarks need are re-exported here. bench's own:
 
-- :mod:`.workloads`: what is timed (matmul, seed 002's train step, SDPA, conv), at which
-  sizes, with which configurations;
-- :mod:`.problems`: one workload at one size: its FLOP count, inputs from a fixed generator
-  and the float64 reference;
-- :mod:`.configs`: the lever configurations, each a ``fast_math`` frame on top of a baseline;
-- :mod:`.timing`: a synchronising clock, warm-up, rounds, rotation of inputs past the cache;
-- :mod:`.accuracy`: relative error against float64, and tolerances;
-- :mod:`.runner`: interleaved passes, progress, Ctrl-C;
+- :mod:`.runner`: interleaved passes, progress, Ctrl-C (:func:`run`, :class:`Settings`);
 - :mod:`.results`, :mod:`.table`, :mod:`.plot`: result files, the table, the comparison and
   the speedup-against-error plot;
-- :mod:`.output_paths`: the command lines' output files, checked writable before a run.
+- :mod:`.config_file`: ``bench --config``, a lever file or a bench file;
+- :mod:`.cli`: ``python -m speedflags bench``.
 
-May import: every layer below the tools (``fast_math``, ``status``, the levers' registry,
-``hardware``, ``errors``); of the other tools, ``verify`` (inside a function, to record
-verdicts) and ``tune``'s file reader (``bench --config``).
+May import: :mod:`speedflags._measure` and every layer below the tools (``fast_math``,
+``status``, the levers' registry, ``hardware``, ``errors``); never ``tune`` or ``verify``.
 """
+
+from .._measure.accuracy import TOLERANCE, coarsest, relative_error
+from .._measure.configs import Config
+from .._measure.rounds import measure_rounds, warm_up
+from .._measure.timing import Timing, plan_calls, plan_rounds, synced, timer_for
+from .._measure.workloads import WORKLOADS, Problem, Runner, Workload
+from .results import BenchRun, Result
+from .runner import Progress, Settings, run
+from .table import finish, render
+
+__all__ = [
+    "TOLERANCE",
+    "WORKLOADS",
+    "BenchRun",
+    "Config",
+    "Problem",
+    "Progress",
+    "Result",
+    "Runner",
+    "Settings",
+    "Timing",
+    "Workload",
+    "coarsest",
+    "finish",
+    "measure_rounds",
+    "plan_calls",
+    "plan_rounds",
+    "relative_error",
+    "render",
+    "run",
+    "synced",
+    "timer_for",
+    "warm_up",
+]

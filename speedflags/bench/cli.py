@@ -196,7 +196,7 @@ def _write_outputs(args: argparse.Namespace, result: Any) -> bool:
     """Save and plot as asked; False (said on stderr, one line per file) if a file could
     not be written after all (both were checked before the run: a full disk shows only
     now)."""
-    from .output_paths import write_output
+    from .._measure.output_paths import write_output
 
     problems = []
     if args.json:

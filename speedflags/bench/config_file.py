@@ -41,12 +41,12 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
+from .._measure.configs import Config
+from .._measure.lever_files import load_levers, read_file
+from .._measure.workloads import WORKLOADS
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError, SpeedflagsError
 from ..levers.registry import LEVER_NAMES, check_levers
-from ..tune.files import load_levers, read_file
-from .configs import Config
-from .workloads import WORKLOADS
 
 __all__ = ["BenchFile", "load_bench_file"]
 

@@ -25,16 +25,16 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
+from .._measure.configs import Config
+from .._measure.rounds import measure_rounds, warm_up
+from .._measure.timing import Timing, plan_calls, plan_rounds, synchronize, timer_for
+from .._measure.verdicts import recorded
+from .._measure.workloads import WORKLOADS, Problem, Runner, Workload
 from ..status import snapshot
-from .configs import Config
 from .results import BenchRun, Result, environment, gpu_state
 from .table import finish
-from .timing import Timing, plan_calls, plan_rounds, synchronize, timer_for
-from .workloads import WORKLOADS, Problem, Runner, Workload
 
-__all__ = ["Progress", "Settings", "measure_rounds", "run", "warm_up"]
-
-Clock = Callable[[], float]
+__all__ = ["Progress", "Settings", "run"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Settings:
 
     Attributes:
         device: the device to measure on.
-        workloads: names from :data:`~speedflags.bench.workloads.WORKLOADS`.
+        workloads: names from :data:`~speedflags._measure.workloads.WORKLOADS`.
         sizes: sizes for every workload, or None for each workload's defaults on the device.
         passes: interleaved passes over the configurations.
         min_rounds: timed rounds per configuration and pass, at least.
@@ -110,39 +110,6 @@ class Progress:
     config: str
     message: str
     median_s: Optional[float] = None
-
-
-def warm_up(runner: Runner, clock: Clock, rounds: int, seconds: float) -> float:
-    """Call ``runner`` at least ``rounds`` times and ``seconds`` long; return a per-call estimate.
-
-    The estimate is the fastest call after the first (which pays first-call costs: cuBLAS
-    handles, cuDNN autotuning, allocator growth).
-    """
-    times: List[float] = []
-    began = clock()
-    while len(times) < max(rounds, 1) or (clock() - began < seconds and len(times) < 10_000):
-        inputs = runner.setup()
-        start = clock()
-        runner.run(*inputs)
-        times.append(clock() - start)
-    return min(times[1:]) if len(times) > 1 else times[0]
-
-
-def measure_rounds(runner: Runner, clock: Clock, rounds: int, calls: int = 1) -> List[float]:
-    """Time ``rounds`` rounds of ``calls`` calls; return the time per call of each round.
-
-    Every call takes the next input set, picked before the clock starts. ``clock`` must
-    wait for the device's queued work (:func:`~.timing.timer_for`), so the start reading
-    comes after earlier work and the end reading after the round's kernels.
-    """
-    times = []
-    for _ in range(rounds):
-        batch = [runner.setup() for _ in range(calls)]
-        start = clock()
-        for inputs in batch:
-            runner.run(*inputs)
-        times.append((clock() - start) / calls)
-    return times
 
 
 @dataclass
@@ -286,8 +253,6 @@ def verdicts(settings: Settings) -> Dict[str, str]:
     ``{"amp='bf16'": "verified: output bfloat16, error 2.9e-03 (bf16)", ...}`` from
     :func:`speedflags.verify` (never raises: a failed verification says why).
     """
-    from ..verify.check import recorded  # local: verify builds on bench
-
     levers: Dict[str, List[object]] = {}
     for workload, size in settings.plan():
         if size is None:

@@ -14,9 +14,9 @@ option and what was typed (shortened), for exit status 2:
 - a device this machine does not have, a size the device cannot hold;
 - an output file that could not be written after the run (``bench --json/--plot``, ``tune
   --out/--plot``, ``verify --json``), tried for real by
-  :func:`~speedflags.bench.output_paths.check_output`; a place that refuses only when
+  :func:`~speedflags._measure.output_paths.check_output`; a place that refuses only when
   written (a full disk) is said then, in one line
-  (:func:`~speedflags.bench.output_paths.write_output`);
+  (:func:`~speedflags._measure.output_paths.write_output`);
 - for ``bench`` and ``tune``, a process whose TF32 state is mixed: the ledger would refuse
   every configuration (``report`` shows such a state; ``verify`` reports it per lever).
 
@@ -33,9 +33,9 @@ import math
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .._measure.output_paths import check_output
+from .._measure.timing import MAX_ROUNDS
 from .._short_repr import short_repr
-from ..bench.output_paths import check_output
-from ..bench.timing import MAX_ROUNDS
 from ..errors import SpeedflagsError
 from ..levers.registry import LEVER_NAMES, lever_spec
 from ..tune.search import COMPILE
@@ -145,7 +145,7 @@ def _tf32_consistent(command: str) -> None:
 
 
 def _plot(args: argparse.Namespace) -> None:
-    from ..bench.plot import MISSING, PLOT_SUFFIXES, have_matplotlib
+    from .._measure.plot_axes import MISSING, PLOT_SUFFIXES, have_matplotlib
 
     if args.plot is None:
         return
@@ -219,7 +219,7 @@ def _sizes(text: str) -> Tuple[int, ...]:
 
 def _fits(workloads: Tuple[str, ...], sizes: Tuple[int, ...], device: Any) -> None:
     """Refuse a size whose workload would not fit in ``device``'s memory (estimated)."""
-    from ..bench.workloads import WORKLOADS, memory_bytes
+    from .._measure.workloads import WORKLOADS, memory_bytes
 
     have = memory_bytes(device)
     if have is None:  # the system does not say: the run finds out
@@ -257,7 +257,7 @@ def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     args.lever_names = _names("--levers", args.levers, tunable_levers())
     _device(args.device, "tune")
     if args.out is not None:
-        from ..tune.files import FORMATS, YAML_MISSING
+        from .._measure.lever_files import FORMATS, YAML_MISSING
 
         _output("--out", args.out, FORMATS)
         suffix = os.path.splitext(args.out)[1].lower()

@@ -32,7 +32,7 @@ from ..flag_ledger.program import Frame
 from ..flag_ledger.scope import FrameScope
 from ..flag_ledger.tracing import hooked, is_compiling
 from ..hardware import DeviceLike, default_device, normalize_device
-from ..levers._unset import UNSET
+from ..levers._base import UNSET
 from ..levers.lever_sets import document_levers
 from ..levers.registry import check_levers, lever_spec, shown_levers
 from .in_graph import BUILDERS, decorated_in_graph, enter_in_graph, exit_in_graph, spec_in_graph

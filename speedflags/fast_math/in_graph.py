@@ -130,8 +130,8 @@ def _autocast(form: Form) -> Any:
     if form[0] == NOTHING:
         return torch.set_grad_enabled(torch.is_grad_enabled())
     if form[2] is None:
-        return torch.autocast(form[1], enabled=False)
-    return torch.autocast(form[1], dtype=getattr(torch, form[2]))
+        return torch.autocast(form[1], enabled=False)  # type: ignore[attr-defined, unused-ignore]
+    return torch.autocast(form[1], dtype=getattr(torch, form[2]))  # type: ignore[attr-defined, unused-ignore]
 
 
 # --- a spec built in traced code: fast_math(...), autocast(...), ... ----------------------

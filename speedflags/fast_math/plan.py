@@ -16,7 +16,6 @@ from ..flag_ledger.program import LeverItem, Program
 from ..hardware import capabilities
 from ..levers.autocast import AUTO
 from ..levers.registry import check_levers, lever_spec
-from ..recommend import recommended
 
 __all__ = ["Plan", "make_plan", "resolve_auto"]
 
@@ -37,6 +36,8 @@ def make_plan(
     reasons: Dict[str, str] = {}
     skipped = []
     if recommend:
+        from ..recommend import recommended  # local: loaded by the first bare spec's plan
+
         rec = recommended(device)
         reasons = {k: f"recommended: {v}" for k, v in rec.reasons.items()}
         requested = check_levers("recommended", rec.levers)

@@ -16,7 +16,6 @@ from .. import _warn
 from .._short_repr import short_repr
 from ..errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
 from ..levers._base import Lever
-from ..levers.culprits import culprit_note, made_by_torch
 from .program import Frame
 
 # (cause for warn_once, message, category; None: informational, logged once, never a warning)
@@ -50,6 +49,8 @@ def drift(
     A change PyTorch made by itself (seen by a running watch) is not the block's: it is
     restored all the same, and said once, as information (logged), not as a warning.
     """
+    from ..levers.culprits import culprit_note, made_by_torch  # local: a drift is rare
+
     by_torch = made_by_torch(lever, expected, found)
     if by_torch is not None:
         message = (

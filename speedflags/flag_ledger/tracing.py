@@ -64,7 +64,7 @@ def _no_hook() -> None:
     return None
 
 
-_EVAL_FRAME = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+_EVAL_FRAME = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)  # type: ignore[attr-defined, unused-ignore]
 _SET_HOOK = getattr(_EVAL_FRAME, "set_eval_frame", None)
 
 
@@ -190,7 +190,7 @@ def traced_where() -> Where:
     of its traced stack outside speedflags and torch)."""
     from torch._guards import TracingContext  # loaded: dynamo is tracing
 
-    for summary in reversed(TracingContext.extract_stack()):
+    for summary in reversed(TracingContext.extract_stack()):  # type: ignore[no-untyped-call, unused-ignore]
         if _users(summary.filename) and summary.lineno is not None:
             return (summary.filename, summary.lineno)
     return None
@@ -251,7 +251,7 @@ def graph_error(exc: SpeedflagsError) -> BaseException:
     if both is None:
 
         def __init__(self: Any, message: str) -> None:
-            Unsupported.__init__(self, message)
+            Unsupported.__init__(self, message)  # type: ignore[no-untyped-call, unused-ignore]
 
         both = type(
             cls.__name__,

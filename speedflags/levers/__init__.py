@@ -5,7 +5,7 @@ per lever, in application order. Adding a lever means one module with its ``Leve
 and one registry entry. :mod:`.culprits` is the hook through which a running
 :func:`speedflags.watch` tells the levers (and the ledger) who wrote a flag.
 
-:mod:`._unset` holds ``UNSET``, "leave this lever alone".
+:mod:`._base` also holds ``UNSET``, "leave this lever alone".
 
 May import: torch and the base modules (``errors``, ``hardware``, ``_short_repr``,
 ``_warn``) only. The levers are the lowest layer: the ledger, the watch and

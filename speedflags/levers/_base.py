@@ -1,4 +1,5 @@
-"""The Lever protocol: what the ledger needs to know about one reversible setting.
+"""The Lever protocol: what the ledger needs to know about one reversible setting (and
+``UNSET``, "leave this lever alone").
 
 A lever reads, writes and restores one piece of PyTorch state. The ledger never imports a
 concrete lever; it works through :class:`Lever` only, so any object that follows it (a fake
@@ -11,12 +12,25 @@ internal (tuples) and turned into JSON-friendly values by :meth:`Lever.describe`
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Any, Hashable, Literal, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # torch-free at run time: the pure fp32 model imports Unreadable from here
     import torch
 
 Scope = Literal["process", "thread"]
+
+
+class _Unset(enum.Enum):
+    # A one-member enum (PEP 484 singleton idiom) so type checkers can narrow on it;
+    # ``None`` cannot serve, because some levers accept falsy values (amp=False).
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset.UNSET
 
 
 class Unreadable:

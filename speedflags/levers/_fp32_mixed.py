@@ -30,7 +30,6 @@ from ._fp32_model import (
     FamilyState,
     is_consistent,
 )
-from .culprits import mixed_note
 
 
 def _inherited_note(nodes: Tuple[str, ...], node: int) -> str:
@@ -88,6 +87,8 @@ def require_consistent(state: FamilyState, action: str) -> None:
     """Raise :class:`MixedTF32APIError` (changing nothing) if ``state`` is mixed."""
     if is_consistent(state):
         return
+    from .culprits import mixed_note  # local: a mixed state is rare
+
     details = conflicts(state) or ["a legacy TF32 getter raises"]
     raise MixedTF32APIError(
         f"refusing to {action}: PyTorch's legacy and new TF32 APIs disagree, so PyTorch's own "

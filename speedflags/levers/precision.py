@@ -8,7 +8,7 @@ fp32 arithmetic, so the error stays at fp32 level and the gain is only the switc
 kernel to oneDNN's: measured on PyTorch 2.13 on a Zen 4 CPU, 1.07-1.20x with 1 thread and
 1.1-1.4x with 2 (1024^3 and 2048^3 matmuls, ``benchmarks/RESULTS.md``). PyTorch 2.1 has no
 such route: there "medium" changes no CPU kernel. The lever predicts from PyTorch's oneDNN
-check and the CPU's flags; :func:`speedflags.verify.route.medium_route` finds which of the
+check and the CPU's flags; :func:`speedflags._measure.route.medium_route` finds which of the
 three this CPU and PyTorch do, by trying. It is written exactly as
 ``torch.set_float32_matmul_precision`` would, with both TF32 API families kept readable
 (``docs/tf32_policy.md``).

@@ -31,8 +31,7 @@ import torch
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
-from ._base import DeviceLever, Scope
-from ._unset import UNSET
+from ._base import UNSET, DeviceLever, Scope
 from .arguments import lever_annotations
 from .autocast import AUTO, AutocastLever, validate_amp
 from .cudnn import CudnnBenchmarkLever

@@ -3,11 +3,14 @@
 :func:`tune` measures every lever the device offers on the user's own step (a forward, a
 loss, a whole train step) against plain fp32, and chooses; :class:`TuneResult` holds the
 choice and every candidate; :func:`load_levers` reads a saved choice back. The search is in
-:mod:`speedflags.tune.search`, the state reset in :mod:`speedflags.tune.state`, the files in
-:mod:`speedflags.tune.files`, the command line in :mod:`speedflags.tune.cli`.
+:mod:`speedflags.tune.search`, the state reset in :mod:`speedflags.tune.state`, the command
+line in :mod:`speedflags.tune.cli`. What it shares with ``bench`` and ``verify`` is in
+:mod:`speedflags._measure`: the timing and rounds, the lever files
+(:mod:`speedflags._measure.lever_files`), each lever's effect here and the verdicts a result
+carries.
 
-May import: every layer below the tools (``speedup``, ``fast_math``, ``status``, the levers'
-registry), ``bench`` (its timing and runner) and ``verify`` (the verdicts a result carries).
+May import: :mod:`speedflags._measure` and every layer below the tools (``speedup``,
+``fast_math``, ``status``, the levers' registry); never ``bench`` or ``verify``.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, T
 
 import torch
 
+from .._measure.lever_files import load_levers
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import DeviceLike, default_device, missing_cuda, normalize_device
 from ..levers.registry import LEVER_NAMES, lever_spec
 from .candidates import verdicts_of
 from .compare import Plan
-from .files import load_levers
 from .result import Row, TuneResult
 from .search import COMPILE, Search
 from .state import find_state

@@ -2,7 +2,7 @@
 
 A candidate is skipped, with the reason kept in its row, when the lever has no effect on
 the device or makes it slower (``Lever.available``; ``matmul_precision="medium"`` on a CPU
-as tried: :func:`speedflags.verify.route.effect_here`), or when the step never calls a torch
+as tried: :func:`speedflags._measure.route.effect_here`), or when the step never calls a torch
 function whose kernels the lever changes (``LeverSpec.ops``: no attention for ``sdpa``,
 no convolution for ``cudnn_benchmark``), as recorded by a ``TorchFunctionMode`` during the
 fp32 reference call. Skipping those is not only quicker: a lever without effect can only
@@ -16,9 +16,11 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 
 import torch
 
+from .._measure.lever_files import plain_levers
+from .._measure.route import effect_here
+from .._measure.verdicts import recorded
 from ..errors import InvalidValueError
 from ..levers.registry import REGISTRY, check_levers
-from .files import plain_levers
 from .result import Row
 
 __all__ = ["Levers", "calls_of", "candidates", "combinations", "verdicts_of"]
@@ -88,8 +90,6 @@ def candidates(
         >>> tried, skipped[1].note
         ([], 'skipped (not called): the step calls no scaled_dot_product function')
     """
-    from ..verify.route import effect_here  # local: verify builds on tune
-
     tried: List[Levers] = []
     skipped: List[Row] = []
     for spec in REGISTRY:
@@ -165,8 +165,6 @@ def verdicts_of(device: torch.device, rows: Sequence[Row]) -> Dict[str, str]:
         >>> sorted(found), found["tf32=True"][:15]
         (['baseline (every lever off)', 'tf32=True'], 'no effect here:')
     """
-    from ..verify.check import recorded  # local: verify imports tune's helpers
-
     levers: Dict[str, List[Any]] = {}
     for row in rows:
         if row.speedup is None:

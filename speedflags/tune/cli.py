@@ -202,7 +202,7 @@ def load_factory(target: str) -> Tuple[Callable[..., Any], Tuple[Any, ...], Dict
 def _write_outputs(args: argparse.Namespace, result: Any) -> int:
     """Save and plot as asked; 2 if a file could not be written after all (checked before
     the run: a full disk shows only now), said in one line per file."""
-    from ..bench.output_paths import write_output
+    from .._measure.output_paths import write_output
 
     status = 0
     if args.out:

@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..bench.timing import Timing
+from .._measure.timing import Timing
 
 __all__ = ["MIN_GAIN", "Plan", "Z", "compare", "faster", "median_error"]
 
@@ -48,7 +48,7 @@ def median_error(timing: Optional[Timing]) -> float:
     """The relative standard error of ``timing``'s median (``inf`` under 3 rounds).
 
     Example:
-        >>> from speedflags.bench.timing import Timing
+        >>> from speedflags._measure.timing import Timing
         >>> round(median_error(Timing.of([[0.9, 1.0, 1.0, 1.1]])), 3)
         0.023
     """
@@ -66,7 +66,7 @@ def compare(fast: Optional[Timing], slow: Optional[Timing]) -> Tuple[float, floa
     medians; ``noise`` is the relative standard error of the speedup (``inf``: unknown).
 
     Example:
-        >>> from speedflags.bench.timing import Timing
+        >>> from speedflags._measure.timing import Timing
         >>> fp32 = Timing.of([[1.0, 1.0], [3.0, 3.0], [1.2, 1.2]])  # a busy second pass
         >>> amp = Timing.of([[0.5, 0.5], [1.5, 1.5], [0.6, 0.6]])
         >>> speedup, noise = compare(amp, fp32)
@@ -86,7 +86,7 @@ def faster(fast: Optional[Timing], slow: Optional[Timing]) -> bool:
     """Whether ``fast`` beats ``slow`` beyond the noise, and by :data:`MIN_GAIN` at least.
 
     Example:
-        >>> from speedflags.bench.timing import Timing
+        >>> from speedflags._measure.timing import Timing
         >>> fp32 = Timing.of([[1.0, 1.02], [0.98, 1.01], [1.0, 0.99]])
         >>> faster(Timing.of([[0.6, 0.61], [0.59, 0.6], [0.62, 0.6]]), fp32)
         True

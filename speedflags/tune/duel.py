@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from ..bench.runner import measure_rounds, warm_up
-from ..bench.timing import Timing
+from .._measure.rounds import measure_rounds, warm_up
+from .._measure.timing import Timing
 from .compare import MIN_GAIN, Z, compare, faster
 from .entry import Entry, StepRunner
 
@@ -44,7 +44,7 @@ def contenders(entries: Sequence[Entry]) -> List[Entry]:
     """The candidates to duel (fastest median first), or none when the timings are clear.
 
     Example:
-        >>> from speedflags.bench.timing import Timing
+        >>> from speedflags._measure.timing import Timing
         >>> from speedflags.tune.duel import contenders
         >>> from speedflags.tune.entry import Entry
         >>> a, b = Entry((("amp", "bf16"),), "lever"), Entry((("tf32", True),), "lever")
@@ -163,7 +163,7 @@ def confidence(entries: Sequence[Entry], best: Optional[Entry]) -> Tuple[str, st
     faster beyond the noise.
 
     Example:
-        >>> from speedflags.bench.timing import Timing
+        >>> from speedflags._measure.timing import Timing
         >>> from speedflags.tune.compare import compare
         >>> from speedflags.tune.duel import confidence
         >>> from speedflags.tune.entry import Entry

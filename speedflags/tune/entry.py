@@ -7,10 +7,10 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Tuple
 
 import torch
 
-from ..bench.timing import Timing
-from ..bench.workloads import Runner
+from .._measure.lever_files import plain_levers
+from .._measure.problems import Runner
+from .._measure.timing import Timing
 from .candidates import Levers
-from .files import plain_levers
 from .result import Row
 
 __all__ = ["Entry", "StepRunner"]

@@ -6,8 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..bench.plot import speedup_axes
-from .files import PathLike, write_file
+from .._measure.lever_files import PathLike, write_file
+from .._measure.plot_axes import speedup_axes
 
 __all__ = ["PLOT_MISSING", "Row", "TuneResult"]
 

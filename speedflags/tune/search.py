@@ -24,7 +24,7 @@
    ``fallback_random`` (compiled dropout otherwise draws other numbers than eager's, and
    the error would measure the masks, not the arithmetic).
 
-Timing is the bench's (:mod:`speedflags.bench.timing`, the runner's warm-up and rounds):
+Timing is the bench's (:mod:`speedflags._measure.timing`, the runner's warm-up and rounds):
 every clock read waits for the device, and the step's state is put back before each call,
 outside the timed region (:mod:`speedflags.tune.state`).
 """
@@ -38,8 +38,8 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..bench.runner import measure_rounds, warm_up
-from ..bench.timing import Timing, plan_rounds, synchronize, timer_for
+from .._measure.rounds import measure_rounds, warm_up
+from .._measure.timing import Timing, plan_rounds, synchronize, timer_for
 from ..fast_math import fast_math
 from ..levers.lever_sets import with_baseline
 from ..status import snapshot

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch.optim.optimizer import Optimizer
 
-from ..bench.accuracy import relative_error
+from .._measure.accuracy import relative_error
 from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Outputs", "StepState", "error_against", "outputs"]

@@ -7,21 +7,23 @@ inputs and leave the math fallback to run. :func:`verify` enters each lever thro
 that ran, the autotuner's trial kernels), one :class:`Verdict` per lever value in a
 :class:`Verification`.
 
-Modules: :mod:`.check` (``verify``), :mod:`.probes` (one measurement per lever),
-:mod:`.measure` (inputs, error levels, dispatch and profiler recording), :mod:`.causes` (why a
-lever is not in effect), :mod:`.result` (verdicts, table, JSON), :mod:`.cli` (``python -m
-speedflags verify``), and for ``make gpu-check``: :mod:`.gpu_check` (the driver),
-:mod:`.summary` and :mod:`.peaks`.
+The measuring is shared with ``bench`` and ``tune`` (their results carry the verdicts) and
+lives in :mod:`speedflags._measure`: :mod:`~speedflags._measure.verdicts` (``verify``),
+:mod:`~speedflags._measure.probes` (one measurement per lever),
+:mod:`~speedflags._measure.evidence` (inputs, error levels, dispatch and profiler
+recording), :mod:`~speedflags._measure.causes` (why a lever is not in effect),
+:mod:`~speedflags._measure.verification` (verdicts, table, JSON). Here: :mod:`.cli`
+(``python -m speedflags verify``), and for ``make gpu-check``: :mod:`.gpu_check` (the
+driver), :mod:`.summary` and :mod:`.peaks`.
 
-What this subpackage may import: torch, and speedflags' public modules (``fast_math``,
-``status``, ``hardware``, ``errors``, ``levers.registry``, ``bench``, ``tune``). Never the
-ledger's modules (:mod:`speedflags.flag_ledger`), the watch (:mod:`speedflags.watching`),
-compile (:mod:`speedflags.compile`) or the rank check's internals: it works through
-``fast_math`` frames like any user. ``bench`` and ``tune``
-import it only inside functions (to record verdicts), so no import cycle arises.
+May import: :mod:`speedflags._measure` and the layers below the tools (``fast_math``,
+``status``, ``hardware``, ``errors``, ``levers.registry``); never ``bench`` or ``tune``,
+nor the ledger's modules (:mod:`speedflags.flag_ledger`), the watch
+(:mod:`speedflags.watching`), compile (:mod:`speedflags.compile`) or the rank check's
+internals: it works through ``fast_math`` frames like any user.
 """
 
-from .check import verify
-from .result import Verdict, Verification
+from .._measure.verdicts import verify
+from .._measure.verification import Verdict, Verification
 
 __all__ = ["Verdict", "Verification", "verify"]

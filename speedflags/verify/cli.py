@@ -47,9 +47,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def command(args: argparse.Namespace) -> int:
     """Run ``speedflags verify`` with arguments :func:`speedflags.cli.options.check` checked
     (``lever_names`` among them; ``--json`` tried for writing); return the exit status."""
-    from ..bench.output_paths import write_output
+    from .._measure.output_paths import write_output
+    from .._measure.verdicts import verify
     from ..errors import SpeedflagsError
-    from .check import verify
 
     try:
         run = verify(args.device, args.lever_names)

@@ -13,8 +13,8 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..bench.accuracy import coarsest
-from ..bench.workloads import WORKLOADS
+from .._measure.accuracy import coarsest
+from .._measure.workloads import WORKLOADS
 from ..errors import SpeedflagsError
 from ..levers.registry import lever_spec
 from .peaks import peak_for

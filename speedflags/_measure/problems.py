@@ -4,7 +4,7 @@ A :class:`Problem` is one workload at one size on one device: input sets drawn f
 generator (random normals, never zeros), rotated past the cache; the float64 reference;
 and, per configuration, a :class:`Runner` whose ``run`` is the timed call. Which problems
 are measured, at which sizes and with which configurations, is
-:data:`speedflags.bench.workloads.WORKLOADS`.
+:data:`speedflags._measure.workloads.WORKLOADS`.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Problem:
         flops: floating-point operations per timed call.
         input_precision: ``"fp32"``, or ``"bf16"``/``"fp16"`` where the inputs themselves are.
         error_of: what ``error`` compares (``"output"``, ``"first-layer weight gradient"``).
-        sets: input sets rotated through (see :func:`~speedflags.bench.timing.rotation_sets`).
+        sets: input sets rotated through (see :func:`~speedflags._measure.timing.rotation_sets`).
     """
 
     workload = ""

@@ -38,7 +38,7 @@ def environment_block(name: str, device: torch.device) -> Optional[str]:
 
     Example:
         >>> import torch
-        >>> from speedflags.verify.causes import environment_block
+        >>> from speedflags._measure.causes import environment_block
         >>> environment_block("tf32", torch.device("cpu")) is None
         True
     """
@@ -157,8 +157,8 @@ def find(name: str, value: Any, obs: Observation, device: torch.device) -> str:
 
     Example:
         >>> import torch
-        >>> from speedflags.verify.causes import find
-        >>> from speedflags.verify.probes import Observation
+        >>> from speedflags._measure.causes import find
+        >>> from speedflags._measure.probes import Observation
         >>> obs = Observation(False, "", inside={"cudnn_enabled": False})
         >>> find("cudnn_benchmark", True, obs, torch.device("cuda"))
         'cuDNN is disabled (torch.backends.cudnn.enabled is False)'

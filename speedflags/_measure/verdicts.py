@@ -15,10 +15,10 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import DeviceLike, capabilities, cudnn_version_or_none, resolve_device
 from ..levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
 from ..status import snapshot
-from ..tune.files import plain_value
 from . import causes, probes
-from .result import NO_EFFECT, NOT_IN_EFFECT, UNMEASURED, VERIFIED, Verdict, Verification
+from .lever_files import plain_value
 from .route import effect_here
+from .verification import NO_EFFECT, NOT_IN_EFFECT, UNMEASURED, VERIFIED, Verdict, Verification
 
 __all__ = ["verify"]
 
@@ -39,7 +39,7 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
     long fp16/bf16 GEMMs differ from their fp32-reduction results (CUDA) for the
     reductions. The baseline itself is checked first: fp32 everywhere.
 
-    Each value gets a :class:`~speedflags.verify.result.Verdict`: *verified* (with the
+    Each value gets a :class:`~speedflags._measure.verification.Verdict`: *verified* (with the
     figure), *no effect here* (with the capability's reason), or *requested but not in
     effect* (with the cause found: ``NVIDIA_TF32_OVERRIDE=0``,
     ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``, a mixed TF32 state, a disabled cuDNN or oneDNN,
@@ -177,8 +177,8 @@ def judge(
 
     Example:
         >>> import torch
-        >>> from speedflags.verify.check import judge
-        >>> from speedflags.verify.probes import Observation
+        >>> from speedflags._measure.verdicts import judge
+        >>> from speedflags._measure.probes import Observation
         >>> judge("amp", torch.bfloat16, "", Observation(True, "output bfloat16"),
         ...       torch.device("cpu")).summary()
         'verified: output bfloat16'
@@ -227,7 +227,7 @@ def recorded(device: DeviceLike, levers: Mapping[str, Iterable[Any]]) -> Dict[st
     keep this beside their figures).
 
     Example:
-        >>> from speedflags.verify.check import recorded
+        >>> from speedflags._measure.verdicts import recorded
         >>> recorded("cpu", {"tf32": [True]})["tf32=True"].startswith("no effect here")
         True
     """

@@ -1,8 +1,8 @@
 """The workloads: which problems are timed, at which sizes, with which configurations.
 
 A :class:`Workload` names a kind of work and the configurations compared on it; for one
-size on one device it builds a :class:`~speedflags.bench.problems.Problem` (inputs, FLOP
-count, float64 reference, one :class:`~speedflags.bench.problems.Runner` per configuration).
+size on one device it builds a :class:`~speedflags._measure.problems.Problem` (inputs, FLOP
+count, float64 reference, one :class:`~speedflags._measure.problems.Runner` per configuration).
 
 =============  ===========================================================================
 ``matmul``     ``a @ b``, n x n float32 (size: n)
@@ -25,7 +25,7 @@ import torch
 from ..hardware import capabilities
 from .configs import Config
 
-# Re-exported (``X as X``): runner.py, benchmarks/ and the tests import them from here.
+# Re-exported (``X as X``): bench's runner, speedflags.bench and the tests import them here.
 from .problems import ConvProblem as ConvProblem
 from .problems import MatmulProblem as MatmulProblem
 from .problems import MlpTrainProblem as MlpTrainProblem
@@ -41,7 +41,7 @@ class Workload:
     """A kind of work, its default sizes per device type, and the configurations compared.
 
     Example:
-        >>> from speedflags.bench.workloads import WORKLOADS
+        >>> from speedflags._measure.workloads import WORKLOADS
         >>> matmul = WORKLOADS["matmul"]
         >>> matmul.sizes["cpu"], [c.name for c in matmul.configs][:3]
         ((1024, 2048), ['fp32', 'tf32', 'precision-high'])
@@ -67,7 +67,7 @@ class Workload:
         """Bytes the problem holds at once at ``size``, at least (0: not estimated).
 
         Example:
-            >>> from speedflags.bench.workloads import WORKLOADS
+            >>> from speedflags._measure.workloads import WORKLOADS
             >>> WORKLOADS["matmul"].memory(1024, "cpu") // 2**20  # MiB
             44
         """
@@ -90,7 +90,7 @@ def memory_bytes(device: torch.device) -> Optional[int]:
 
     Example:
         >>> import torch
-        >>> from speedflags.bench.workloads import memory_bytes
+        >>> from speedflags._measure.workloads import memory_bytes
         >>> memory_bytes(torch.device("cpu")) > 2**20
         True
     """

@@ -35,7 +35,7 @@ class Verdict:
         measured: the numbers behind ``figure`` (errors, dtypes, kernel names).
 
     Example:
-        >>> from speedflags.verify.result import Verdict
+        >>> from speedflags._measure.verification import Verdict
         >>> v = Verdict("amp", "bf16", "verified", "output bfloat16, error 2.9e-03 (bf16)")
         >>> v.label, v.ok
         ("amp='bf16'", True)
@@ -90,7 +90,7 @@ class Verification:
     Scope: a plain record; it changes and restores no flag.
 
     Example:
-        >>> from speedflags.verify.result import Verdict, Verification
+        >>> from speedflags._measure.verification import Verdict, Verification
         >>> run = Verification("cpu", [Verdict("tf32", True, "no effect here", reason="no GPU")])
         >>> run.ok, run.failed
         (True, [])
@@ -120,7 +120,7 @@ class Verification:
         """The verdict of ``lever`` (its first value, or ``value``); ``KeyError`` if none.
 
         Example:
-            >>> from speedflags.verify.result import Verdict, Verification
+            >>> from speedflags._measure.verification import Verdict, Verification
             >>> run = Verification("cpu", [Verdict("amp", "bf16", "verified")])
             >>> run.verdict("amp").status
             'verified'

@@ -44,7 +44,7 @@ class MediumRoute:
         measured: the errors measured (empty where nothing was).
 
     Example:
-        >>> from speedflags.verify.route import MediumRoute
+        >>> from speedflags._measure.route import MediumRoute
         >>> route = MediumRoute("fp32", "oneDNN keeps fp32 arithmetic on this CPU (no AMX)")
         >>> route.bf16, route.effective
         (False, True)
@@ -69,7 +69,7 @@ def try_medium_route() -> MediumRoute:
     """Run a float32 matmul under ``"highest"`` and ``"medium"`` now (uncached).
 
     Example:
-        >>> from speedflags.verify.route import try_medium_route
+        >>> from speedflags._measure.route import try_medium_route
         >>> try_medium_route().arithmetic in ("bf16", "fp32", "none")
         True
     """
@@ -121,7 +121,7 @@ def medium_route() -> MediumRoute:
     levers, the calling thread's autocast); each restores every flag on exit.
 
     Example:
-        >>> from speedflags.verify.route import medium_route
+        >>> from speedflags._measure.route import medium_route
         >>> route = medium_route()
         >>> route is medium_route(), route.arithmetic in ("bf16", "fp32", "none")
         (True, True)
@@ -147,7 +147,7 @@ def effect_here(name: str, value: Any, device: torch.device) -> Effect:
 
     Example:
         >>> import torch
-        >>> from speedflags.verify.route import effect_here
+        >>> from speedflags._measure.route import effect_here
         >>> effect_here("tf32", True, torch.device("cpu")).effective
         False
     """

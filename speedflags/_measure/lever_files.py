@@ -22,10 +22,10 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 import torch
 
 from .._short_repr import SHOWN_CHARS, short_repr
-from ..bench.output_paths import make_parent_folder
 from ..errors import InvalidTypeError, InvalidValueError
 from ..levers.autocast import _BY_NAME as _AMP_NAMES
 from ..levers.registry import LEVER_NAMES, check_levers, lever_spec
+from .output_paths import make_parent_folder
 
 __all__ = ["FORMATS", "YAML_MISSING", "load_levers", "plain_levers", "read_file", "write_file"]
 
@@ -44,7 +44,7 @@ def plain_value(name: str, value: Any) -> Any:
 
     Example:
         >>> import torch
-        >>> from speedflags.tune.files import plain_value
+        >>> from speedflags._measure.lever_files import plain_value
         >>> plain_value("amp", torch.bfloat16), plain_value("sdpa", ("flash",))
         ('bf16', ['flash'])
     """
@@ -62,7 +62,7 @@ def plain_levers(checked: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
 
     Example:
         >>> from speedflags.levers.registry import check_levers
-        >>> from speedflags.tune.files import plain_levers
+        >>> from speedflags._measure.lever_files import plain_levers
         >>> plain_levers(check_levers("fast_math", {"amp": "bf16", "sdpa": "flash"}))
         {'sdpa': ['flash'], 'amp': 'bf16'}
     """
@@ -245,7 +245,7 @@ def to_toml(data: Mapping[str, Any]) -> str:
     """``data`` as TOML: scalars first, then tables, then arrays of tables; ``None`` left out.
 
     Example:
-        >>> from speedflags.tune.files import to_toml
+        >>> from speedflags._measure.lever_files import to_toml
         >>> print(to_toml({"levers": {"amp": "bf16", "sdpa": ["flash"]},
         ...                "rows": [{"speedup": 1.5, "levers": {"amp": "bf16"}}]}), end="")
         [levers]

@@ -17,7 +17,7 @@ import torch
 
 from ..levers.lever_sets import with_baseline
 from ..levers.registry import lever_spec
-from .measure import Observation, inputs, relative_error
+from .evidence import Observation, inputs, relative_error
 
 GEMM_SHAPE = (64, 65536, 64)  # m, k, n
 # ctx is a probes.Context, typed Any: probes imports this module

@@ -34,7 +34,7 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
     Example:
         >>> import torch
-        >>> from speedflags.bench.accuracy import relative_error
+        >>> from speedflags._measure.accuracy import relative_error
         >>> ref = torch.tensor([3.0, 4.0], dtype=torch.float64)
         >>> relative_error(torch.tensor([3.0, 4.5]), ref)
         0.1
@@ -52,7 +52,7 @@ def coarsest(*precisions: str) -> str:
     """The least precise of several precision classes (``"fp32"`` < ``"tf32"`` < ... < ``"bf16"``).
 
     Example:
-        >>> from speedflags.bench.accuracy import coarsest
+        >>> from speedflags._measure.accuracy import coarsest
         >>> coarsest("fp32", "bf16", "tf32")
         'bf16'
     """

@@ -43,7 +43,7 @@ def synchronize(device: torch.device) -> None:
 
     Example:
         >>> import torch
-        >>> from speedflags.bench.timing import synchronize
+        >>> from speedflags._measure.timing import synchronize
         >>> synchronize(torch.device("cpu"))
     """
     if device.type == "cuda":
@@ -62,7 +62,7 @@ def synced(fn: Callable[..., T], device: torch.device) -> Callable[..., T]:
 
     Example:
         >>> import torch
-        >>> from speedflags.bench.timing import synced
+        >>> from speedflags._measure.timing import synced
         >>> synced(torch.mm, torch.device("cpu"))(torch.eye(2), torch.eye(2)).trace().item()
         2.0
     """
@@ -82,7 +82,7 @@ def timer_for(device: torch.device) -> Callable[[], float]:
 
     Example:
         >>> import torch
-        >>> from speedflags.bench.timing import timer_for
+        >>> from speedflags._measure.timing import timer_for
         >>> clock = timer_for(torch.device("cpu"))
         >>> start = clock(); elapsed = clock() - start
         >>> elapsed >= 0
@@ -102,7 +102,7 @@ def timer_for(device: torch.device) -> Callable[[], float]:
 def timer_sync() -> float:
     """``time.perf_counter()`` after waiting for the current CUDA device, if CUDA is in use.
 
-    For ``pytest --benchmark-timer=speedflags.bench.timing.timer_sync``: it never initialises
+    For ``pytest --benchmark-timer=speedflags._measure.timing.timer_sync``: it never initialises
     CUDA itself, so it costs nothing on a CPU-only run.
     """
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
@@ -115,7 +115,7 @@ def cache_bytes(device: torch.device) -> int:
 
     Example:
         >>> import torch
-        >>> from speedflags.bench.timing import cache_bytes
+        >>> from speedflags._measure.timing import cache_bytes
         >>> cache_bytes(torch.device("cpu")) > 0
         True
     """
@@ -158,7 +158,7 @@ def rotation_sets(set_bytes: int, cache: int, budget: int = _ROTATION_BUDGET) ->
     ``budget`` bytes of inputs in all, and 64 sets).
 
     Example:
-        >>> from speedflags.bench.timing import rotation_sets
+        >>> from speedflags._measure.timing import rotation_sets
         >>> MiB = 2**20
         >>> rotation_sets(8 * MiB, cache=32 * MiB)  # 8 MiB sets, 32 MiB L3: 9 sets
         9
@@ -182,7 +182,7 @@ def plan_rounds(
     """Timed rounds for one configuration: at least ``min_rounds`` and ``min_time_s`` seconds.
 
     Example:
-        >>> from speedflags.bench.timing import plan_rounds
+        >>> from speedflags._measure.timing import plan_rounds
         >>> plan_rounds(0.19, min_rounds=5, min_time_s=1.0)   # a 190 ms matmul
         6
         >>> plan_rounds(0.0014, min_rounds=5, min_time_s=1.0)  # a 1.4 ms GPU matmul
@@ -202,7 +202,7 @@ def plan_calls(estimate_s: float, device: torch.device, round_s: float = 1e-3) -
 
     Example:
         >>> import torch
-        >>> from speedflags.bench.timing import plan_calls
+        >>> from speedflags._measure.timing import plan_calls
         >>> plan_calls(85e-6, torch.device("cuda")), plan_calls(85e-6, torch.device("cpu"))
         (12, 1)
         >>> plan_calls(0.0014, torch.device("cuda"))
@@ -218,7 +218,7 @@ class Timing:
     """Per-call times of one configuration, pooled over its passes (seconds).
 
     Example:
-        >>> from speedflags.bench.timing import Timing
+        >>> from speedflags._measure.timing import Timing
         >>> t = Timing.of([[0.3, 0.1, 0.2], [0.25, 0.2]])
         >>> t.median, t.rounds, t.pass_medians
         (0.2, 5, (0.2, 0.225))

@@ -21,6 +21,7 @@ from ..levers import Effect
 from ..levers.lever_sets import baseline_levers
 from ..levers.registry import lever_spec
 from .accuracy import coarsest
+from .route import effect_here
 
 __all__ = ["BASELINE_LEVERS", "Config"]
 
@@ -43,7 +44,7 @@ class Config:
 
     Example:
         >>> import torch
-        >>> from speedflags.bench.configs import Config
+        >>> from speedflags._measure.configs import Config
         >>> amp = Config("amp-bf16", {"amp": "bf16"})
         >>> amp.describe(), amp.precision
         ("fast_math(amp='bf16')", 'bf16')
@@ -133,7 +134,5 @@ class Config:
 
     @staticmethod
     def _effect(name: str, value: Any, device: torch.device) -> Effect:
-        from ..verify.route import effect_here  # local: verify builds on bench
-
         spec = lever_spec(name, "Config")
         return effect_here(name, spec.validate(value), device)

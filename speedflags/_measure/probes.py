@@ -3,7 +3,7 @@
 Every probe runs its lever on top of the baseline (every other lever off, as the bench and
 ``tune`` measure), inside ``fast_math`` frames that restore everything on exit, and returns an
 :class:`Observation`: in effect or not, the figure in words, the numbers, and what the flags
-read inside the frame (for :mod:`speedflags.verify.causes`).
+read inside the frame (for :mod:`speedflags._measure.causes`).
 
 =====================  =========================================================================
 ``baseline``           float32 matmul (and, on CUDA, conv) error against float64: fp32-level
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from ..fast_math import fast_math
 from ..levers.lever_sets import baseline_levers, with_baseline
 from ..status import tf32_status
-from .measure import (
+from .evidence import (
     FP32_MAX,
     Observation,
     arithmetic,
@@ -267,7 +267,7 @@ def ran_backend(ops: Any) -> str:
     """Which SDPA backend the operator names show (``"math"`` when no fused one ran).
 
     Example:
-        >>> from speedflags.verify.probes import ran_backend
+        >>> from speedflags._measure.probes import ran_backend
         >>> ran_backend({"_scaled_dot_product_flash_attention_for_cpu", "empty"})
         'flash'
         >>> ran_backend({"aten::bmm", "aten::_softmax"})

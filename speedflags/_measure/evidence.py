@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Sequence, Tuple
 
 import torch
 
-from ..bench.accuracy import relative_error
+from .accuracy import relative_error
 
 __all__ = [
     "FP32_MAX",
@@ -46,7 +46,7 @@ def arithmetic(error: float, half: str = "tf32") -> str:
     autocast (both round to 10 mantissa bits).
 
     Example:
-        >>> from speedflags.verify.measure import arithmetic
+        >>> from speedflags._measure.evidence import arithmetic
         >>> arithmetic(2.5e-7), arithmetic(2.9e-4), arithmetic(2.9e-3), arithmetic(3e-4, "fp16")
         ('fp32', 'tf32', 'bf16', 'fp16')
     """
@@ -62,7 +62,7 @@ def inputs(
 
     Example:
         >>> import torch
-        >>> from speedflags.verify.measure import inputs
+        >>> from speedflags._measure.evidence import inputs
         >>> a, b = inputs([(2, 3), (3,)], torch.device("cpu"))
         >>> a.shape, b.dtype
         (torch.Size([2, 3]), torch.float32)
@@ -81,7 +81,7 @@ def aten_ops(fn: Callable[[], Any]) -> Tuple[Any, FrozenSet[str]]:
 
     Example:
         >>> import torch
-        >>> from speedflags.verify.measure import aten_ops
+        >>> from speedflags._measure.evidence import aten_ops
         >>> out, ops = aten_ops(lambda: torch.ones(2, 2) @ torch.ones(2, 2))
         >>> "mm" in ops
         True
@@ -147,7 +147,7 @@ def short(name: str, width: int = 60) -> str:
     """A kernel name cut to ``width`` characters (C++ template names run to kilobytes).
 
     Example:
-        >>> from speedflags.verify.measure import short
+        >>> from speedflags._measure.evidence import short
         >>> short("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", 36)
         'void pytorch_flash::flash_fwd_ker...'
     """

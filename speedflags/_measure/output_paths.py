@@ -15,7 +15,7 @@ file is written (:func:`make_parent_folder`). A place that refuses only when wri
 
 Example:
     >>> import os, tempfile
-    >>> from speedflags.bench.output_paths import check_output
+    >>> from speedflags._measure.output_paths import check_output
     >>> folder = tempfile.mkdtemp()
     >>> check_output(os.path.join(folder, "new", "results.json"), "--json", (".json",))
     >>> try:
@@ -132,7 +132,7 @@ def write_output(option: str, path: str, write: Callable[[str], Any]) -> Optiona
     only when written (``/dev/full``: a full disk), or changed meanwhile.
 
     Example:
-        >>> from speedflags.bench.output_paths import write_output
+        >>> from speedflags._measure.output_paths import write_output
         >>> def write(path):
         ...     with open(path, "w") as fh:
         ...         fh.write("{}")
