@@ -1,4 +1,13 @@
-"""The ``matmul_precision`` lever: float32 matmul precision, CUDA and CPU (process scope).
+"""The levers over float32 matmul precision, ``tf32`` and ``matmul_precision`` (process scope).
+
+Both read, check, write and restore the same state: every getter of both TF32 API families,
+one ledger stack for the two (:class:`FamilyLever`). They differ only in the target a value
+asks for and in how they describe the state. ``tf32=True/False`` is TF32 for cuBLAS matmuls and
+cuDNN convolutions/RNNs; the write goes through the legacy setters and is corrected through
+the new ``fp32_precision`` API where needed, and a mixed starting state is refused with
+:class:`~speedflags.MixedTF32APIError` before anything is changed.
+
+``matmul_precision``: float32 matmul precision, CUDA and CPU.
 
 ``"highest"`` keeps float32 matmuls in full IEEE fp32. ``"high"`` lets cuBLAS use TF32.
 ``"medium"`` also lets cuBLAS use TF32 and routes CPU float32 matmuls through oneDNN with
@@ -16,7 +25,7 @@ three this CPU and PyTorch do, by trying. It is written exactly as
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch._ops
@@ -24,8 +33,68 @@ import torch._ops
 from ..errors import InvalidTypeError, InvalidValueError
 from ..hardware import capabilities, cpu_features
 from . import _fp32_model as family
-from ._base import Effect
-from ._family_lever import FamilyLever
+from ._base import Effect, SimpleLever, validate_bool, verified
+from ._fp32_mixed import require_consistent
+from ._fp32_torch import read_state, transition
+
+
+class FamilyLever(SimpleLever):
+    """Base of the levers whose state is every getter of both TF32 API families.
+
+    Scope: process. Entering refuses a mixed TF32 state before anything changes;
+    restoring writes back every getter's answer.
+
+    A subclass sets ``name``, ``change`` (what a mixed state stops it doing, for the error:
+    ``"change TF32"``) and ``target``.
+    """
+
+    scope = "process"
+    domain = "fp32_precision"
+    checks_state = True  # refuses a mixed TF32 state
+    change = ""
+    # (state before, value) -> the consistent state that writing the value asks for
+    target: Callable[[family.FamilyState, Any], family.FamilyState]
+
+    def read(self) -> family.FamilyState:
+        return read_state()
+
+    def check(self, state: family.FamilyState) -> None:
+        require_consistent(state, self.change)
+
+    def apply(self, value: Any, before: family.FamilyState) -> family.FamilyState:
+        after, target = transition((self.name, before, value), before, self.target, before, value)
+        return after if after is target else verified(self, "setting", target, after)
+
+    def restore(
+        self, target: family.FamilyState, current: family.FamilyState
+    ) -> family.FamilyState:
+        after, wanted = transition(("restore", current, target), current, _same, target)
+        return after if after is wanted else verified(self, "restoring", target, after)
+
+
+def _same(state: family.FamilyState) -> family.FamilyState:
+    return state
+
+
+class TF32Lever(FamilyLever):
+    """``tf32=True/False``: TF32 tensor-core math for float32 matmuls and convolutions.
+
+    Scope: process. The state read and restored is every getter of both TF32 API families.
+    """
+
+    name = "tf32"
+    change = "change TF32"
+    target = staticmethod(family.tf32_target)
+    validate = staticmethod(validate_bool)
+
+    def describe(self, state: family.FamilyState) -> Any:
+        return family.describe_state(state)
+
+    def available(self, value: bool, device: torch.device) -> Effect:
+        caps = capabilities(device)
+        if caps.tf32:
+            return Effect(True, "")
+        return Effect(False, f"no effect on {caps.device}: {caps.tf32.reason}")
 
 
 class MatmulPrecisionLever(FamilyLever):

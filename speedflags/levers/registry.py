@@ -36,10 +36,9 @@ from .arguments import lever_annotations
 from .autocast import AUTO, AutocastLever, validate_amp
 from .cudnn import CudnnBenchmarkLever
 from .deterministic import WARN, DeterministicLever
-from .precision import MatmulPrecisionLever
+from .precision import MatmulPrecisionLever, TF32Lever
 from .reductions import ReducedPrecisionReductionLever
 from .sdpa import BACKENDS, SdpaLever
-from .tf32 import TF32Lever
 
 __all__ = [
     "LEVER_NAMES",
