@@ -64,6 +64,7 @@ from .shorthands import (
     sdpa_backend,
     tf32,
 )
+from .speedup import speedup
 
 if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type checkers see them
     from . import bench as bench
@@ -75,7 +76,6 @@ if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type chec
     from .distributed import RankSnapshot, check_ranks
     from .recommend import Recommendation, recommended
     from .schedule import Schedule, TF32Schedule
-    from .speedup import speedup
     from .speedup_stats import SpeedupStats
     from .status import TF32Status, heal_tf32, snapshot, tf32_status
     from .training import fast_optimizer, grad_scaler, to_device
@@ -97,7 +97,6 @@ _LAZY: _typing.Dict[str, str] = {
     "guard_levers": ".compile.user_compile",
     "Recommendation": ".recommend",
     "recommended": ".recommend",
-    "speedup": ".speedup",
     "SpeedupStats": ".speedup_stats",
     "Schedule": ".schedule",
     "TF32Schedule": ".schedule",

@@ -18,7 +18,7 @@ from torch.optim.optimizer import Optimizer  # the public path; 2.4's stubs lack
 
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
-from .fast_math.plan import resolve_auto
+from .fast_math import resolve_auto
 from .flag_ledger.decorate import caller_where
 from .flag_ledger.ledger import ledger
 from .hardware import DeviceLike, capabilities, resolve_device

@@ -2,8 +2,8 @@
 
 Creating a spec validates every argument and touches no torch state. Each ``with`` (and each
 decorated call) opens a new ledger frame, so one spec can be reused, nested, shared between
-threads and used recursively. :mod:`.plan` works out what the levers do on the device;
-:mod:`.in_graph` what a spec does inside ``torch.compile``.
+threads and used recursively. Its plan (:func:`make_plan`, below) works out on first entry
+what the levers do on the device; :mod:`.in_graph` what a spec does inside ``torch.compile``.
 
 May import: the ledger (:mod:`speedflags.flag_ledger`), the levers, the rank check
 (:mod:`speedflags.distributed`) and the base modules; never the blocks or tools above.
@@ -16,11 +16,14 @@ from typing import (
     Any,
     Callable,
     Dict,
+    NamedTuple,
     Optional,
     Tuple,
     TypeVar,
     overload,
 )
+
+import torch
 
 from .. import _warn
 from .._short_repr import short_repr, short_str
@@ -28,15 +31,15 @@ from ..errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
 from ..flag_ledger.decorate import decorate
 from ..flag_ledger.history import Where
 from ..flag_ledger.ledger import ledger
-from ..flag_ledger.program import Frame
+from ..flag_ledger.program import Frame, LeverItem, Program
 from ..flag_ledger.scope import FrameScope
 from ..flag_ledger.tracing import hooked, is_compiling
-from ..hardware import DeviceLike, default_device, normalize_device
+from ..hardware import DeviceLike, capabilities, default_device, normalize_device
 from ..levers._base import UNSET
+from ..levers.autocast import AUTO
 from ..levers.lever_sets import document_levers
 from ..levers.registry import check_levers, lever_spec, shown_levers
 from .in_graph import BUILDERS, decorated_in_graph, enter_in_graph, exit_in_graph, spec_in_graph
-from .plan import Plan, make_plan
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -44,10 +47,79 @@ if TYPE_CHECKING:
     from ..distributed import FirstEntryCheck
     from ..levers.arguments import LeverArgs
 
-__all__ = ["FastMath", "fast_math"]
+__all__ = ["FastMath", "Plan", "fast_math", "make_plan", "resolve_auto"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _LEDGER = ledger()
+
+
+# --- a spec's plan: what its levers do on the device it resolves to ------------------------
+
+
+class Plan(NamedTuple):
+    device: str
+    program: Program
+    refusals: Tuple[str, ...]
+    slow: Tuple[Tuple[Any, str], ...]
+
+
+def make_plan(
+    requested: Tuple[Tuple[str, Any], ...], recommend: bool, strict: bool, device: torch.device
+) -> Plan:
+    """The plan of a spec that asked for ``requested`` (all recommended levers if
+    ``recommend``), on ``device``."""
+    shown_device = capabilities(device).device
+    reasons: Dict[str, str] = {}
+    skipped = []
+    if recommend:
+        from ..recommend import recommended  # local: loaded by the first bare spec's plan
+
+        rec = recommended(device)
+        reasons = {k: f"recommended: {v}" for k, v in rec.reasons.items()}
+        requested = check_levers("recommended", rec.levers)
+        if not requested:
+            skipped.append(("*", reasons["*"]))
+    items: list[LeverItem] = []
+    refusals = []
+    slow = []
+    for name, value in requested:
+        note = reasons.get(name, "")
+        lever = lever_spec(name).lever(device.type)
+        if value == AUTO:  # amp="auto": the dtype depends on the device
+            value, why = resolve_auto(device)
+            if value is None:
+                skipped.append((name, f"{name}='auto': {why}"))
+                continue
+            note = f"{name}='auto' chose {lever.describe_value(value)}: {why}"
+        effect = lever.available(value, device)
+        shown = f"{name}={lever.describe_value(value)!r}"
+        if not effect.effective and strict:
+            refusals.append(f"{shown}: {effect.reason}")
+        if effect.unsupported:  # this PyTorch would raise: recorded as skipped instead
+            skipped.append((name, f"{shown}: {effect.reason}"))
+            continue
+        if effect.slow:
+            slow.append(
+                (
+                    (name, shown_device, str(value)),
+                    f"{shown} on {shown_device}: {effect.reason}. Use amp='bf16', or "
+                    "strict=True to refuse it.",
+                )
+            )
+        items.append((lever, value, "; ".join(r for r in (note, effect.reason) if r)))
+    return Plan(shown_device, Program(items, skipped), tuple(refusals), tuple(slow))
+
+
+def resolve_auto(device: torch.device) -> Tuple[Optional[torch.dtype], str]:
+    """What ``amp="auto"`` means on ``device``: the autocast dtype (or None), and why."""
+    caps = capabilities(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None, f"no autocast on {caps.device}: {caps.bf16.reason}"
+    if caps.bf16:
+        return torch.bfloat16, caps.bf16.reason
+    if device.type == "cuda" and caps.fp16:
+        return torch.float16, f"no native bf16 ({caps.bf16.reason}); {caps.fp16.reason}"
+    return None, f"no native bf16 or fp16 on {caps.device}: {caps.bf16.reason}"
 
 
 class FastMath(FrameScope):
