@@ -102,7 +102,7 @@ results: setup
 GPU_OUT ?= gpu-check-out
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
-	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m speedflags.verify.gpu_check --out "$(GPU_OUT)"
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m speedflags._verify.gpu_check --out "$(GPU_OUT)"
 
 # Which Python and torch this environment runs, and where torch came from (disk or registry):
 # CI logs it per leg, e.g. "=== leg: Python 3.10.13, torch 2.1.2 (registry) ===".

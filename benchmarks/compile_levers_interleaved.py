@@ -39,7 +39,7 @@ from test_compile_levers import (
     _train,
 )
 
-from speedflags.compile.lever_state import lever_state
+from speedflags._compile.lever_state import lever_state
 
 VARIANTS = ["torch.autocast", *[v for v in AMP_VARIANTS if v != "torch.autocast"]]
 WARMUP = 3

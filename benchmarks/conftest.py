@@ -42,6 +42,7 @@ import pytest
 import torch
 
 import speedflags
+from speedflags._ledger.history import json_default
 from speedflags.bench import (
     TOLERANCE,
     WORKLOADS,
@@ -57,7 +58,6 @@ from speedflags.bench import (
     timer_for,
     warm_up,
 )
-from speedflags.flag_ledger.history import json_default
 
 # group -> the variant that is the group's baseline (its parameter id, or one parameter value)
 BASELINES: Dict[str, str] = {

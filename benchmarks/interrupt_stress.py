@@ -47,8 +47,8 @@ import torch
 
 import speedflags
 from speedflags import MixedTF32APIError, fast_math, speedup
-from speedflags.flag_ledger.interrupts import PENDING
-from speedflags.watching.setters import domains
+from speedflags._ledger.interrupts import PENDING
+from speedflags._watch.setters import domains
 
 PACKAGE = os.path.dirname(speedflags.__file__)
 HAS_MIXED_STATE = hasattr(torch.backends, "fp32_precision")  # PyTorch 2.9's second TF32 API

@@ -35,7 +35,7 @@ from torch._dynamo.utils import counters
 from torch.profiler import ProfilerActivity, profile
 
 import speedflags
-from speedflags.compile.lever_state import lever_state
+from speedflags._compile.lever_state import lever_state
 
 BATCH, WIDTH, HIDDEN = 64, 256, 1024
 BACKENDS = ("aot_eager", "inductor")

@@ -22,7 +22,6 @@ import typing as _typing
 import warnings as _warnings
 from importlib import import_module as _import_module
 from importlib.util import find_spec as _find_spec
-from types import ModuleType as _ModuleType
 
 
 def _numpy_missing() -> bool:
@@ -45,17 +44,13 @@ if "torch" not in _sys.modules and _numpy_missing():
 # function torch.compile traces must be here: PyTorch 2.1's dynamo reads a module's
 # __dict__ and never calls its __getattr__, so a name loaded on first use would fail there.
 from . import errors
-from ._version import __version__
-from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
-from .fast_math import FastMath, fast_math
-from .flag_ledger.history import FlagRecord
-from .flag_ledger.interrupts import signal_safe
-from .flag_ledger.ledger import FlagLedger, ledger
-from .flag_ledger.program import Frame
-from .hardware import Capabilities, Capability, capabilities
-from .levers import Unreadable
-from .levers._base import UNSET
-from .shorthands import (
+from ._fast_math import FastMath, fast_math
+from ._hardware import Capabilities, Capability, capabilities
+from ._ledger.history import FlagRecord
+from ._ledger.interrupts import signal_safe
+from ._ledger.ledger import FlagLedger, ledger
+from ._ledger.program import Frame
+from ._shorthands import (
     autocast,
     cudnn_benchmark,
     deterministic,
@@ -64,24 +59,28 @@ from .shorthands import (
     sdpa_backend,
     tf32,
 )
-from .speedup import speedup
+from ._speedup import speedup
+from ._version import __version__
+from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
+from .levers import Unreadable
+from .levers._base import UNSET
 
 if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type checkers see them
     from . import bench as bench
     from . import report as report
+    from ._compile.user_compile import guard_levers
+    from ._distributed import RankSnapshot, check_ranks
     from ._measure.lever_files import load_levers
     from ._measure.verdicts import verify
     from ._measure.verification import Verification
-    from .compile.user_compile import guard_levers
-    from .distributed import RankSnapshot, check_ranks
-    from .recommend import Recommendation, recommended
-    from .schedule import Schedule, TF32Schedule
-    from .speedup_stats import SpeedupStats
-    from .status import TF32Status, heal_tf32, snapshot, tf32_status
+    from ._recommend import Recommendation, recommended
+    from ._schedule import Schedule, TF32Schedule
+    from ._speedup_stats import SpeedupStats
+    from ._status import TF32Status, heal_tf32, snapshot, tf32_status
+    from ._tune import tune
+    from ._tune.result import TuneResult
+    from ._watch.watch import watch
     from .training import fast_optimizer, grad_scaler, to_device
-    from .tune import tune
-    from .tune.result import TuneResult
-    from .watching.watch import watch
 
 # Loaded on first use (PEP 562): public name -> the module, relative to this package, that
 # defines it. Most programs only enter blocks; the tools, the status readers, the rank check,
@@ -92,24 +91,24 @@ _LAZY: _typing.Dict[str, str] = {
     "load_levers": "._measure.lever_files",
     "verify": "._measure.verdicts",
     "Verification": "._measure.verification",
-    "check_ranks": ".distributed",
-    "RankSnapshot": ".distributed",
-    "guard_levers": ".compile.user_compile",
-    "Recommendation": ".recommend",
-    "recommended": ".recommend",
-    "SpeedupStats": ".speedup_stats",
-    "Schedule": ".schedule",
-    "TF32Schedule": ".schedule",
-    "TF32Status": ".status",
-    "heal_tf32": ".status",
-    "snapshot": ".status",
-    "tf32_status": ".status",
+    "check_ranks": "._distributed",
+    "RankSnapshot": "._distributed",
+    "guard_levers": "._compile.user_compile",
+    "Recommendation": "._recommend",
+    "recommended": "._recommend",
+    "SpeedupStats": "._speedup_stats",
+    "Schedule": "._schedule",
+    "TF32Schedule": "._schedule",
+    "TF32Status": "._status",
+    "heal_tf32": "._status",
+    "snapshot": "._status",
+    "tf32_status": "._status",
     "fast_optimizer": ".training",
     "grad_scaler": ".training",
     "to_device": ".training",
-    "tune": ".tune",
-    "TuneResult": ".tune.result",
-    "watch": ".watching.watch",
+    "tune": "._tune",
+    "TuneResult": "._tune.result",
+    "watch": "._watch.watch",
 }
 _MODULES = ("bench", "report")  # the lazy names that are modules themselves
 
@@ -196,24 +195,8 @@ def __dir__() -> _typing.List[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-class _Package(_ModuleType):
-    """This package's module type: a submodule never replaces the public name it shares.
-
-    The import system binds each submodule it loads on its package, so a first
-    ``import speedflags.tune.cli`` would set ``speedflags.tune`` to the subpackage over the
-    function ``tune`` (loaded on first use, it is not bound yet).
-    """
-
-    def __setattr__(self, name: str, value: _typing.Any) -> None:
-        if isinstance(value, _ModuleType) and name in __all__:
-            return
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package
-
 if _os.environ.get("SPEEDFLAGS_WATCH"):  # watch from the first import on, for the whole process
-    from .watching.watch import start_from_env as _start_from_env
+    from ._watch.watch import start_from_env as _start_from_env
 
     _start_from_env()
     del _start_from_env

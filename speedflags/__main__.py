@@ -14,11 +14,11 @@ import os
 import sys
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
+from ._cli import options
+from ._tune import cli as tune_cli
+from ._verify import cli as verify_cli
 from .bench import cli as bench_cli
-from .cli import options
 from .errors import SpeedflagsError
-from .tune import cli as tune_cli
-from .verify import cli as verify_cli
 
 # torchrun (torch.distributed.run) sets these for every worker
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -100,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     0: ok; 1: ``--restore`` was not exact, the ranks of a distributed job disagree, a flag
     did not read as before a ``bench`` run, or ``verify`` found a lever not in effect; 2: bad
     usage (one line naming the option, before anything is measured or a user's file is
-    imported: :mod:`speedflags.cli.options`), or an output file that could not be written
+    imported: :mod:`speedflags._cli.options`), or an output file that could not be written
     after all (a full disk); 3: the step ``tune``
     measures raised (its traceback is shown); 130: ``bench`` or ``tune`` stopped with Ctrl-C.
     """

@@ -56,10 +56,13 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 import pytest
 from _pytest.runner import runtestprotocol
 
+from ._fast_math import FastMath, fast_math
+from ._ledger.ledger import ledger
 from ._short_repr import short_repr
+from ._watch.setters import Domain, Write, domains, flatten
+from ._watch.watch import watch
+from ._watch.watcher import _watcher
 from .errors import SpeedflagsError, SpeedflagsWarning
-from .fast_math import FastMath, fast_math
-from .flag_ledger.ledger import ledger
 from .leak_report import findings
 from .leak_report.collect import (
     ATTRIBUTE,
@@ -70,9 +73,6 @@ from .leak_report.collect import (
 )
 from .levers._base import Unreadable
 from .levers.culprits import made_by_torch
-from .watching.setters import Domain, Write, domains, flatten
-from .watching.watch import watch
-from .watching.watcher import _watcher
 
 __all__ = ["CHOICES", "FlagLeakWarning"]
 

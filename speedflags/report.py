@@ -20,19 +20,19 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from . import distributed
+from . import _distributed as distributed
+from ._fast_math import fast_math
+from ._hardware import capabilities, resolve_device
+from ._ledger.history import json_default
+from ._ledger.ledger import ledger
+from ._recommend import recommended
+from ._status import snapshot, tf32_status
 from ._version import __version__
-from .fast_math import fast_math
-from .flag_ledger.history import json_default
-from .flag_ledger.ledger import ledger
-from .hardware import capabilities, resolve_device
+from ._watch.writers import last_writers
 from .levers import _fp32_model as family
 from .levers import _fp32_torch as family_io
 from .levers import autocast as autocast_module
 from .levers import sdpa as sdpa_module
-from .recommend import recommended
-from .status import snapshot, tf32_status
-from .watching.writers import last_writers
 
 __all__ = ["build_report", "render_report"]
 

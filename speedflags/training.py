@@ -16,12 +16,12 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Ty
 import torch
 from torch.optim.optimizer import Optimizer  # the public path; 2.4's stubs lack torch.optim's
 
+from ._fast_math import resolve_auto
+from ._hardware import DeviceLike, capabilities, resolve_device
+from ._ledger.decorate import caller_where
+from ._ledger.ledger import ledger
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
-from .fast_math import resolve_auto
-from .flag_ledger.decorate import caller_where
-from .flag_ledger.ledger import ledger
-from .hardware import DeviceLike, capabilities, resolve_device
 from .levers.arguments import AmpArg
 from .levers.autocast import AUTO, CPU_FP16_MISSING, cpu_autocast_takes_fp16
 from .levers.registry import lever_spec

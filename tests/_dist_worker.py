@@ -25,7 +25,7 @@ from conftest import autocast_enabled
 
 import speedflags
 from speedflags import RankMismatchError, fast_math, speedup
-from speedflags.distributed.compare import PER_RANK
+from speedflags._distributed.compare import PER_RANK
 
 TIMEOUT = timedelta(seconds=30)
 THREADS = torch.get_num_threads()

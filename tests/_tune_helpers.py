@@ -6,8 +6,8 @@ import itertools
 from typing import Any, Callable
 
 import speedflags
-from speedflags.tune.compare import Plan
-from speedflags.tune.result import Row
+from speedflags._tune.compare import Plan
+from speedflags._tune.result import Row
 
 QUICK = Plan(short_s=0.0, short_rounds=5, long_s=0.0, long_rounds=9, warmup_s=0.0)
 

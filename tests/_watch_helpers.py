@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from conftest import reset_all
 
-from speedflags.watching import watcher as _watcher
+from speedflags._watch import watcher as _watcher
 
 
 @pytest.fixture(autouse=True)

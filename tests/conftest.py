@@ -12,11 +12,12 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import speedflags
-from speedflags import _warn, hardware
+import speedflags._hardware as hardware
+from speedflags import _warn
+from speedflags._hardware import CpuFeatures, KernelTrial, cpu_features
+from speedflags._hardware import cpu as hardware_cpu
+from speedflags._ledger.ledger import ledger
 from speedflags._measure import route
-from speedflags.flag_ledger.ledger import ledger
-from speedflags.hardware import CpuFeatures, KernelTrial, cpu_features
-from speedflags.hardware import cpu as hardware_cpu
 from speedflags.levers.reductions import ReducedPrecisionReductionLever
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest inside pytest

@@ -21,7 +21,7 @@ from conftest import (
 
 import speedflags
 from speedflags import LeverUnavailableError, SlowPathWarning, fast_math
-from speedflags.hardware import KernelTrial, cpu_features
+from speedflags._hardware import KernelTrial, cpu_features
 
 CPU = speedflags.capabilities("cpu")
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from speedflags.__main__ import main
+from speedflags._tune.result import Row, TuneResult
 from speedflags.bench.config_file import load_bench_file
 from speedflags.errors import InvalidValueError
-from speedflags.tune.result import Row, TuneResult
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "configs" / "speed.yaml"

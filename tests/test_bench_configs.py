@@ -19,10 +19,10 @@ from conftest import (
 )
 
 import speedflags
+from speedflags._hardware import cpu_kernels
 from speedflags._measure.configs import BASELINE_LEVERS, Config
 from speedflags._measure.route import medium_route
 from speedflags._measure.workloads import MATMUL_CONFIGS, WORKLOADS
-from speedflags.hardware import cpu_kernels
 from speedflags.levers import precision
 
 CPU = torch.device("cpu")

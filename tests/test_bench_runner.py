@@ -18,12 +18,12 @@ from conftest import (
 )
 
 import speedflags
+from speedflags._hardware import cpu_kernels
 from speedflags._measure.configs import Config
 from speedflags._measure.rounds import measure_rounds
 from speedflags._measure.workloads import WORKLOADS, MatmulProblem, Runner
 from speedflags.bench import runner as runner_module
 from speedflags.bench.runner import Progress, Settings, run
-from speedflags.hardware import cpu_kernels
 
 CPU = torch.device("cpu")
 

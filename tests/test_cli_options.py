@@ -1,4 +1,4 @@
-"""The command lines' options, checked in one place (``speedflags.cli.options``) before any
+"""The command lines' options, checked in one place (``speedflags._cli.options``) before any
 work: empty values, output files that cannot be written, a lever ``tune`` never tries, a
 mixed TF32 state, bounds. Each refusal is one line naming the option, exit status 2, and
 comes before a user's file is imported or anything is measured; a full disk, found only

@@ -177,7 +177,7 @@ def test_an_error_the_compiled_graph_raises_at_run_time_is_the_steps_own(
     if lazy_backward:
         # PyTorch 2.4 has no force_non_lazy_backward_lowering: the backward graph compiles
         # inside loss.backward(). Simulated here by not asking for the early compile.
-        from speedflags.compile import backend as _compile_backend
+        from speedflags._compile import backend as _compile_backend
 
         monkeypatch.setattr(_compile_backend, "early_backward_lowering", contextlib.nullcontext)
     elif not hasattr(functorch_config, "force_non_lazy_backward_lowering"):

@@ -3,7 +3,7 @@
 The ledger's record of a block traced into a graph; the shorthands; bad arguments and
 ``strict=True`` met while tracing; a spec built outside the compiled function; specs with
 nothing to apply; ``@speedup`` steps called from compiled code; the dynamo primitives
-(``speedflags.flag_ledger.tracing``) and what they rely on; and a frozen ``Linear`` compiled
+(``speedflags._ledger.tracing``) and what they rely on; and a frozen ``Linear`` compiled
 with max-autotune inside a TF32 block, on both TF32 API families (issue 29, item 5).
 """
 
@@ -29,7 +29,7 @@ from speedflags import (
     fast_math,
     speedup,
 )
-from speedflags.flag_ledger import tracing
+from speedflags._ledger import tracing
 
 
 @pytest.fixture(autouse=True)
@@ -256,7 +256,7 @@ def test_a_spec_with_nothing_to_apply_is_a_no_op_in_the_graph(
 ) -> None:
     # A bare fast_math() applies nothing on a CPU without bf16 instructions. This CPU may
     # have them: the capability answer is faked (the arithmetic is not involved).
-    from speedflags import hardware
+    import speedflags._hardware as hardware
 
     monkeypatch.setattr(
         hardware, "_host_cpu_bf16", lambda: hardware.Capability(False, "faked: no bf16")

@@ -21,9 +21,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import speedflags
 from speedflags import CompileFallbackWarning, InvalidTypeError, InvalidValueError, speedup
-from speedflags.compile import lever_guard
-from speedflags.compile.lever_guard import PER_STATE, RECOMPILE, guard_mode, state_tag
-from speedflags.compile.lever_state import UNGUARDED, lever_state
+from speedflags._compile import lever_guard
+from speedflags._compile.lever_guard import PER_STATE, RECOMPILE, guard_mode, state_tag
+from speedflags._compile.lever_state import UNGUARDED, lever_state
 from speedflags.levers.registry import REGISTRY
 
 MODE = guard_mode()

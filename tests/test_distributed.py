@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import speedflags
-from speedflags import RankMismatchError, distributed, fast_math
+import speedflags._distributed as distributed
+from speedflags import RankMismatchError, fast_math
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_dist_worker.py"

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import speedflags
+from speedflags._watch.writers import last_writers
 from speedflags.errors import InvalidValueError
 from speedflags.levers import guarded
 from speedflags.levers.guarded import GUARDED, GUARDED_NAMES, SKIPPED, setting
-from speedflags.watching.writers import last_writers
 
 # How user code changes each setting through torch's public API (the line the watch must
 # name), and what the setting then reads as, described.

@@ -11,7 +11,7 @@ from conftest import autocast_dtype, autocast_enabled
 
 import speedflags
 from speedflags import InvalidValueError, capabilities, fast_math, recommended
-from speedflags.hardware import cpu_kernels
+from speedflags._hardware import cpu_kernels
 
 
 def cpuinfo_flags() -> set[str]:
@@ -141,4 +141,4 @@ def test_capability_is_truthy_like_its_answer() -> None:
 
 def test_capabilities_are_cached_per_device() -> None:
     assert capabilities("cpu") is capabilities("cpu")
-    assert capabilities(None) is capabilities(speedflags.hardware.default_device())
+    assert capabilities(None) is capabilities(speedflags._hardware.default_device())

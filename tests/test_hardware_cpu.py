@@ -36,13 +36,13 @@ from speedflags import (
     fast_math,
     recommended,
 )
+from speedflags._hardware import KernelTrial, cpu_features, cpu_kernels
+from speedflags._hardware import cpu as hardware_cpu
 from speedflags._measure.evidence import aten_ops
 from speedflags._measure.workloads import MATMUL_CONFIGS
-from speedflags.hardware import KernelTrial, cpu_features, cpu_kernels
-from speedflags.hardware import cpu as hardware_cpu
+from speedflags._tune.candidates import candidates
 from speedflags.levers.registry import lever_spec
 from speedflags.report import build_report
-from speedflags.tune.candidates import candidates
 
 CPU = torch.device("cpu")
 DTYPES = (torch.bfloat16, torch.float16)
@@ -224,7 +224,7 @@ def test_a_first_question_asked_inside_torch_compile_gets_the_eager_answer(
     # the trial's thread runs outside the trace, and the answer is the one asked eagerly.
     eager = capabilities("cpu").to_dict()
     monkeypatch.setattr(hardware_cpu, "_cache", {})  # nothing found yet in this "process"
-    speedflags.hardware._clear_cache()
+    speedflags._hardware._clear_cache()
     seen: Dict[str, Any] = {}
 
     @torch.compile(backend="eager")
@@ -235,6 +235,6 @@ def test_a_first_question_asked_inside_torch_compile_gets_the_eager_answer(
     try:
         assert torch.equal(step(torch.ones(2)), torch.full((2,), 2.0))
     finally:
-        speedflags.hardware._clear_cache()
+        speedflags._hardware._clear_cache()
     assert seen == eager
     assert set(hardware_cpu._cache) >= {"features", torch.bfloat16}

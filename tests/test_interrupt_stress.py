@@ -31,7 +31,7 @@ import pytest
 from conftest import needs_new_api
 
 import speedflags
-from speedflags.flag_ledger.interrupts import PENDING
+from speedflags._ledger.interrupts import PENDING
 
 # an interrupt that lands before a coroutine's first step leaves it never awaited
 pytestmark = pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
@@ -244,7 +244,7 @@ def test_every_way_out_of_critical_code_leaves_no_interrupt_held_back() -> None:
     # at PENDING waits until the next enter or exit: lost to the program meanwhile. Failed
     # before on Python 3.10 (the floor), where `while PENDING:` takes a jump on its way out
     # (~1 interrupt in 10,000 held in the async generator forms of the stress script).
-    from speedflags.flag_ledger.interrupts import _CRITICAL
+    from speedflags._ledger.interrupts import _CRITICAL
 
     checked = []
     for code in list(_CRITICAL):

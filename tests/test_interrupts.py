@@ -28,19 +28,19 @@ from conftest import reset_all
 
 import speedflags
 from speedflags import fast_math, speedup
+from speedflags._fast_math import FastMath
+from speedflags._ledger.entering import call_framed, close_innermost
+from speedflags._ledger.history import expand, json_default
+from speedflags._ledger.interrupts import PENDING
+from speedflags._ledger.ledger import FlagLedger
+from speedflags._ledger.own_writes import _WRITING
+from speedflags._ledger.scope import FrameScope
 from speedflags.errors import (
     DriftWarning,
     LedgerOrderError,
     LedgerReentryError,
     SpeedflagsWarning,
 )
-from speedflags.fast_math import FastMath
-from speedflags.flag_ledger.entering import call_framed, close_innermost
-from speedflags.flag_ledger.history import expand, json_default
-from speedflags.flag_ledger.interrupts import PENDING
-from speedflags.flag_ledger.ledger import FlagLedger
-from speedflags.flag_ledger.own_writes import _WRITING
-from speedflags.flag_ledger.scope import FrameScope
 from speedflags.levers.registry import LEVER_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -350,8 +350,8 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
     # levers were written), the next while that enter is rolled back and leaves its stacks.
     # The frame must end up on no stack: a half-entered frame left there was later found by
     # the exit of the block around it, which failed with a TypeError (seen under the timer).
-    import speedflags.flag_ledger.history as history_module
-    from speedflags.flag_ledger.stacks import FrameStacks
+    import speedflags._ledger.history as history_module
+    from speedflags._ledger.stacks import FrameStacks
 
     real_now, real_unlink = history_module.now, FrameStacks.unlink
     armed = {"now": False, "unlink": False}
@@ -392,9 +392,9 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
 REENTRY = """
 import dis, signal, sys, torch, speedflags
 from speedflags import fast_math
-from speedflags.flag_ledger.history import expand, json_default
-from speedflags.flag_ledger.interrupts import PENDING
-from speedflags.flag_ledger.ledger import FlagLedger
+from speedflags._ledger.history import expand, json_default
+from speedflags._ledger.interrupts import PENDING
+from speedflags._ledger.ledger import FlagLedger
 
 ran = []
 def handler(signum, frame):
@@ -471,7 +471,7 @@ def test_an_exit_interrupted_again_while_finishing_a_lever_raises_the_interrupt(
     # after it had taken a lever's entry off its stack; the close that finished it found the
     # stack empty (IndexError) and was interrupted again while finishing that lever. The exit
     # raised the IndexError, and the KeyboardInterrupt was lost.
-    from speedflags.flag_ledger.paths import RarePaths
+    from speedflags._ledger.paths import RarePaths
 
     the_ledger = speedflags.ledger()
     spec = fast_math(cudnn_benchmark=True, device="cpu")

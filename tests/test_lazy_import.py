@@ -28,18 +28,18 @@ MAX_MODULES_AT_IMPORT = 40  # issue 30; the README states the figure
 NOT_AT_IMPORT = (
     "speedflags._measure",
     "speedflags.bench",
-    "speedflags.compile",
-    "speedflags.distributed",
+    "speedflags._compile",
+    "speedflags._distributed",
     "speedflags.integrations",
     "speedflags.leak_report",
     "speedflags.pytest_plugin",
     "speedflags.report",
-    "speedflags.schedule",
-    "speedflags.status",
+    "speedflags._schedule",
+    "speedflags._status",
     "speedflags.training",
-    "speedflags.tune",
-    "speedflags.verify",
-    "speedflags.watching",
+    "speedflags._tune",
+    "speedflags._verify",
+    "speedflags._watch",
 )
 # What a function torch.compile traces may name: bound at import (PyTorch 2.1's dynamo
 # reads the module's __dict__, never its __getattr__).
@@ -106,7 +106,7 @@ def test_import_loads_at_most_40_modules_and_no_tool(fresh: Dict[str, Any]) -> N
     assert len(loaded) <= MAX_MODULES_AT_IMPORT, loaded
     early = [m for m in loaded if m.startswith(NOT_AT_IMPORT)]
     assert early == [], f"loaded at import: {early}"
-    assert "speedflags.levers.registry" in loaded and "speedflags.flag_ledger.ledger" in loaded
+    assert "speedflags.levers.registry" in loaded and "speedflags._ledger.ledger" in loaded
     # every name not loaded on first use is bound at import, the blocks among them
     eager = set(speedflags.__all__) - set(speedflags._LAZY)
     assert eager | set(BLOCKS) <= set(fresh["bound"])
@@ -134,11 +134,11 @@ def test_each_name_loads_its_module_on_first_use(fresh: Dict[str, Any]) -> None:
 SUBPACKAGE_FIRST = """
 import json, sys, torch
 import speedflags
-import speedflags.tune.cli, speedflags.verify.cli  # the subpackages, before the functions
+import speedflags._tune.cli, speedflags._verify.cli  # the subpackages, before the functions
 tune_is_function = callable(speedflags.tune)
 from speedflags import tune, TuneResult, load_levers, verify, Verification
-from speedflags.tune import tune as tune_itself
-from speedflags.tune.result import TuneResult as result_itself
+from speedflags._tune import tune as tune_itself
+from speedflags._tune.result import TuneResult as result_itself
 from speedflags._measure.lever_files import load_levers as load_itself
 from speedflags._measure.verdicts import verify as verify_itself
 print(json.dumps({

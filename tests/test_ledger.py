@@ -20,8 +20,8 @@ from speedflags import (
     LeverConflictWarning,
     fast_math,
 )
-from speedflags.flag_ledger.own_writes import OWN_WRITES
-from speedflags.flag_ledger.program import Program
+from speedflags._ledger.own_writes import OWN_WRITES
+from speedflags._ledger.program import Program
 from speedflags.levers import PROCESS_LEVERS
 
 THIS_FILE = __file__

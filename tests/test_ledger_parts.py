@@ -20,8 +20,8 @@ import torch
 
 import speedflags
 from speedflags import DriftWarning, FlagLedger, LedgerOrderError, LeverConflictWarning
+from speedflags._ledger.scope import FrameScope
 from speedflags.errors import InvalidValueError, MixedTF32APIError
-from speedflags.flag_ledger.scope import FrameScope
 from speedflags.levers._base import Lever, Scope
 from speedflags.levers.registry import lever_spec
 

@@ -17,9 +17,9 @@ import torch
 
 import speedflags
 from speedflags import DriftWarning, InvalidTypeError, InvalidValueError, fast_math
+from speedflags._watch.setters import SETTERS
 from speedflags.levers import reductions
 from speedflags.levers.registry import lever_spec
-from speedflags.watching.setters import SETTERS
 
 C: Any = torch._C
 HAS_SPLITK = isinstance(C._get_cublas_allow_fp16_reduced_precision_reduction(), tuple)

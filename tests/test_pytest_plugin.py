@@ -16,7 +16,7 @@ import pytest
 from conftest import reset_all
 
 import speedflags
-from speedflags.flag_ledger import own_writes as _own_writes
+from speedflags._ledger import own_writes as _own_writes
 
 # inline runs import nothing anew: pytest cannot rewrite the already imported plugin, and
 # says so (once the docs tests have imported it); that note is not what these tests check
@@ -82,7 +82,7 @@ def test_off_by_default_nothing_is_checked_or_watched(pytester: pytest.Pytester)
     pytester.makepyfile(
         """
         import torch
-        from speedflags.flag_ledger import own_writes as _own_writes
+        from speedflags._ledger import own_writes as _own_writes
 
         def test_leak():
             assert _own_writes.WATCHER is None or _own_writes.WATCHER.count == 1

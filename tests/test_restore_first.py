@@ -16,7 +16,7 @@ import torch
 
 import speedflags
 from speedflags import DriftWarning, FlagLedger, RestoreError, fast_math
-from speedflags.flag_ledger.program import Program
+from speedflags._ledger.program import Program
 from speedflags.levers import PROCESS_LEVERS
 from speedflags.levers._base import Effect, SimpleLever
 

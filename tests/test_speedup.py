@@ -349,7 +349,7 @@ def test_backend_failing_on_the_first_graph() -> None:
 
 
 def test_backend_failing_on_the_second_graph_runs_nothing_twice() -> None:
-    # speedflags/compile/guarded.py: the second graph fails after the first one ran; a plain retry
+    # speedflags/_compile/guarded.py: the second graph fails after the first one ran; a plain retry
     # would repeat the first graph's side effects (the in-place update and the counter).
     backend = counting_backend(fail_on=lambda n: n == 2)
     counter = [0]
@@ -398,7 +398,7 @@ def test_failure_at_a_later_recompile() -> None:
     "the backward lazily (see the test below)",
 )
 def test_backward_compile_failure_is_caught_before_the_step_runs_anything_twice() -> None:
-    # speedflags/compile/guarded.py: AOT autograd compiles the backward lazily inside
+    # speedflags/_compile/guarded.py: AOT autograd compiles the backward lazily inside
     # loss.backward(), after the forward's side effects; speedup moves that compile next to
     # the forward's.
     flags_seen: List[bool] = []

@@ -19,12 +19,12 @@ from conftest import AMX_XEON, CPU_AUTOCAST_FP16, TORCH_2_1_KERNELS, autocast_en
 
 import speedflags
 from speedflags._measure.timing import Timing
+from speedflags._tune import run
+from speedflags._tune.compare import MIN_GAIN, faster
+from speedflags._tune.state import error_against, reference_outputs
 from speedflags.errors import InvalidTypeError, InvalidValueError
 from speedflags.levers.lever_sets import with_baseline
 from speedflags.levers.registry import LEVER_NAMES
-from speedflags.tune import run
-from speedflags.tune.compare import MIN_GAIN, faster
-from speedflags.tune.state import error_against, reference_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_COMPILE = list(LEVER_NAMES)  # every registry lever, without torch.compile (too slow here)

@@ -1,4 +1,4 @@
-"""speedflags.tune's files and command line: save/load round trips, the table, the plot,
+"""speedflags._tune's files and command line: save/load round trips, the table, the plot,
 and ``python -m speedflags tune`` with its errors.
 """
 
@@ -16,9 +16,9 @@ import torch
 import speedflags
 from speedflags.__main__ import main
 from speedflags._measure.lever_files import to_toml
+from speedflags._tune.result import Row
 from speedflags.errors import InvalidTypeError, InvalidValueError
 from speedflags.levers.registry import LEVER_NAMES
-from speedflags.tune.result import Row
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_COMPILE = list(LEVER_NAMES)  # every registry lever, without torch.compile (too slow here)

@@ -19,8 +19,8 @@ from conftest import autocast_enabled
 
 import speedflags
 from speedflags._measure import lever_files as files
-from speedflags.tune import run
-from speedflags.tune import search as search_module
+from speedflags._tune import run
+from speedflags._tune import search as search_module
 
 # The capabilities bf16 and "medium" need on a CPU are faked where absent (conftest).
 pytestmark = pytest.mark.usefixtures("cpu_with_bf16")

@@ -1,4 +1,4 @@
-"""speedflags.tune's state reset: a train step starts every timed call from the same model,
+"""speedflags._tune's state reset: a train step starts every timed call from the same model,
 optimizer, scheduler and RNG state, and tuning leaves them as they were.
 """
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 from _tune_helpers import QUICK, row, ticking
 
+from speedflags._tune import run
+from speedflags._tune.state import StepState, find_state
 from speedflags.levers.registry import LEVER_NAMES
-from speedflags.tune import run
-from speedflags.tune.state import StepState, find_state
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_COMPILE = list(LEVER_NAMES)  # every registry lever, without torch.compile (too slow here)

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import speedflags
+from speedflags._verify import gpu_check, summary
+from speedflags._verify.peaks import peak_for
 from speedflags.bench.runner import Settings
 from speedflags.bench.runner import run as bench
-from speedflags.verify import gpu_check, summary
-from speedflags.verify.peaks import peak_for
 
 
 def test_the_plan_runs_the_gpu_tests_first_and_the_suite_only_on_a_gpu(tmp_path: Path) -> None:

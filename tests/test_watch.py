@@ -27,10 +27,10 @@ from torch.backends.cuda import enable_flash_sdp  # imported by name before any 
 
 import speedflags
 from speedflags import fast_math
-from speedflags.flag_ledger.own_writes import OWN_WRITES
+from speedflags._ledger.own_writes import OWN_WRITES
+from speedflags._watch.setters import SETTERS
 from speedflags.levers.guarded import GUARDED
 from speedflags.levers.registry import LEVER_NAMES, REGISTRY
-from speedflags.watching.setters import SETTERS
 
 HERE = os.path.abspath(__file__)
 NAMES = {spec.name for spec in REGISTRY}
@@ -327,11 +327,11 @@ def test_every_wrapped_setter_names_a_registry_lever_or_guarded_setting() -> Non
     assert {setter.lever for setter in SETTERS.values()} == set(LEVER_NAMES) | guarded
 
 
-@pytest.mark.parametrize("subpackage", ["", "flag_ledger", "watching", "levers"])
+@pytest.mark.parametrize("subpackage", ["", "_ledger", "_watch", "levers"])
 def test_the_writer_is_never_a_frame_inside_speedflags(subpackage: str) -> None:
     # A write that passes through any speedflags module (top level or a subpackage) is
     # attributed to the first frame outside the package: here, this test.
-    from speedflags.watching.setters import writer_frame
+    from speedflags._watch.setters import writer_frame
 
     inside = Path(speedflags.__file__).resolve().parent / subpackage / "_a_module.py"
     namespace: dict = {"writer_frame": writer_frame}

@@ -14,8 +14,8 @@ from conftest import HAS_NEW_API
 
 import speedflags
 from speedflags import DriftWarning, MixedTF32APIError, fast_math
+from speedflags._watch.writers import last_writers
 from speedflags.report import build_report, render_report
-from speedflags.watching.writers import last_writers
 
 HERE = os.path.abspath(__file__)
 

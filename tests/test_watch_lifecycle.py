@@ -15,8 +15,8 @@ from _watch_helpers import undo, unwatched  # noqa: F401 - fixtures
 
 import speedflags
 from speedflags import fast_math
+from speedflags._watch.setters import SETTERS
 from speedflags.levers import _fp32_torch as family
-from speedflags.watching.setters import SETTERS
 
 HERE = os.path.abspath(__file__)
 

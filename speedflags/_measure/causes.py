@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from ..hardware import capabilities
+from .._hardware import capabilities
 from .probes import Observation
 
 __all__ = ["environment_block", "find"]

@@ -15,8 +15,8 @@ from typing import Any, Iterator, Mapping, Optional, Tuple
 
 import torch
 
-from ..fast_math import fast_math
-from ..hardware import capabilities
+from .._fast_math import fast_math
+from .._hardware import capabilities
 from ..levers import Effect
 from ..levers.lever_sets import baseline_levers
 from ..levers.registry import lever_spec

@@ -31,9 +31,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..fast_math import fast_math
+from .._fast_math import fast_math
+from .._status import tf32_status
 from ..levers.lever_sets import baseline_levers, with_baseline
-from ..status import tf32_status
 from .evidence import (
     FP32_MAX,
     Observation,
@@ -257,7 +257,7 @@ def cudnn_benchmark(ctx: Context, value: bool) -> Optional[Observation]:
 def _sdpa_inputs(ctx: Context) -> List[torch.Tensor]:
     dtype = torch.float32
     if ctx.cuda:
-        from ..hardware import capabilities
+        from .._hardware import capabilities
 
         dtype = torch.bfloat16 if capabilities(ctx.device).bf16 else torch.float16
     return inputs([SDPA_SHAPE[ctx.device.type]] * 3, ctx.device, dtype)

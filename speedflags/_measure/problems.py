@@ -19,7 +19,7 @@ from torch import nn
 from torch.amp.autocast_mode import autocast  # 2.1's stubs: not from torch or torch.amp
 from torch.optim.adamw import AdamW  # the defining module: 2.4's stubs do not re-export it
 
-from ..hardware import capabilities
+from .._hardware import capabilities
 from .accuracy import relative_error
 from .configs import Config
 from .timing import cache_bytes, rotation_sets

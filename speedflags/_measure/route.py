@@ -23,7 +23,7 @@ from typing import Any, Dict
 
 import torch
 
-from ..hardware import cpu_features
+from .._hardware import cpu_features
 from ..levers import Effect
 from ..levers.registry import lever_spec
 from . import probes

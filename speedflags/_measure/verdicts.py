@@ -10,11 +10,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .._hardware import DeviceLike, capabilities, cudnn_version_or_none, resolve_device
 from .._short_repr import short_repr
+from .._status import snapshot
 from ..errors import InvalidTypeError, InvalidValueError
-from ..hardware import DeviceLike, capabilities, cudnn_version_or_none, resolve_device
 from ..levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
-from ..status import snapshot
 from . import causes, probes
 from .lever_files import plain_value
 from .route import effect_here

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from ..hardware import capabilities
+from .._hardware import capabilities
 from .configs import Config
 
 # Re-exported (``X as X``): bench's runner, speedflags.bench and the tests import them here.

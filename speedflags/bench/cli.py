@@ -5,7 +5,7 @@ Exit status:
 - 0: done.
 - 1: a flag did not read as before the run afterwards.
 - 2: bad usage, refused before anything is measured, in one line naming the option
-  (:mod:`speedflags.cli.options` checks them all): an empty value, an unknown workload or
+  (:mod:`speedflags._cli.options` checks them all): an empty value, an unknown workload or
   device, ``--passes`` outside 1-100 or ``--rounds`` outside 1-1000, a ``--min-time`` that
   is negative, NaN or infinite, ``--threads`` above this machine's CPUs, a size whose
   workload would not fit in the device's memory, an output (``--json``, ``--plot``) in a
@@ -143,7 +143,7 @@ def _compare(paths: Tuple[str, str]) -> int:
 
 
 def command(args: argparse.Namespace) -> int:
-    """Run ``speedflags bench`` with arguments :func:`speedflags.cli.options.check` checked
+    """Run ``speedflags bench`` with arguments :func:`speedflags._cli.options.check` checked
     (``workloads``, ``size_list``, ``resolved_device`` and ``bench_file`` among them);
     return the exit status."""
     if args.compare:

@@ -20,11 +20,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
+from .._hardware import capabilities, cudnn_version_or_none
+from .._ledger.history import json_default
 from .._measure.output_paths import make_parent_folder
+from .._status import snapshot
 from .._version import __version__
-from ..flag_ledger.history import json_default
-from ..hardware import capabilities, cudnn_version_or_none
-from ..status import snapshot
 
 __all__ = ["FORMAT", "BenchRun", "Result", "environment"]
 

@@ -30,7 +30,7 @@ from .._measure.rounds import measure_rounds, warm_up
 from .._measure.timing import Timing, plan_calls, plan_rounds, synchronize, timer_for
 from .._measure.verdicts import recorded
 from .._measure.workloads import WORKLOADS, Problem, Runner, Workload
-from ..status import snapshot
+from .._status import snapshot
 from .results import BenchRun, Result, environment, gpu_state
 from .table import finish
 

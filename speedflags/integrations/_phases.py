@@ -15,14 +15,14 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
+from .._fast_math import FastMath
+from .._ledger.ledger import ledger
+from .._ledger.program import Frame
 from .._short_repr import short_repr
+from .._status import heal_tf32, tf32_status
 from .._warn import user_stacklevel
 from ..errors import InvalidTypeError, InvalidValueError, SpeedflagsError, SpeedflagsWarning
-from ..fast_math import FastMath
-from ..flag_ledger.ledger import ledger
-from ..flag_ledger.program import Frame
 from ..levers.registry import check_levers
-from ..status import heal_tf32, tf32_status
 
 __all__ = [
     "PhaseFrames",

@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 
+from .._hardware import capabilities
 from ..errors import InvalidTypeError, InvalidValueError
-from ..hardware import capabilities
 from ._base import Effect, SimpleLever
 
 AUTO = "auto"

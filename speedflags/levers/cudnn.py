@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch._C as torch_C
 
-from ..hardware import capabilities, cudnn_available
+from .._hardware import capabilities, cudnn_available
 from ._base import Effect, SimpleLever, validate_bool
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C

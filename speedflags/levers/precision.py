@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 import torch._ops
 
+from .._hardware import capabilities, cpu_features
 from ..errors import InvalidTypeError, InvalidValueError
-from ..hardware import capabilities, cpu_features
 from . import _fp32_model as family
 from ._base import Effect, SimpleLever, validate_bool, verified
 from ._fp32_mixed import require_consistent

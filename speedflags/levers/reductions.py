@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch._C as torch_C
 
-from ..hardware import capabilities
+from .._hardware import capabilities
 from ._base import Effect, SimpleLever, validate_bool, verified
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C

@@ -81,7 +81,7 @@ class LeverSpec:
             on some supported PyTorch, in words (empty: dynamo guards all of it, on every
             version). A graph traced under one state of such a lever would serve another,
             so compiled callables read these levers themselves
-            (:mod:`speedflags.compile.lever_state`; ``docs/compile.md``).
+            (:mod:`speedflags._compile.lever_state`; ``docs/compile.md``).
     """
 
     name: str

@@ -15,9 +15,9 @@ from typing import Any, Optional, Sequence, Tuple
 import torch
 import torch._C as torch_C
 
+from .._hardware import capabilities
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
-from ..hardware import capabilities
 from ._base import Effect, SimpleLever, verified
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
@@ -54,7 +54,7 @@ _SDPBACKEND_NAMES = {
 PRESENT = tuple(n for n in _ALL if hasattr(_C, _GETTERS[n]) and hasattr(_C, _SETTERS[n]))
 HAS_PRIORITY = hasattr(_C, "_get_sdp_priority_order") and hasattr(_C, "_set_sdp_priority_order")
 # The getters resolved once (None where absent): read() runs twice per frame, and once per call
-# of a compiled step (speedflags.compile.lever_state).
+# of a compiled step (speedflags._compile.lever_state).
 _READERS = tuple(getattr(_C, _GETTERS[n]) if n in PRESENT else None for n in _ALL)
 _read_order: Any = _C._get_sdp_priority_order if HAS_PRIORITY else None
 

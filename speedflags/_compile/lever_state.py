@@ -1,0 +1,66 @@
+"""The state of the levers ``torch.compile`` does not guard, read once per compiled call.
+
+Dynamo re-traces a frame when grad mode, autocast, deterministic algorithms and (on recent
+PyTorch) cuBLAS TF32 change, but not when the SDPA kernels or their order, cuDNN's flags,
+oneDNN's fp32 precision or fp16 accumulation change: a graph traced under one state of those
+would serve another (``docs/compile.md``). Which levers those are is the registry's word
+(:attr:`~speedflags.levers.registry.LeverSpec.dynamo_misses`), not a list kept here.
+
+:func:`lever_state` is what a guarded compiled call reads before it runs: every such lever's
+own ``read()``, one per piece of torch state (``tf32`` and ``matmul_precision`` share one), in
+a tuple that compares equal exactly when the state is the same. It costs a few microseconds
+(measured in ``benchmarks/test_compile_levers.py``; ``benchmarks/RESULTS.md``).
+
+Example:
+    >>> from speedflags._compile.lever_state import UNGUARDED, describe_state, lever_state
+    >>> [spec.name for spec in UNGUARDED]  # doctest: +NORMALIZE_WHITESPACE
+    ['tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'deterministic',
+     'reduced_precision_reduction']
+    >>> lever_state() == lever_state()
+    True
+    >>> describe_state(lever_state())["cudnn_benchmark"]
+    False
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Hashable, List, Tuple
+
+from ..levers._base import Lever
+from ..levers.registry import REGISTRY, LeverSpec
+
+__all__ = ["UNGUARDED", "LeverState", "describe_state", "lever_state"]
+
+#: The levers whose state dynamo does not (fully) guard, in registry order.
+UNGUARDED: Tuple[LeverSpec, ...] = tuple(spec for spec in REGISTRY if spec.dynamo_misses)
+
+LeverState = Tuple[Hashable, ...]
+
+
+def _by_domain() -> Tuple[Tuple[Callable[[], Hashable], Tuple[Tuple[str, Lever], ...]], ...]:
+    # One read per piece of torch state: tf32 and matmul_precision share the fp32 precision.
+    reads: Dict[str, Callable[[], Hashable]] = {}
+    levers: Dict[str, List[Tuple[str, Lever]]] = {}
+    for spec in UNGUARDED:
+        lever = spec.lever()
+        reads.setdefault(lever.domain, lever.read)
+        levers.setdefault(lever.domain, []).append((spec.name, lever))
+    return tuple((read, tuple(levers[domain])) for domain, read in reads.items())
+
+
+_DOMAINS = _by_domain()
+_READS: Tuple[Callable[[], Hashable], ...] = tuple(read for read, _ in _DOMAINS)
+
+
+def lever_state() -> LeverState:
+    """The state of every lever dynamo does not guard, now: equal when nothing changed."""
+    return tuple([read() for read in _READS])
+
+
+def describe_state(state: LeverState) -> Dict[str, Any]:
+    """A JSON-friendly view of a :func:`lever_state`, by lever name (for ``.stats``)."""
+    out: Dict[str, Any] = {}
+    for (_, levers), value in zip(_DOMAINS, state):
+        for name, lever in levers:
+            out[name] = lever.describe(value)
+    return out

@@ -1,0 +1,136 @@
+"""Callers interrupted around an enter or an exit: the one place that handles them.
+
+An exception (Ctrl-C, any exception a signal handler raises) can land in the caller of the
+ledger: after :meth:`FlagLedger.open <speedflags.FlagLedger.open>` returned but before the
+caller kept the frame, or after an exit began but before the ledger's close did. The ledger
+itself is whole either way (an open completed or rolled back; a close completed); what is
+left is a frame nobody holds. The frame API (:class:`~speedflags._ledger.scope.FrameScope`
+and the decorators of :mod:`.decorate`) handles it here, once:
+
+- an enter reads ``mark``, the id of the last frame opened, before it opens; interrupted,
+  it calls :func:`cancel_open`, which closes the frame its owner opened after ``mark``, if
+  any;
+- an exit interrupted before the ledger's close began calls :func:`finish_exit`, which
+  closes the owner's innermost frame unless it is closed already;
+- :func:`call_framed` runs a call inside a frame with both, and makes a close interrupted at
+  its first instruction again.
+
+Each of them ends in the loop that runs the :func:`~speedflags.signal_safe` handlers held
+back meanwhile (:func:`~speedflags._ledger.interrupts.deliver_pending`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+
+from ..errors import SpeedflagsError
+from .history import Where
+from .interrupts import PENDING, critical, deliver_pending
+
+if TYPE_CHECKING:
+    from .ledger import FlagLedger
+    from .program import Frame
+    from .scope import FrameScope
+
+__all__ = ["call_framed", "cancel_open", "close_innermost", "finish_exit"]
+
+
+@critical
+def close_innermost(ledger: FlagLedger, owner: object, where: Where = None) -> None:
+    """``ledger.close(ledger.innermost(owner), where)``: what an exit does (its caller, an
+    ``__exit__``, delivers the handlers held back)."""
+    frames = ledger._frames.get()
+    if frames:
+        frame = frames[-1]
+        if frame.owner is owner and not frame.closed:
+            return ledger.close(frame, where)
+    return ledger.close(ledger.innermost(owner), where)
+
+
+@critical
+def cancel_open(ledger: FlagLedger, owner: object, mark: int, where: Where = None) -> None:
+    """Close the frame this context opened for ``owner`` after frame id ``mark``, if any.
+
+    What an enter runs when an exception interrupts it between a successful open and its own
+    return: ``mark`` is the ledger's last frame id, read before the open. A
+    :func:`~speedflags.signal_safe` handler deferred in here (or by the failed open before it)
+    runs before it returns.
+    """
+    try:
+        frames = ledger._frames.get()
+        if frames:
+            frame = frames[-1]
+            if frame.owner is owner and frame.id > mark and not frame.closed:
+                ledger.close(frame, where)
+    finally:
+        while True:  # no check point after the last test: see deliver_pending
+            if not PENDING:
+                break
+            deliver_pending()
+
+
+@critical
+def finish_exit(ledger: FlagLedger, owner: object, where: Where = None) -> None:
+    """Close ``owner``'s innermost frame in this context if its exit never started.
+
+    What an exit runs when an exception (not the ledger's own error) interrupted it before
+    the ledger closed the frame. A frame of ``owner`` found closed first means the exit did
+    happen. (A scope nested directly in itself, whose outer exit is interrupted before it
+    starts, is left open: its inner frame, closed, is found first.)
+    """
+    try:
+        frame = _last_of(ledger._frames.get(), owner)
+        if frame is not None and not frame.closed:
+            ledger.close(frame, where)
+    finally:
+        while True:  # no check point after the last test: see deliver_pending
+            if not PENDING:
+                break
+            deliver_pending()
+
+
+def _last_of(frames: Tuple[Frame, ...], owner: object) -> Optional[Frame]:
+    # The innermost frame of ``owner``, closed or not. A function of its own: this loop inside
+    # finish_exit's try would be a hole in it on Python 3.13 (tests/test_exception_table_holes.py)
+    for frame in reversed(frames):
+        if frame.owner is owner:
+            return frame
+    return None
+
+
+def call_framed(
+    scope: FrameScope,
+    label: str,
+    func: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    where: Where,
+) -> Any:
+    """``func(*args, **kwargs)`` inside a frame of ``scope`` labelled ``label``: what every
+    decorated plain call runs.
+
+    An exception that lands between the ledger's open and the ``try``, or before the
+    ledger's close begins, is caught too: the frame opened is closed (``cancel_open``), and a
+    close interrupted before it began is made again.
+    """
+    the_ledger = scope.ledger
+    mark = the_ledger._last_id
+    frame = None
+    try:
+        frame = scope.open_frame(label, where)
+        return func(*args, **kwargs)
+    finally:
+        # frame None: the open failed, or an exception came between it and here
+        try:
+            if frame is None:
+                cancel_open(the_ledger, scope, mark, where)
+            else:
+                the_ledger.close(frame, where)
+        except SpeedflagsError:
+            raise
+        except BaseException:  # interrupted before the exit began: exit now
+            if frame is None:
+                cancel_open(the_ledger, scope, mark, where)
+            elif not frame.closed:
+                the_ledger.close(frame, where)
+            raise

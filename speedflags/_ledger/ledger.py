@@ -1,0 +1,400 @@
+"""The FlagLedger: every lever change goes through here, is recorded, and is undone exactly.
+
+A ledger is made of parts, each with its own state: :class:`~.stacks.FrameStacks` (the open
+frames, per domain and per context), :class:`~.history.History` (the records),
+:class:`~.paths.RarePaths` (roll-backs, buried exits, conflicts) and
+:class:`~.recovery.Recovery` (interrupted exits, threads that ended, fork). This module holds
+the hot path (open and close of a frame under one lock) and the public API; the context form
+of the frame API is :class:`~.scope.FrameScope`. ``docs/architecture.md`` ("The ledger").
+"""
+
+from __future__ import annotations
+
+import threading
+from asyncio import current_task as _current_task
+from asyncio.events import _get_running_loop
+from typing import Any, List, Optional
+
+from .._short_repr import short_repr
+from . import history as _history
+from . import notices as _notices
+from . import own_writes as _own_writes
+from .history import FlagRecord, History, Where
+from .history import to_json as _to_json
+from .interrupts import PENDING, critical, deliver_pending
+from .notices import Failure, Notice
+from .own_writes import _WRITING
+from .paths import RarePaths
+from .program import Frame, Levers, Program
+from .recovery import Recovery
+from .scope import FrameScope
+from .stacks import FrameStacks
+
+__all__ = ["FlagLedger", "ledger"]
+
+DEFAULT_HISTORY_SIZE = 4096
+_get_ident = threading.get_ident
+_current_thread = threading.current_thread
+
+
+class FlagLedger:
+    """Applies, records and restores lever changes for a process.
+
+    Use :func:`speedflags.ledger` for the process's ledger: the flags it guards are
+    process-wide, so all frames must go through one ledger. Scope: process; its operations
+    are thread-safe (one lock), thread-local levers (autocast) are kept per thread, and the
+    order in which frames must exit per thread and asyncio task. Closing a frame restores
+    each of its levers to the state it found, also when an exception (Ctrl-C) interrupts
+    the enter or the exit (``docs/architecture.md``, "Interrupts, signals and fork").
+
+    The frame API: ``frame = ledger.open(levers, label=...)`` ... ``frame.close()``, or
+    ``with ledger.frame(levers, label=...) as frame:`` (also ``start()``/``stop()``, ``@``),
+    ``levers`` being ``(lever, value)`` pairs (:class:`~speedflags.levers._base.Lever`).
+
+    Example:
+        >>> import speedflags
+        >>> from speedflags.levers import PROCESS_LEVERS
+        >>> the_ledger = speedflags.ledger()
+        >>> frame = the_ledger.open([(PROCESS_LEVERS["cudnn_benchmark"], True)], label="demo")
+        >>> frame.close()
+        >>> [(r.lever, r.action, r.label) for r in the_ledger.history[-2:]]
+        [('cudnn_benchmark', 'set', 'demo'), ('cudnn_benchmark', 'restore', 'demo')]
+
+    Args:
+        history_size: how many recent records ``history`` keeps (a ring: a training loop
+            that enters a frame every step must not grow memory).
+    """
+
+    def __init__(self, history_size: int = DEFAULT_HISTORY_SIZE) -> None:
+        if type(history_size) is not int or history_size <= 0:  # not a bool either
+            raise ValueError(f"history_size={short_repr(history_size)}: expected a positive int")
+        # Reentrant: a signal handler entering a block while its thread holds it is refused
+        # (LedgerReentryError) instead of waiting forever for itself. Taken with `with` only.
+        self._lock = threading.RLock()
+        self._table = FrameStacks(self._lock)
+        self._ring = History(history_size)
+        self._paths = RarePaths(self._table, self._ring)
+        self._recovery = Recovery(self._lock, self._table, self._ring, self._paths)
+        # the parts' containers, bound once for the hot path (the same objects)
+        self._stacks = self._table.stacks
+        self._open = self._table.open
+        self._frames = self._table.context
+        self._entries = self._ring.entries
+        self._threads = self._recovery.threads
+        self._gone = self._recovery.gone
+        self._last_id = 0  # the last frame's id: an interrupted enter finds its frame by it
+
+    # --- frames: the hot path --------------------------------------------------------------
+
+    @critical
+    def open(
+        self,
+        levers: Levers,
+        label: str = "",
+        where: Where = None,
+        owner: object = None,
+        device: Optional[str] = None,
+    ) -> Frame:
+        """Apply ``levers`` as one frame and return it; :meth:`Frame.close` restores them.
+
+        ``levers``: ``(lever, value[, reason])`` items, or a compiled
+        :class:`~speedflags._ledger.program.Program` (``fast_math``'s). ``owner`` is what
+        the frame is opened for (:meth:`innermost` finds it by that), ``where`` its
+        ``(file, line)``. Every state is read and checked before any write; a failure or an
+        interruption restores every lever applied: the frame opens whole or not at all.
+
+        Raises:
+            MixedTF32APIError: the TF32 APIs disagree (refused before any write).
+            LedgerReentryError: this thread is inside the ledger already (a signal handler).
+        """
+        program = levers if type(levers) is Program else Program.of(levers)
+        tid = _get_ident()
+        if tid in _WRITING:
+            self._recovery.reentered(label)
+        token = self._threads.get(tid)
+        if token is None:
+            token = self._recovery.thread_token(tid)
+        loop = _get_running_loop()
+        task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
+        frame = Frame(
+            label, owner, where, device, program, tid, _current_thread().name,
+            task, _history.rank_source(), token, self,
+        )  # fmt: skip
+        befores = frame.befores
+        afters = frame.afters
+        stacks = self._stacks
+        crowded = False  # a stack held entries already: look for conflicts
+        notices: Optional[List[Notice]] = None
+        try:
+            with self._lock:
+                _WRITING.add(tid)
+                watched = None
+                try:
+                    if self._gone:
+                        notices = self._recovery.drop_abandoned(where)
+                    # speedflags.watch(): a boundary where changes made around Python are found
+                    if _own_writes.WATCHER is not None:
+                        watched = _own_writes.enter(self, label, where)
+                    self._last_id = fid = frame.id = self._last_id + 1
+                    seen = program.seen
+                    for i, lever, check in program.reads:
+                        state = lever.read()
+                        # The same state as last time: pass on the object read then. Levers key
+                        # caches on states (the TF32 family's write plans); an object seen before
+                        # hashes and compares by identity, a fresh one of 12 strings costs ~0.5 µs.
+                        last = seen[i]
+                        if state == last:
+                            state = last
+                        else:
+                            seen[i] = state
+                        befores[i] = state
+                        if not check:  # not `if check:` last: a hole on Python 3.13 (see
+                            continue  # tests/test_exception_table_holes.py)
+                        lever.check(state)  # may refuse: nothing has changed yet
+                    for i, lever, value, p, key, domain in program.rows:
+                        before = befores[i] = befores[i] if p < 0 else afters[p]
+                        if key is None:
+                            key = (domain, tid)
+                        stack = stacks.get(key)
+                        if stack is None:
+                            stack = self._table.new_stack(key)
+                        elif stack:
+                            crowded = True
+                        # Counted, then pushed, then written: a roll-back after any of the three
+                        # restores (a no-op before the write), and unlinks what was pushed.
+                        frame.applied = i + 1
+                        stack.append((frame, i))
+                        afters[i] = lever.apply(value, before)
+                    self._ring.opened(frame, where)
+                    self._open[fid] = frame
+                    if crowded:
+                        conflicts = self._paths.conflicts(frame)
+                        if conflicts:
+                            notices = conflicts if notices is None else notices + conflicts
+                    self._table.push(frame)
+                    if watched is not None:
+                        watched.__exit__(None, None, None)
+                except BaseException as exc:  # a failure, or an exception that interrupted us
+                    error = self._paths.abort_open(frame, exc, where, watched)
+                    if error is not None:
+                        raise error  # noqa: B904 - its cause is set
+                    raise
+                finally:
+                    _WRITING.discard(tid)
+        except BaseException:  # refused, failed or interrupted: rolled back, lock released
+            # signal_safe handlers deferred while entering run now: an interrupt reaches the
+            # program on the refusal's way out (or instead of it)
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
+                deliver_pending()
+            raise
+        if not (notices or PENDING):  # no jump taken on the way out (see deliver_pending)
+            return frame
+        try:
+            if notices:
+                _notices.speak(notices)
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
+                deliver_pending()
+        except BaseException:  # a warning turned into an error, or a handler's exception:
+            self.close(frame, where)  # nothing stays entered
+            raise
+        return frame
+
+    @critical
+    def close(self, frame: Frame, where: Where = None) -> None:
+        """Restore every lever of ``frame`` (in reverse order, trying each one) and close it.
+
+        Warnings (drift) and errors come once every lever is restored and the lock released;
+        an interruption (Ctrl-C) is raised once the exit is done.
+
+        Raises:
+            LedgerOrderError: the frame is closed already, another thread's, or not the
+                innermost of this thread or task (then closed all the same).
+            RestoreError: several levers could not be restored (one failure: raised as is).
+            LedgerReentryError: this thread is inside the ledger already (a signal handler).
+        """
+        tid = _get_ident()
+        if tid in _WRITING:
+            self._recovery.reentered(frame.label)
+        failures: Optional[List[Failure]] = None
+        notices: Optional[List[Notice]] = None
+        pending: Optional[BaseException] = None  # an interruption, raised once the exit is done
+        with self._lock:
+            if frame.closed or frame.thread_id != tid:
+                raise self._recovery.not_closable(frame)
+            _WRITING.add(tid)
+            watched = None
+            program = frame.program
+            n = frame.applied
+            found: List[Any] = [None] * n
+            restored: List[Any] = [None] * n
+            notes: Optional[List[str]] = None
+            try:
+                if self._gone:
+                    notices = self._recovery.drop_abandoned(where)
+                if _own_writes.WATCHER is not None:
+                    watched = _own_writes.enter(self, frame.label, where)
+                befores = frame.befores
+                afters = frame.afters
+                stacks = self._stacks
+                rows = program.rows
+                for k in range(n - 1, -1, -1):
+                    i, lever, _, _, key, domain = rows[k]
+                    try:
+                        if key is None:
+                            key = (domain, tid)
+                        stack = stacks[key]
+                        top = stack[-1]
+                        current = lever.read()
+                        after = afters[i]
+                        if current == after:
+                            current = after  # the object the lever returned: cheap in its caches
+                        found[i] = current
+                        if top[0] is frame and top[1] == i:
+                            stack.pop()  # an emptied stack stays for the next frame (_new_stack)
+                            before = befores[i]
+                            restored[i] = (
+                                lever.restore(before, current) if current != before else current
+                            )
+                            if current is not after:
+                                notes, notices = self._paths.drifted(frame, i, current, notes,
+                                                                     notices)  # fmt: skip
+                        else:  # under later frames (or off its stack: an interrupted exit's)
+                            notes, notices = self._paths.buried(frame, i, where, restored, notes,
+                                                                notices)  # fmt: skip
+                    except BaseException as exc:  # every lever is restored even if one fails
+                        notes, failures, pending = self._recovery.restore_again(
+                            frame, i, exc, where, found, restored, notes, failures, pending
+                        )
+                frame.closed = True
+                frame.task = None  # a frame kept by the caller must not keep its task alive
+                self._open.pop(frame.id, None)
+                self._ring.closed(frame, where, found, restored, notes)
+                if watched is not None:
+                    watched.__exit__(None, None, None)
+            except BaseException as exc:  # interrupted in the bookkeeping: finish it first
+                self._recovery.finish_close(frame, where, found, restored, notes, watched)
+                pending = pending or exc
+            finally:
+                _WRITING.discard(tid)
+        # This context's innermost frame, past those closed already. If it is ``frame``,
+        # ``frame`` stays in the tuple, closed, until the next open() drops it: one
+        # ContextVar.set per frame instead of two (each allocates; ~0.2 µs a frame).
+        frames = self._frames.get()
+        k = len(frames) - 1
+        while k >= 0 and frames[k] is not frame and frames[k].closed:
+            k -= 1
+        innermost: Optional[Frame] = None
+        if k < 0 or frames[k] is not frame:
+            innermost = self._table.leave_context(frames, frame)
+        try:
+            if notices or failures or innermost is not None or pending is not None:
+                error = _notices.close_error(frame, innermost, failures or (), restored)
+                _notices.speak(notices, pending or error)
+        finally:  # signal_safe handlers that came while exiting
+            while True:  # no check point after the last test: see deliver_pending
+                if not PENDING:
+                    break
+                deliver_pending()
+
+    def frame(self, levers: Levers, *, label: str = "", device: Optional[str] = None) -> FrameScope:
+        """``levers`` as a reusable scope on this ledger (:class:`~.scope.FrameScope`):
+        ``with``, ``async with``, ``start()``/``stop()``, or ``@scope`` on a function.
+
+        Example:
+            >>> import torch, speedflags
+            >>> from speedflags.levers import PROCESS_LEVERS
+            >>> with speedflags.ledger().frame([(PROCESS_LEVERS["cudnn_benchmark"], True)]):
+            ...     torch.backends.cudnn.benchmark
+            True
+        """
+        return FrameScope(levers, label=label, device=device, ledger=self)
+
+    @property
+    def history(self) -> tuple[FlagRecord, ...]:
+        """The most recent records (at most ``history_size``), oldest first (a copy)."""
+        with self._lock:
+            return self._ring.records()
+
+    def clear_history(self) -> None:
+        """Forget the recorded history (open frames and their restore data are kept)."""
+        with self._lock:
+            self._ring.clear()
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        """The history as JSON, with the PyTorch and speedflags versions and the process id."""
+        return _to_json(self.history, indent)
+
+    def note(
+        self,
+        lever: str,
+        action: str,
+        reason: str,
+        *,
+        before: Any = None,
+        after: Any = None,
+        label: str = "",
+        where: Where = None,
+    ) -> FlagRecord:
+        """Append an event that is not a frame (a heal, a compile fallback, a write seen by
+        ``watch``) to the history, with this thread's name and the process's rank."""
+        with self._lock:
+            return self._ring.note(lever, action, reason, before, after, label, where)
+
+    def open_frames(self) -> tuple[Frame, ...]:
+        """Every frame open now, in all threads and tasks, in order of entry."""
+        with self._lock:
+            return tuple(self._open.values())
+
+    def innermost(self, owner: object) -> Frame:
+        """The innermost open frame entered through ``owner`` in this task (or thread).
+
+        Raises:
+            LedgerOrderError: ``owner`` has no open frame here.
+        """
+        return self._table.innermost(owner)
+
+    @property
+    def lock(self) -> Any:
+        """The ledger's (reentrant) lock: held, no other thread opens or closes a frame.
+        Take it with ``with`` only, around writes to torch state outside a frame:
+
+        Example:
+            >>> import speedflags
+            >>> the_ledger = speedflags.ledger()
+            >>> with the_ledger.lock, the_ledger.section("my repair"):
+            ...     pass  # writes here are speedflags' own to watch()
+        """
+        return self._lock
+
+    def section(self, label: str, where: Where = None) -> Any:
+        """Around speedflags' own writes outside a frame (holding :attr:`lock`): ``watch()``
+        takes them as speedflags' own and reports changes found before it."""
+        return _own_writes.section(self, label, where)
+
+    def __repr__(self) -> str:
+        return f"<FlagLedger: {len(self._ring)} entries, {len(self.open_frames())} open frames>"
+
+    def _forget_frames(self) -> None:
+        # For tests that left frames open: drop them everywhere, restoring nothing.
+        with self._lock:
+            self._table.forget()
+
+
+_PROCESS_LEDGER = FlagLedger()
+
+
+def ledger() -> FlagLedger:
+    """The process's :class:`FlagLedger` (all speedflags frames go through it).
+
+    Scope: process. Reading it changes nothing.
+
+    Example:
+        >>> import speedflags
+        >>> speedflags.ledger() is speedflags.ledger()
+        True
+    """
+    return _PROCESS_LEDGER

@@ -1,0 +1,240 @@
+"""What the ledger runs: compiled Programs and the Frames they open."""
+
+from __future__ import annotations
+
+import sys
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Hashable,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
+
+from .._short_repr import short_repr
+from ..errors import InvalidTypeError
+from ..levers._base import Lever
+from .history import Where, format_where, lever_key
+
+if TYPE_CHECKING:
+    from .ledger import FlagLedger
+
+LeverItem = Tuple[Lever, Any, str]  # (lever, requested value, reason to record)
+# What FlagLedger.open and FlagLedger.frame take: a Program, or (lever, value) and
+# (lever, value, reason) items
+Levers = Union["Program", Iterable[Union[Tuple[Lever, Any], Tuple[Lever, Any, str]]]]
+
+
+class Program:
+    """A frame's levers, compiled once: what the ledger needs on every enter and exit.
+
+    ``@speedup`` enters and exits a frame every training step, so everything that depends
+    only on the levers (domains, stack keys, hooks, which states to read) is worked out here.
+
+    Example:
+        >>> from speedflags._ledger.program import Program
+        >>> from speedflags.levers import PROCESS_LEVERS
+        >>> Program([(PROCESS_LEVERS["cudnn_benchmark"], True, "")]).domains
+        ('cudnn_benchmark',)
+    """
+
+    __slots__ = (
+        "checks",
+        "domains",
+        "keys",
+        "lever_keys",
+        "levers",
+        "n",
+        "prev",
+        "reads",
+        "reasons",
+        "rows",
+        "seen",
+        "skipped",
+        "values",
+    )
+
+    def __init__(self, items: Sequence[LeverItem], skipped: Sequence[Tuple[str, str]] = ()):
+        self.levers: Tuple[Lever, ...] = tuple(lever for lever, _, _ in items)
+        self.lever_keys: Tuple[str, ...] = tuple(lever_key(lever) for lever in self.levers)
+        self.values: Tuple[Any, ...] = tuple(value for _, value, _ in items)
+        self.reasons: Tuple[str, ...] = tuple(reason for _, _, reason in items)
+        self.domains: Tuple[str, ...] = tuple(lever.domain for lever in self.levers)
+        # process-wide stacks are keyed by domain; thread-local ones by (domain, thread)
+        self.keys: Tuple[Optional[str], ...] = tuple(
+            None if lever.scope == "thread" else lever.domain for lever in self.levers
+        )
+        # index of the previous lever of the same domain (it hands over its state), or -1
+        self.prev: Tuple[int, ...] = tuple(
+            max((j for j in range(i) if self.domains[j] == self.domains[i]), default=-1)
+            for i in range(len(self.levers))
+        )
+        self.checks: Tuple[bool, ...] = tuple(
+            bool(getattr(lever, "checks_state", True)) for lever in self.levers
+        )
+        self.skipped: Tuple[Tuple[str, str], ...] = tuple(skipped)
+        self.n = len(self.levers)
+        # What open() iterates over, precomputed: (index, lever, value, prev, key, domain)
+        self.rows = tuple(
+            zip(range(self.n), self.levers, self.values, self.prev, self.keys, self.domains)
+        )
+        # The levers whose state must be read (first of their domain), and whether to check it
+        self.reads = tuple(
+            (i, self.levers[i], self.checks[i]) for i in range(self.n) if self.prev[i] < 0
+        )
+        # The last state read for each of them (see FlagLedger.open)
+        self.seen: List[Any] = [None] * self.n
+
+    @classmethod
+    def of(cls, levers: Levers) -> Program:
+        """``levers`` as a Program: itself if it is one, else compiled from its items,
+        ``(lever, value)`` or ``(lever, value, reason)``, in the order they are applied.
+
+        Example:
+            >>> from speedflags._ledger.program import Program
+            >>> from speedflags.levers import PROCESS_LEVERS
+            >>> Program.of([(PROCESS_LEVERS["cudnn_benchmark"], True)]).reasons
+            ('',)
+        """
+        if isinstance(levers, Program):
+            return levers
+        items: List[LeverItem] = []
+        for item in cast(Iterable[object], levers):  # what a user passed: checked
+            if not isinstance(item, tuple) or len(item) not in (2, 3):
+                raise InvalidTypeError(
+                    f"levers: expected (lever, value) or (lever, value, reason) tuples, got "
+                    f"{short_repr(item)}"
+                )
+            items.append((item[0], item[1], item[2] if len(item) == 3 else ""))
+        return cls(items)
+
+
+class Frame:
+    """One ``fast_math`` block or decorated call, as the ledger sees it.
+
+    ``with fast_math(...) as frame:`` binds it, and :meth:`FlagLedger.open
+    <speedflags.FlagLedger.open>` returns it. Attributes: ``id``, ``label``, ``device``
+    (the device the levers were resolved for), ``levers`` (names, in application order),
+    ``values`` (what each lever was set to, after ``"auto"`` resolution), ``thread`` (the
+    thread's name), ``rank`` (the process's ``torch.distributed`` rank, ``None`` without a
+    process group), ``where``, ``closed`` and ``ledger`` (the ledger it was opened on).
+    :meth:`close` restores what it found.
+
+    Example:
+        >>> import speedflags
+        >>> with speedflags.fast_math(cudnn_benchmark=True, label="demo") as frame:
+        ...     frame.label, frame.levers, frame.values, frame.closed
+        ('demo', ('cudnn_benchmark',), {'cudnn_benchmark': True}, False)
+        >>> frame.closed
+        True
+    """
+
+    __slots__ = (
+        "_where",
+        "afters",
+        "applied",
+        "befores",
+        "closed",
+        "device",
+        "id",
+        "label",
+        "ledger",
+        "owner",
+        "program",
+        "rank",
+        "task",
+        "thread",
+        "thread_id",
+        "token",
+    )
+
+    def __init__(
+        self,
+        label: str,
+        owner: object,
+        where: Where,
+        device: Optional[str],
+        program: Program,
+        thread_id: int,
+        thread: str,
+        task: object,
+        rank: Optional[int],
+        token: int,
+        ledger: FlagLedger,
+    ) -> None:
+        self.id = 0  # given by the ledger when the frame opens
+        self.ledger = ledger
+        self.label = label
+        self.owner = owner
+        self.thread_id = thread_id
+        self.thread = thread
+        self.token = token  # the thread's token in the ledger: dropped if the thread ends
+        self.task = task  # the asyncio task that entered it, or None
+        self._where = where
+        self.device = device
+        self.closed = False
+        self.program = program
+        self.rank = rank
+        n = program.n
+        self.befores: List[Any] = [None] * n
+        self.afters: List[Any] = [None] * n
+        self.applied = 0
+
+    def close(self, where: Where = None) -> None:
+        """Restore every lever this frame set to the state it found, and close it:
+        ``frame.ledger.close(frame, where)`` (see :meth:`speedflags.FlagLedger.close`).
+        ``where`` (``(file, line)``) defaults to the caller's line.
+
+        Example:
+            >>> import speedflags
+            >>> from speedflags.levers import PROCESS_LEVERS
+            >>> frame = speedflags.ledger().open([(PROCESS_LEVERS["cudnn_benchmark"], True)])
+            >>> frame.close()
+            >>> frame.closed
+            True
+        """
+        if where is None:
+            caller = sys._getframe(1)
+            where = (caller.f_code.co_filename, caller.f_lineno)
+        self.ledger.close(self, where)
+
+    def key(self, i: int) -> Hashable:
+        """The stack key of lever ``i``: its domain, or (domain, thread) if thread-local."""
+        key = self.program.keys[i]
+        return (self.program.domains[i], self.thread_id) if key is None else key
+
+    @property
+    def where(self) -> str:
+        return format_where(self._where)
+
+    @property
+    def levers(self) -> tuple[str, ...]:
+        return tuple(lever.name for lever in self.program.levers[: self.applied])
+
+    @property
+    def values(self) -> dict[str, Any]:
+        program = self.program
+        return {
+            program.levers[i].name: program.levers[i].describe_value(program.values[i])
+            for i in range(self.applied)
+        }
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (
+            f"<Frame {self.id} {short_repr(self.label)} {state} at {self.where} in {self.thread}>"
+        )
+
+
+def without_closed(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:
+    """``frames`` less the closed frames at its end (those close() leaves in a context's
+    tuple). A function of its own: a ``while`` loop inside the ledger's open() would be a hole
+    in its ``try`` on Python 3.13 (tests/test_exception_table_holes.py)."""
+    while frames and frames[-1].closed:
+        frames = frames[:-1]
+    return frames

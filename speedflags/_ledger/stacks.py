@@ -1,0 +1,166 @@
+"""The frames open now, a part of :class:`~speedflags.FlagLedger`: every open frame, the
+stack of each domain, and the open frames of each context.
+
+Stacks. For each piece of torch state (a lever *domain*) the ledger keeps a stack of the
+open frames that set it, each with the state it found. Process-wide domains have one stack;
+thread-local ones (autocast) one per thread. Closing the top entry restores the state it
+found. Closing an entry below others (a frame of another thread that exits first, or an
+out-of-order exit) restores the state it found and then re-applies the entries above it, so
+every frame still open keeps what it asked for.
+
+Contexts. Which frames are open, and in which order they must exit, is kept per
+``contextvars`` context: each thread, and each asyncio task, has its own tuple of open
+frames (a task created inside a block starts from a copy, and never changes its parent's).
+The tuple is immutable and set anew by each open, so a task inherits a snapshot.
+
+Everything here runs with the ledger's lock held, but :meth:`FrameStacks.find` and
+:meth:`FrameStacks.leave_context`, which touch only the calling context (and take the lock to
+look at other contexts of the thread).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextvars import ContextVar
+from typing import Any, Dict, Hashable, List, Optional, Tuple
+
+from .._short_repr import short_repr
+from ..errors import LedgerOrderError
+from .program import Frame, without_closed
+
+_KEEP_STACKS = 64
+Stack = List[Tuple[Frame, int]]
+
+
+class FrameStacks:
+    """The frames open now: by id (``open``), per domain (``stacks``) and per context
+    (``context``). A part of :class:`~speedflags.FlagLedger`; the ledger's hot path binds
+    these containers once.
+
+    Example:
+        >>> import speedflags
+        >>> from speedflags._ledger.stacks import FrameStacks
+        >>> frames = FrameStacks(speedflags.ledger().lock)
+        >>> frames.find(object()) is None  # no frame open for it here
+        True
+    """
+
+    __slots__ = ("context", "lock", "open", "stacks")
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock  # the ledger's (a threading.RLock)
+        # domain -> [(frame, index)] (process scope); (domain, thread id) -> ... (thread scope)
+        self.stacks: Dict[Hashable, Stack] = {}
+        # every open frame, of every thread and context, by id (so in order of entry)
+        self.open: Dict[int, Frame] = {}
+        # the open frames of the current context (thread or asyncio task), innermost last,
+        # and on top of them maybe frames closed since (skipped; dropped by the next open)
+        self.context: ContextVar[Tuple[Frame, ...]] = ContextVar(
+            f"speedflags_frames_{id(self):x}", default=()
+        )
+
+    # --- stacks -------------------------------------------------------------------------
+
+    def new_stack(self, key: Hashable) -> Stack:
+        """A new, empty stack for ``key``.
+
+        Emptied stacks are kept: dropping a thread's autocast stack at every exit and making
+        it again at the next entry cost ~0.25 µs a frame. Those of threads gone are dropped
+        here, once the stacks that are kept outnumber ``_KEEP_STACKS``.
+        """
+        stacks = self.stacks
+        if len(stacks) >= _KEEP_STACKS:
+            for old in [k for k, stack in stacks.items() if not stack and isinstance(k, tuple)]:
+                del stacks[old]
+        stack: Stack = []
+        stacks[key] = stack
+        return stack
+
+    def unlink(self, frame: Frame, i: int) -> None:
+        """Take lever ``i`` of ``frame`` off its stack, if it is there."""
+        stack = self.stacks.get(frame.key(i))
+        if stack is None:
+            return
+        for j in range(len(stack) - 1, -1, -1):
+            entry = stack[j]
+            if entry[0] is frame and entry[1] == i:
+                del stack[j]
+                break
+
+    def drop_stale(self, stack: Stack, frame: Frame) -> None:
+        """Drop the entries of frames that are not open (a roll-back cut short by a second
+        interrupt from a plain signal handler): nothing holds them, and nothing must be
+        re-applied from them."""
+        opened = self.open
+        stack[:] = [entry for entry in stack if entry[0] is frame or entry[0].id in opened]
+
+    def on_a_stack(self, frame: Frame, i: int) -> bool:
+        """Whether lever ``i`` of ``frame`` is still on its stack."""
+        return any(f is frame and k == i for f, k in self.stacks.get(frame.key(i)) or ())
+
+    def forget(self) -> None:
+        """Drop every frame everywhere, restoring nothing (for tests that left frames open)."""
+        for frame in self.open.values():
+            frame.closed = True
+        self.open.clear()
+        self.stacks.clear()
+        self.context.set(())
+
+    # --- contexts -----------------------------------------------------------------------
+
+    def find(self, owner: object) -> Optional[Frame]:
+        """The innermost open frame entered through ``owner`` in this context, else in
+        another context of this thread (a fixture set up in one asyncio task and torn down
+        in another, a ``with`` around a generator's ``yield`` closed by another consumer)."""
+        for frame in reversed(self.context.get()):
+            if frame.owner is owner and not frame.closed:
+                return frame
+        tid = threading.get_ident()
+        with self.lock:
+            frames = tuple(self.open.values())
+        mine = [f for f in frames if f.owner is owner and f.thread_id == tid]
+        return mine[-1] if mine else None
+
+    def innermost(self, owner: object) -> Frame:
+        """:meth:`find`, or ``LedgerOrderError`` saying why ``owner`` has no open frame."""
+        frame = self.find(owner)
+        if frame is not None:
+            return frame
+        # closed frames stay in the context's tuple until the next open drops them
+        exited = next((f for f in reversed(self.context.get()) if f.owner is owner), None)
+        if exited is not None:
+            raise LedgerOrderError(
+                f"{short_repr(owner)} is exited again: its frame {short_repr(exited.label)} "
+                f"(entered at {exited.where} in this thread) was exited already; each block "
+                "exits once"
+            )
+        raise LedgerOrderError(
+            f"{short_repr(owner)} is exited but has no open frame in this thread: it was not "
+            "entered here, or was exited already (each 'with' must exit once, in the thread "
+            "that entered it)"
+        )
+
+    def push(self, frame: Frame) -> None:
+        """Make ``frame`` this context's innermost (dropping frames closed on top)."""
+        context = self.context
+        frames = context.get()
+        if frames and frames[-1].closed:  # the common case: close() left one there
+            frames = frames[:-1]
+            if frames and frames[-1].closed:
+                frames = without_closed(frames)
+        context.set(frames + (frame,))  # noqa: RUF005
+
+    def leave_context(self, frames: Tuple[Frame, ...], frame: Frame) -> Optional[Frame]:
+        """``frame`` (closed now) is not this context's innermost: drop it, and frames closed
+        from other contexts; return the innermost frame still open above it, if any."""
+        if frame not in frames:  # entered in another context of this thread
+            return None
+        later = [f for f in frames[frames.index(frame) + 1 :] if not f.closed]
+        self.context.set(tuple(f for f in frames if not f.closed))
+        return later[-1] if later else None
+
+    def leave(self, frame: Frame) -> None:
+        """Take ``frame`` (whose enter was rolled back) off the top of this context."""
+        frames = self.context.get()
+        if frames and frames[-1] is frame:
+            self.context.set(frames[:-1])

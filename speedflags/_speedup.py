@@ -1,0 +1,272 @@
+"""``@speedup``: the levers of ``fast_math`` around every call of a train (or eval) step,
+with optional ``torch.compile`` that falls back to eager instead of breaking the step, and
+optional ``torch.inference_mode``.
+
+The levers go through the same ledger frames as ``fast_math`` (one frame per call, restored
+exactly, recorded); compiling is :mod:`speedflags._compile.guarded`'s job.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar, Union, overload
+
+import torch
+
+from ._fast_math import FastMath
+from ._fast_math.in_graph import step_in_graph
+from ._hardware import DeviceLike
+from ._ledger.decorate import decorate
+from ._short_repr import short_repr
+from .errors import InvalidTypeError, InvalidValueError
+from .levers.lever_sets import document_levers
+from .levers.registry import shown_levers
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from ._compile.guarded import GuardedCompile
+    from ._speedup_stats import SpeedupStats
+    from .levers.arguments import LeverArgs
+
+__all__ = ["speedup"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Speedup:
+    """A validated ``speedup(...)``: call it on a function to decorate it."""
+
+    __slots__ = ("_compile", "_fast", "_inference", "_label")
+
+    def __init__(
+        self,
+        levers: LeverArgs,
+        device: DeviceLike,
+        strict: bool,
+        compile: object,
+        inference: object,
+        check_ranks: object = False,
+    ) -> None:
+        from ._compile.options import compile_options  # local: not loaded by import speedflags
+
+        options = compile_options(compile)
+        if not isinstance(inference, bool):
+            raise InvalidTypeError(
+                f"speedup(inference={short_repr(inference)}): expected True or False, "
+                f"got {type(inference).__name__}"
+            )
+        shown = shown_levers(levers)
+        if device is not None:
+            shown.append(f"device={str(device)!r}")
+        if strict is True:
+            shown.append("strict=True")
+        if options is not None:
+            shown.append(f"compile={compile!r}")
+        if inference:
+            shown.append("inference=True")
+        if check_ranks is True:
+            shown.append("check_ranks=True")
+        self._label = f"speedup({', '.join(shown)})"
+        try:
+            self._fast = FastMath(
+                **levers,
+                device=device,
+                strict=strict,
+                label=self._label,
+                check_ranks=check_ranks,  # type: ignore[arg-type]  # FastMath validates it
+            )
+        except (InvalidValueError, InvalidTypeError) as exc:
+            # FastMath names the argument and its valid values; say which call it was.
+            message = str(exc)
+            if message.startswith("fast_math("):
+                message = "speedup(" + message[len("fast_math(") :]
+            raise type(exc)(message) from None
+        self._compile = options
+        self._inference = inference
+
+    def __repr__(self) -> str:
+        return f"<speedflags {self._label}>"
+
+    def __call__(self, func: F) -> F:
+        if isinstance(func, (staticmethod, classmethod)):
+            return type(func)(self(func.__func__))
+        if isinstance(func, type) or not callable(func):
+            return decorate(func, self._fast, "speedup", "")  # raises its usual error
+        label = f"{getattr(func, '__qualname__', repr(func))}: {self._label}"
+        plain = not (
+            inspect.isgeneratorfunction(func)
+            or inspect.iscoroutinefunction(func)
+            or inspect.isasyncgenfunction(func)
+        )
+        guarded: Optional[GuardedCompile] = None
+        if self._compile is not None:
+            if not plain:
+                raise InvalidTypeError(
+                    f"speedup(compile=...) cannot compile {func.__qualname__!r}: torch.compile "
+                    "compiles plain functions, not generator or coroutine functions; compile "
+                    "the function it calls, or leave compile out"
+                )
+            from ._compile.guarded import GuardedCompile  # local: compile/ loads with compile=
+
+            guarded = GuardedCompile(func, self._compile, label)
+        from ._speedup_stats import SpeedupStats  # local: loaded with the first @speedup step
+
+        stats = SpeedupStats(self._fast, guarded, self._inference)
+        if plain:
+            wrapper = self._plain(func, guarded, label, stats)
+        else:
+            wrapper = self._stepped(func, label, stats)
+        wrapper.stats = stats  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    def _plain(
+        self,
+        func: Callable[..., Any],
+        guarded: Optional[GuardedCompile],
+        label: str,
+        stats: SpeedupStats,
+    ) -> Callable[..., Any]:
+        # The hot path: one frame per call (FastMath.open_frame: the plan, the ledger frame
+        # and check_ranks at the first entry), the same wrapper as @fast_math's.
+        target: Callable[..., Any] = func if guarded is None else guarded
+        if self._inference:
+            target = _in_inference_mode(target)
+        fast = self._fast
+        in_graph = step_in_graph(fast, label, target, stats, func)  # inside torch.compile
+        return decorate(func, fast, "speedup", label, in_graph=in_graph, call=target,
+                        counter=stats)  # fmt: skip
+
+    def _stepped(self, func: Callable[..., Any], label: str, stats: SpeedupStats) -> Any:
+        # Generators and coroutines: the levers (and inference mode) hold per step.
+        guard = _inference_guard if self._inference else None
+        return decorate(func, self._fast, "speedup", label, step_guard=guard, counter=stats)
+
+
+# torch._C's guard is entered and exited in C: no interruption can land between the mode's
+# change and the with statement's hold on it, as one can in torch.inference_mode's Python
+# __enter__ and __exit__ (docs/architecture.md, "Interrupts, signals and fork").
+_C_INFERENCE_MODE: Any = getattr(torch._C, "_InferenceMode", None)  # type: ignore[attr-defined, unused-ignore]
+
+
+def _inference_guard() -> Any:
+    """A context manager that turns inference mode on (for this thread) and back off."""
+    if _C_INFERENCE_MODE is None:  # pragma: no cover - every supported PyTorch has it
+        return torch.inference_mode()
+    return _C_INFERENCE_MODE(True)
+
+
+def _in_inference_mode(func: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _inference_guard():
+            return func(*args, **kwargs)
+
+    return run
+
+
+@overload
+def speedup(func: F, /) -> F: ...
+
+
+@overload
+def speedup(
+    *,
+    device: DeviceLike = ...,
+    strict: bool = ...,
+    compile: Union[bool, Dict[str, Any]] = ...,
+    inference: bool = ...,
+    check_ranks: bool = ...,
+    **levers: Unpack[LeverArgs],
+) -> Callable[[F], F]: ...
+
+
+def speedup(
+    func: Optional[Callable[..., Any]] = None,
+    /,
+    *,
+    device: DeviceLike = None,
+    strict: bool = False,
+    compile: Union[bool, Dict[str, Any]] = False,
+    inference: bool = False,
+    check_ranks: bool = False,
+    **levers: Unpack[LeverArgs],
+) -> Any:
+    """Decorate a train (or eval) step: fast paths on for every call, restored after it.
+
+    A bare ``@speedup``, or one given no lever argument (``@speedup(compile=True)``),
+    applies the device's recommended levers: the same table as a bare ``fast_math()`` (see
+    :func:`speedflags.recommended`); pass ``amp=False`` and the like to keep a lever off.
+    The lever arguments are ``fast_math``'s and mean the same; each call opens one ledger
+    frame, exactly as ``@fast_math`` does, and restores every lever when the call returns
+    or raises.
+
+    Args:
+        **levers, device, strict: as in :func:`speedflags.fast_math` (one keyword per
+            lever of the registry; the "Levers" section below).
+        compile: ``True``, or a dict of ``torch.compile`` options (``mode``, ``dynamic``,
+            ``fullgraph``, ``backend``, ``options``, ...). Compiled lazily at the first
+            call, once per function (methods share one artefact) and state of the levers
+            dynamo does not guard (SDPA, cuDNN, oneDNN: ``docs/compile.md``). If the compiler stack
+            (dynamo, AOT autograd, inductor, the backend) fails, at the first call, at a
+            later recompile or for the backward graph, the call still completes eagerly
+            with nothing run twice, a :class:`~speedflags.CompileFallbackWarning` is
+            emitted once (and logged to the ``speedflags`` logger), the ledger's history
+            records it, and later calls run eagerly without retrying. The step's own
+            errors are not compiler failures, even where dynamo meets them first (a shape
+            mismatch): each call raises what the step raises without compile, unchanged,
+            and the function stays compiled. No compiler setting outlives the call.
+        inference: run each call under ``torch.inference_mode()``.
+        check_ranks: at the first call made while a ``torch.distributed`` process group
+            exists, after the levers are applied, check that every rank runs with the same
+            flags (:func:`speedflags.check_ranks`); a mismatch restores the call's levers and
+            raises :class:`~speedflags.RankMismatchError` on every rank. Checked once.
+
+    Returns:
+        The decorated function (``functools.wraps`` metadata, ``__wrapped__`` is the
+        original) with a live :class:`SpeedupStats` as ``.stats``; or, called with
+        arguments only, the decorator.
+
+    Raises:
+        InvalidValueError, InvalidTypeError: at decoration, for a bad argument, before any
+            torch state is touched (a ``compile`` backend name is checked against
+            dynamo's registry; a bad ``mode`` is reported by torch at the first call,
+            as a fallback).
+
+    Scope: as ``fast_math``: ``amp`` is thread-local, the other levers process-wide, each
+    for the duration of a call. Restores every lever after every call, also when it
+    raises; the compiler settings it needs (``suppress_errors`` for the call,
+    ``force_non_lazy_backward_lowering`` while a graph compiles) are thread-local and put
+    back too.
+
+    Example:
+        >>> import torch, speedflags
+        >>> @speedflags.speedup(amp="bf16", device="cpu")
+        ... def step(x):
+        ...     return (x @ x).dtype
+        >>> step(torch.ones(2, 2))
+        torch.bfloat16
+        >>> (torch.ones(2, 2) @ torch.ones(2, 2)).dtype, step.stats.calls  # restored after it
+        (torch.float32, 1)
+
+    Levers:
+    {levers}
+    """
+    spec = _Speedup(
+        levers,
+        device,
+        strict,
+        compile,
+        inference,
+        check_ranks,
+    )
+    if func is None:
+        return spec
+    if not callable(func):
+        raise InvalidTypeError(
+            f"speedup({short_repr(func)}): takes keyword arguments only (speedup(amp='bf16')) or a "
+            "function to decorate"
+        )
+    return spec(func)
+
+
+document_levers(speedup)

@@ -1,0 +1,99 @@
+"""When one timing beats another: paired passes, their spread, and the minimum gain.
+
+Two candidates timed in the same interleaved passes are compared pass by pass: each pass
+gives one ratio of their medians, taken within seconds of each other, so a neighbour's load
+that comes and goes (on a shared machine it can slow everything tenfold for a while) hits
+both sides of a ratio alike. The speedup is the geometric mean of the ratios; its noise is
+the standard error of their logarithms (``stdev / √passes``, about the relative error of
+the speedup). A candidate is faster "beyond the noise" when its gain exceeds both
+:data:`MIN_GAIN` and :data:`Z` times that noise.
+
+With fewer than three paired passes (the short timing), the pooled medians are compared
+instead, each median's standard error estimated from its rounds (1.253 σ / √n, σ from the
+interquartile range, which one slow outlier does not move).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from .._measure.timing import Timing
+
+__all__ = ["MIN_GAIN", "Plan", "Z", "compare", "faster", "median_error"]
+
+MIN_GAIN = 0.03  # below a 3 % gain a lever is not worth its accuracy cost, whatever the noise
+Z = 2.5  # about a 97.5 % one-sided bound with six passes (Student's t, 5 degrees of freedom)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How hard each timing works (the defaults when no ``seconds`` bound is given)."""
+
+    short_s: float = 0.15  # timed seconds per candidate in the short round
+    short_rounds: int = 5
+    long_s: float = 1.2  # timed seconds per candidate in the long round, all passes
+    long_rounds: int = 18
+    passes: int = 6  # of the long round
+    warmup_rounds: int = 2
+    warmup_s: float = 0.05
+    duel_s: float = 20.0  # measured seconds of calls a duel may add (speedflags._tune.duel)
+    duel_min_blocks: int = 4
+    duel_max_blocks: int = 40
+
+
+def median_error(timing: Optional[Timing]) -> float:
+    """The relative standard error of ``timing``'s median (``inf`` under 3 rounds).
+
+    Example:
+        >>> from speedflags._measure.timing import Timing
+        >>> round(median_error(Timing.of([[0.9, 1.0, 1.0, 1.1]])), 3)
+        0.023
+    """
+    quartiles = None if timing is None else timing.quartiles
+    if timing is None or quartiles is None or timing.rounds < 3 or timing.median <= 0:
+        return math.inf
+    sigma = (quartiles[1] - quartiles[0]) / 1.349
+    return 1.253 * sigma / math.sqrt(timing.rounds) / timing.median
+
+
+def compare(fast: Optional[Timing], slow: Optional[Timing]) -> Tuple[float, float]:
+    """``(speedup, noise)`` of ``fast`` over ``slow``: ``slow``'s time over ``fast``'s.
+
+    Paired by pass when both have the same three passes or more, else from the pooled
+    medians; ``noise`` is the relative standard error of the speedup (``inf``: unknown).
+
+    Example:
+        >>> from speedflags._measure.timing import Timing
+        >>> fp32 = Timing.of([[1.0, 1.0], [3.0, 3.0], [1.2, 1.2]])  # a busy second pass
+        >>> amp = Timing.of([[0.5, 0.5], [1.5, 1.5], [0.6, 0.6]])
+        >>> speedup, noise = compare(amp, fp32)
+        >>> round(speedup, 6), round(noise, 6)
+        (2.0, 0.0)
+    """
+    if fast is None or slow is None or fast.median <= 0 or slow.median <= 0:
+        return math.nan, math.inf
+    a, b = fast.pass_medians, slow.pass_medians
+    if len(a) == len(b) >= 3 and min(a) > 0 and min(b) > 0:
+        logs = [math.log(s / f) for f, s in zip(a, b)]
+        return math.exp(statistics.fmean(logs)), statistics.stdev(logs) / math.sqrt(len(logs))
+    return slow.median / fast.median, math.hypot(median_error(fast), median_error(slow))
+
+
+def faster(fast: Optional[Timing], slow: Optional[Timing]) -> bool:
+    """Whether ``fast`` beats ``slow`` beyond the noise, and by :data:`MIN_GAIN` at least.
+
+    Example:
+        >>> from speedflags._measure.timing import Timing
+        >>> fp32 = Timing.of([[1.0, 1.02], [0.98, 1.01], [1.0, 0.99]])
+        >>> faster(Timing.of([[0.6, 0.61], [0.59, 0.6], [0.62, 0.6]]), fp32)
+        True
+        >>> faster(Timing.of([[0.99, 1.0], [0.98, 0.97], [1.01, 1.0]]), fp32)  # under 3 %
+        False
+        >>> faster(Timing.of([[0.5, 0.5], [1.1, 1.1], [0.6, 0.6]]), fp32)  # too noisy
+        False
+    """
+    speedup, noise = compare(fast, slow)
+    return speedup - 1.0 > max(MIN_GAIN, Z * noise)

@@ -1,0 +1,261 @@
+"""What ``tune`` found: one row per candidate, the choice, and ways to keep them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from .._measure.lever_files import PathLike, write_file
+from .._measure.plot_axes import speedup_axes
+
+__all__ = ["PLOT_MISSING", "Row", "TuneResult"]
+
+PLOT_MISSING = (
+    "TuneResult.plot needs matplotlib, an optional extra of speedflags: "
+    "pip install 'speedflags[plot]'"
+)
+_FLOOR = 1e-9  # an exact result (error 0) is drawn here on the log axis
+
+
+@dataclass
+class Row:
+    """One candidate ``tune`` tried (or skipped), measured against plain fp32.
+
+    Attributes:
+        levers: its ``fast_math`` keyword arguments, in users' words (``{"amp": "bf16"}``).
+        speedup: fp32 time / its time, measured in the same round; ``None`` if not timed.
+        error: the largest relative error of its outputs against fp32's; ``math.inf`` for
+            an output that is not finite; ``None`` if it never ran.
+        accepted: within the error budget and faster than fp32 beyond the noise.
+        note: why it was skipped, rejected, dropped or not chosen.
+        stage: ``"lever"`` (one lever), ``"combination"`` or ``"compile"``.
+        compile: run through ``speedup(compile=True, ...)``.
+        median_s: its median time per call; rounds: timed calls; noise: the relative
+            standard error of ``speedup`` (from the spread of its paired passes, see
+            :mod:`speedflags._tune.compare`).
+
+    Example:
+        >>> from speedflags._tune.result import Row
+        >>> row = Row({"amp": "bf16"}, speedup=1.7, error=4e-3, accepted=True)
+        >>> row.label
+        "amp='bf16'"
+    """
+
+    levers: Dict[str, Any]
+    speedup: Optional[float] = None
+    error: Optional[float] = None
+    accepted: bool = False
+    note: str = ""
+    stage: str = "lever"
+    compile: bool = False
+    median_s: Optional[float] = None
+    noise: Optional[float] = None
+    rounds: int = 0
+
+    @property
+    def label(self) -> str:
+        """The candidate in the words a user writes."""
+        parts = [f"{k}={v!r}" for k, v in self.levers.items()] or ["(fp32)"]
+        if self.compile:
+            parts.append("compile=True")
+        return ", ".join(parts)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = asdict(self)
+        if out["error"] is not None and not math.isfinite(out["error"]):
+            out["error"] = None  # JSON and TOML have no portable infinity; the note says why
+        return out
+
+
+@dataclass
+class TuneResult:
+    """The outcome of :func:`speedflags.tune`: the choice, every candidate, the run.
+
+    Attributes:
+        best: the chosen ``fast_math`` keyword arguments (``{"amp": "bf16"}``); ``{}``
+            when nothing beats plain fp32 within the budget. Pass a non-empty choice to
+            ``fast_math(**result.best)`` or ``@speedup(**result.best)`` (a bare
+            ``fast_math()`` applies the recommended levers, not fp32).
+        rows: every candidate, in the order tried (:class:`~speedflags._tune.result.Row`).
+        budget: the error budget; device: the device tuned on; reference_s: the fp32
+            median time per call; elapsed_s: how long tuning took.
+        compile: whether ``speedup(compile=True, **best)`` beat ``best`` beyond the noise
+            (``None``: not tried). Compiled code is run with inductor's ``fallback_random``
+            so that dropout draws what eager drew and the error compares arithmetic only.
+        state: what was reset before each call.
+        torch_version: the PyTorch that measured it.
+        verdicts: whether each lever value timed takes effect on the device, as
+            :func:`speedflags.verify` found it (``{"amp='bf16'": "verified: ..."}``).
+        confidence: ``"clear"``, or ``"within noise"`` when the choice's runner-up (or, with
+            no choice, the fastest median) is not apart from it beyond the noise, even after
+            the paired duel of :mod:`speedflags._tune.duel`; ``confidence_note`` gives both
+            figures (``"amp='bf16' and matmul_precision='medium' within noise: 1.30x ± 0.20
+            vs 1.20x ± 0.10"``).
+
+    Scope: a plain record; it changes and restores no flag.
+
+    Example:
+        >>> from speedflags import TuneResult
+        >>> from speedflags._tune.result import Row
+        >>> result = TuneResult({"amp": "bf16"}, [Row({"amp": "bf16"}, 1.7, 4e-3, True)],
+        ...                     budget=0.05, device="cpu", reference_s=0.07)
+        >>> print(result)  # doctest: +NORMALIZE_WHITESPACE
+        speedflags tune on cpu, error budget 0.05: fp32 takes 70 ms per call
+          levers         speedup  error    accepted  note
+          amp='bf16'       1.70x  4.0e-03  yes
+        best: fast_math(amp='bf16')
+    """
+
+    best: Dict[str, Any]
+    rows: List[Row]
+    budget: float
+    device: str
+    reference_s: Optional[float] = None
+    elapsed_s: Optional[float] = None
+    compile: Optional[bool] = None
+    state: str = ""
+    torch_version: str = ""
+    notes: List[str] = field(default_factory=list)
+    verdicts: Dict[str, str] = field(default_factory=dict)
+    confidence: str = "clear"
+    confidence_note: str = ""
+
+    @property
+    def chosen(self) -> Optional[Row]:
+        """The row of :attr:`best` (eager), or ``None`` when fp32 stays."""
+        for row in self.rows:
+            if row.levers == self.best and not row.compile and row.accepted:
+                return row
+        return None
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-friendly form (what :meth:`save` writes)."""
+        chosen = self.chosen
+        return {
+            "levers": dict(self.best),
+            "tune": {
+                "speedup": chosen.speedup if chosen else 1.0,
+                "error": chosen.error if chosen else 0.0,
+                "budget": self.budget,
+                "device": self.device,
+                "compile": self.compile,
+                "reference_s": self.reference_s,
+                "elapsed_s": self.elapsed_s,
+                "state": self.state,
+                "torch": self.torch_version,
+                "confidence": self.confidence,
+                "confidence_note": self.confidence_note,
+                "verdicts": dict(self.verdicts),
+            },
+            "rows": [row.to_dict() for row in self.rows],
+        }
+
+    def save(self, path: PathLike) -> None:
+        """Write the choice and the rows to ``path``: ``.json``, ``.toml`` or ``.yaml``.
+
+        :func:`speedflags.load_levers` reads the choice back. YAML needs PyYAML
+        (``pip install 'speedflags[yaml]'``), imported only here. A missing folder is
+        created, with its parents.
+
+        Raises:
+            InvalidValueError: another suffix (the message lists the valid ones).
+            ImportError: ``.yaml`` without PyYAML.
+            OSError: the file cannot be written.
+        """
+        write_file(path, self.to_dict())
+
+    def plot(self, path: PathLike) -> int:
+        """Write a PNG of speedup against error to ``path``; return the points drawn.
+
+        One point per measured candidate (the chosen one highlighted), fp32 at (0, 1x), the
+        budget as a vertical line. matplotlib is an optional extra
+        (``pip install 'speedflags[plot]'``), imported only here. A missing folder is
+        created, with its parents.
+
+        Raises:
+            ImportError: matplotlib is not installed (the message says how to install it).
+        """
+        rows = [r for r in self.rows if r.speedup is not None and r.error is not None]
+        rows = [r for r in rows if math.isfinite(r.error or 0.0)]
+        with speedup_axes(
+            path,
+            missing=PLOT_MISSING,
+            xlabel="relative error against fp32 (log scale)",
+            ylabel="speedup over fp32 (x)",
+            title=f"speedflags tune on {self.device}: {_choice(self)}",
+        ) as ax:
+            for accepted, marker, name in ((True, "o", "accepted"), (False, "x", "not accepted")):
+                group = [r for r in rows if r.accepted == accepted]
+                if group:
+                    xs = [max(r.error or 0.0, _FLOOR) for r in group]
+                    ys = [r.speedup for r in group]
+                    ax.scatter(xs, ys, marker=marker, s=48, label=name)
+            for row in rows:
+                ax.annotate(
+                    row.label,
+                    (max(row.error or 0.0, _FLOOR), row.speedup),
+                    textcoords="offset points",
+                    xytext=(5, 4),
+                    fontsize=7,
+                    fontweight="bold" if row is self.chosen else "normal",
+                )
+            ax.scatter([_FLOOR], [1.0], marker="s", color="grey", label="fp32 (reference)")
+            ax.axvline(self.budget, color="red", linewidth=0.8, linestyle=":", label="budget")
+        return len(rows) + 1
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+def _choice(result: TuneResult) -> str:
+    if result.best:
+        return "fast_math(" + ", ".join(f"{k}={v!r}" for k, v in result.best.items()) + ")"
+    if not any(row.speedup is not None for row in result.rows):
+        # every candidate skipped (no effect here) or failed: "beats" would claim a race
+        # that was never run
+        return "plain fp32 (nothing was measured against it: every candidate was skipped or failed)"
+    return "plain fp32 (no lever beats it within the budget)"
+
+
+def ms(seconds: Optional[float]) -> str:
+    """A duration in ms (or us), three significant digits."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
+
+
+def _cells(row: Row) -> Tuple[str, str, str, str, str]:
+    speedup = "-" if row.speedup is None else f"{row.speedup:.2f}x"
+    if row.error is None:
+        error = "-"
+    else:
+        error = "inf" if not math.isfinite(row.error) else f"{row.error:.1e}"
+    return (row.label, speedup, error, "yes" if row.accepted else "no", row.note)
+
+
+def render(result: TuneResult) -> str:
+    """The readable table ``str(result)`` shows."""
+    head = (
+        f"speedflags tune on {result.device}, error budget {result.budget:g}: "
+        f"fp32 takes {ms(result.reference_s)} per call"
+    )
+    if result.elapsed_s is not None:
+        head += f" (tuned in {result.elapsed_s:.1f} s)"
+    table = [("levers", "speedup", "error", "accepted", "note")]
+    table.extend(_cells(row) for row in result.rows)
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    lines = [head]
+    for cells in table:
+        left = cells[0].ljust(widths[0])
+        mid = [cells[1].rjust(widths[1]), cells[2].ljust(widths[2]), cells[3].ljust(widths[3])]
+        lines.append(f"  {left}  {'  '.join(mid)}  {cells[4]}".rstrip())
+    lines.append(f"best: {_choice(result)}")
+    if result.confidence != "clear":
+        lines.append(f"confidence: {result.confidence_note or result.confidence}")
+    if result.compile is not None:
+        verdict = "helps on top of it" if result.compile else "does not help beyond the noise"
+        lines.append(f"compile: speedup(compile=True, ...) {verdict}")
+    lines.extend(result.notes)
+    lines.extend(f"verify: {label}: {said}" for label, said in result.verdicts.items())
+    return "\n".join(lines)

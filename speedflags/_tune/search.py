@@ -1,0 +1,384 @@
+"""The search behind ``tune``: candidates from the registry, successive halving, the choice.
+
+1. **Reference.** The step runs once in plain fp32 with every lever off (the bench's
+   baseline frame, ``fast_math(**baseline_levers())``); its outputs are the reference.
+2. **Candidates.** Each lever's ``candidates`` from the registry (or the user's), less those
+   with no effect on the device or that make it slower (``Lever.available``), with the
+   reason kept in the row.
+3. **Accuracy first.** One call per candidate: its error against the reference. Over the
+   budget, not finite, or raising: rejected, never timed.
+4. **Successive halving.** A short timing of every survivor beside fp32; the slower half
+   (keeping three at least) and whatever is slower than fp32 beyond the noise are dropped;
+   the rest get a longer timing beside fp32, in interleaved passes (fp32, A, B, fp32, A,
+   B, ...), so a neighbour's load hits all alike. A candidate is accepted when it is
+   faster than fp32 beyond the noise: compared pass by pass, its gain must exceed both
+   :data:`MIN_GAIN` and 2.5 standard errors (:mod:`speedflags._tune.compare`).
+5. **Combinations** of the accepted levers (one value per lever) go through steps 3 and 4,
+   re-timed beside the accepted single levers. When a top candidate's noise is large, the
+   top three and fp32 are timed again call by call, paired, until clear
+   (:mod:`speedflags._tune.duel`). The choice is the fastest accepted candidate, replaced by
+   a smaller accepted one while it is not faster than that one beyond the noise: every
+   lever in the choice earns its place; ``confidence`` says whether a rival is within noise.
+6. **Compile** (where ``torch.compile`` works, last, and only with time left):
+   ``speedup(compile=..., **choice)`` timed beside the choice, with inductor's
+   ``fallback_random`` (compiled dropout otherwise draws other numbers than eager's, and
+   the error would measure the masks, not the arithmetic).
+
+Timing is the bench's (:mod:`speedflags._measure.timing`, the runner's warm-up and rounds):
+every clock read waits for the device, and the step's state is put back before each call,
+outside the timed region (:mod:`speedflags._tune.state`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from .._fast_math import fast_math
+from .._measure.rounds import measure_rounds, warm_up
+from .._measure.timing import Timing, plan_rounds, synchronize, timer_for
+from .._status import snapshot
+from ..levers.lever_sets import with_baseline
+from .candidates import calls_of, can_compile, candidates, combinations
+from .compare import Plan, compare, faster
+from .duel import confidence, contenders, duel, rotated
+from .entry import Entry, StepRunner
+from .result import TuneResult, ms
+from .state import Outputs, StepState, check_reference, error_against, reference_outputs
+
+__all__ = ["COMPILE", "COMPILE_MIN_S", "KEEP_AT_LEAST", "Search"]
+
+COMPILE = "compile"
+COMPILE_MIN_S = 30.0  # compiling is not interruptible: try it only with this much time left
+KEEP_AT_LEAST = 3  # halving keeps the faster half, but never fewer than this
+
+
+class Search:
+    """One tuning run (see the module docstring); :meth:`run` returns the :class:`TuneResult`.
+
+    ``clock`` replaces the device-synchronising clock (tests inject a fake one), and
+    ``progress`` receives one line per step.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        *,
+        budget: float,
+        seconds: Optional[float],
+        device: torch.device,
+        wanted: Optional[Mapping[str, Sequence[Any]]] = None,
+        try_compile: bool = True,
+        plan: Optional[Plan] = None,
+        clock: Optional[Callable[[], float]] = None,
+        progress: Optional[Callable[[str], None]] = None,
+    ) -> None:
+        self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs)
+        self.budget, self.seconds, self.device = budget, seconds, device
+        self.wanted, self.try_compile, self.plan = wanted, try_compile, plan or Plan()
+        self.clock = clock or timer_for(device)
+        self.say = progress or (lambda line: None)
+        self.started = time.perf_counter()
+        self.state = StepState(fn, self.args, self.kwargs)
+        self.reference: Optional[Outputs] = None
+        self.first_s = 0.0  # the reference call's time: the estimate for an untimed candidate
+        self.notes: List[str] = []
+
+    # --- time ---------------------------------------------------------------------------
+
+    def left(self) -> float:
+        if self.seconds is None:
+            return math.inf
+        return self.seconds - (time.perf_counter() - self.started)
+
+    def _share(self, nominal: float, fraction: float, units: int) -> float:
+        return min(nominal, max(0.0, self.left()) * fraction / max(units, 1))
+
+    # --- one candidate --------------------------------------------------------------------
+
+    def _wrap(self, entry: Entry) -> Entry:
+        """Give ``entry`` its call: the step under one frame per call, as ``@speedup`` runs it.
+
+        One frame per call, not one around all calls: autocast caches its casts of the
+        weights until the outermost autocast exits, so a frame held open across calls would
+        time stale casts (and, in a train step, compute with them).
+        """
+        levers = with_baseline(entry.levers)
+        if entry.compile:
+            from .._speedup import speedup  # local: speedup imports the compile machinery
+
+            # eager's RNG in compiled code: dropout draws the numbers fp32 drew, so the
+            # error measures the arithmetic, not other random masks
+            options = {"options": {"fallback_random": True}}
+            entry.call = speedup(compile=options, device=self.device, **levers)(self.fn)
+        else:
+            label = f"speedflags tune {entry.row.label if entry.levers else 'fp32'}"
+            entry.call = fast_math(**levers, device=self.device, label=label)(self.fn)
+        return entry
+
+    def _step(self, entry: Entry) -> Callable[..., Any]:
+        call = entry.call if entry.call is not None else self._wrap(entry).call
+        if call is None:  # pragma: no cover - _wrap always sets it
+            raise RuntimeError(f"tune: no call for {entry.row.label}")
+        return call
+
+    def _call(self, entry: Entry) -> Any:
+        self.state.restore()
+        out = self._step(entry)(*self.args, **self.kwargs)
+        synchronize(self.device)
+        return out
+
+    def _check(self, entry: Entry) -> None:
+        """One call: its error against the reference; reject it if over the budget."""
+        reference = self.reference or []
+        try:
+            out = self._call(entry)
+        except Exception as exc:
+            entry.rejected = True
+            entry.row.note = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            return
+        error, why = error_against(out, reference)
+        entry.row.error = error
+        if not math.isfinite(error):
+            entry.rejected, entry.row.note = True, f"rejected: {why}"
+        elif error > self.budget:
+            entry.rejected = True
+            entry.row.note = f"rejected: error over the budget {self.budget:g}"
+        shown = " (rejected)" if entry.rejected else ""
+        self.say(f"{entry.row.label}: error {error:.1e}{shown}")
+
+    def _time(
+        self,
+        entries: Sequence[Entry],
+        seconds: float,
+        rounds: int,
+        passes: int,
+        rotate: bool = False,
+    ) -> None:
+        """Time ``entries`` (fp32 first) in interleaved passes; keep the speedups.
+
+        As the bench runner does: each pass times every entry in turn, after one untimed
+        call, as a block of rounds (one configuration at a time, as a training loop runs
+        it); each round is ``measure_rounds``, the state put back outside the timer. The
+        passes pair every entry with fp32 (:func:`~speedflags._tune.compare.compare`).
+        ``rotate`` (one pass): the rounds go call by call, the entries in turn, so that a
+        burst of load hits all of them (:func:`~speedflags._tune.duel.rotated`).
+        """
+        runners = [StepRunner(self._step(entry), self) for entry in entries]
+        blocks: List[int] = []
+        for entry, runner in zip(entries, runners):
+            if entry.estimate is None:
+                entry.estimate = warm_up(
+                    runner, self.clock, self.plan.warmup_rounds, self.plan.warmup_s
+                )
+            total = plan_rounds(entry.estimate, rounds, seconds)
+            blocks.append(max(2, math.ceil(total / passes)))
+        done: List[List[List[float]]] = [[] for _ in entries]
+        if rotate:
+            passes = 0  # the one pass is taken call by call
+            done = [[times] for times in rotated(self, runners, blocks)]
+        for index in range(passes):
+            if index and self.left() <= 0:
+                break  # out of time: what the passes so far measured
+            for runner, block, got in zip(runners, blocks, done):
+                warm_up(runner, self.clock, 1, 0.0)
+                got.append(measure_rounds(runner, self.clock, block))
+        fp32 = Timing.of(done[0])
+        for entry, got in zip(entries, done):
+            entry.timing, entry.against = Timing.of(got), fp32
+            row = entry.row
+            row.median_s, row.rounds = entry.timing.median, entry.timing.rounds
+            speedup, spread = compare(entry.timing, fp32)
+            row.speedup = speedup if math.isfinite(speedup) else None
+            row.noise = spread if math.isfinite(spread) else None
+        shown = ", ".join(f"{e.row.label} {e.row.speedup or 0:.2f}x" for e in entries[1:])
+        self.say(f"timed {len(entries) - 1} beside fp32 ({ms(fp32.median)}): {shown}")
+
+    def _fit(self, entries: Sequence[Entry], rounds: int, passes: int) -> Optional[Tuple[int, int]]:
+        """``(rounds, passes)`` for a long timing that fits in most of the time left.
+
+        Fewer rounds first, then three passes of two rounds; ``None`` if even that does not
+        fit (every pass also costs one untimed call per entry).
+        """
+        per_round = sum((e.estimate or self.first_s) for e in entries)
+        budget = 0.8 * self.left()
+        if per_round * (rounds + passes) <= budget:
+            return rounds, passes
+        rounds = int(budget / per_round) - passes if per_round > 0 else rounds
+        if rounds >= 2 * passes:
+            return rounds, passes
+        return (6, 3) if per_round * 9 <= budget else None
+
+    def _affordable(self, entries: Sequence[Entry], calls: int) -> bool:
+        cost = sum((e.estimate or self.first_s) for e in entries) * calls
+        return self.left() > cost
+
+    # --- stages ---------------------------------------------------------------------------
+
+    def _halve(self, fp32: Entry, entries: List[Entry]) -> List[Entry]:
+        """Short timing for all; the faster half (at least three) goes on, less what is slower
+        than fp32.
+
+        Slower beyond the noise: a short timing on a busy machine is noisy, and a candidate
+        dropped here is never measured again.
+        """
+        plan = self.plan
+        if not entries or not self._affordable([fp32, *entries], plan.short_rounds + 2):
+            for entry in entries:
+                entry.row.note = "not timed: out of time"
+            return []
+        seconds = self._share(plan.short_s, 0.25, len(entries) + 1)
+        self._time([fp32, *entries], seconds, plan.short_rounds, 1, rotate=True)
+        ranked = sorted(entries, key=lambda e: -(e.row.speedup or 0.0))
+        keep = max(KEEP_AT_LEAST, math.ceil(len(ranked) / 2))
+        going = []
+        for rank, entry in enumerate(ranked):
+            if rank >= keep:
+                entry.row.note = "dropped after the short timing: not in the faster half"
+            elif faster(fp32.timing, entry.timing):
+                entry.row.note = "dropped after the short timing: slower than fp32"
+            else:
+                going.append(entry)
+        return going
+
+    def _settle(self, fp32: Entry, entries: List[Entry], also: Sequence[Entry] = ()) -> None:
+        """Long timing beside fp32 (and ``also``); set ``accepted``."""
+        plan = self.plan
+        timed = [fp32, *also, *entries]
+        if not entries:
+            return
+        fits = self._fit(timed, plan.long_rounds, plan.passes)
+        if fits is None:
+            self.notes.append("note: out of time before the long timing; short timings used")
+        else:
+            seconds = self._share(plan.long_s, 0.5, len(timed))
+            self._time(timed, seconds, *fits)
+        for entry in [*also, *entries]:
+            entry.row.accepted = faster(entry.timing, entry.against)
+            if not entry.row.accepted:
+                entry.row.note = entry.row.note or "not faster than fp32 beyond the noise"
+            elif entry.row.note.startswith("not faster"):
+                entry.row.note = ""
+
+    def _choose(self, entries: Sequence[Entry]) -> Optional[Entry]:
+        """The fastest accepted candidate, less every lever that does not earn its place."""
+        accepted = [e for e in entries if e.row.accepted and not e.compile]
+        if not accepted:
+            return None
+
+        def rank(entry: Entry) -> Tuple[float, int]:
+            return (entry.row.speedup or 0.0, -len(entry.levers))  # a tie: fewer levers
+
+        best = max(accepted, key=rank)
+        while True:
+            smaller = [
+                e
+                for e in accepted
+                if set(e.levers) < set(best.levers) and e.against is best.against
+                and not faster(best.timing, e.timing)
+            ]  # fmt: skip
+            if not smaller:
+                break
+            best = max(smaller, key=rank)
+        for entry in accepted:
+            if entry is best:
+                continue
+            if set(best.levers) < set(entry.levers):
+                entry.row.note = f"not faster than {best.row.label} beyond the noise"
+            else:
+                entry.row.note = f"accepted, but {best.row.label} is chosen"
+        return best
+
+    def _compile(self, fp32: Entry, best: Optional[Entry]) -> Optional[Entry]:
+        if self.left() < COMPILE_MIN_S:
+            self.notes.append(f"note: compile not tried: less than {COMPILE_MIN_S:.0f} s left")
+            return None
+        entry = self._wrap(Entry(best.levers if best is not None else (), "compile", True))
+        step = entry.call
+        self.say(f"compiling {entry.row.label} (torch.compile)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a fallback is reported in the row instead
+            self._check(entry)
+            stats = getattr(step, "stats", None)
+            if stats is None or stats.mode != "compiled":
+                entry.rejected = True
+                entry.row.note = f"compile fell back: {getattr(stats, 'fallback_reason', None)}"
+            if not entry.rejected:
+                kept = best.row.accepted if best is not None else False
+                self._settle(fp32, [entry], also=[best] if best is not None else [])
+                if best is not None:  # chosen already; this round only compares with it
+                    best.row.accepted, best.row.note = kept, ""
+        if entry.row.accepted and best is not None and not faster(entry.timing, best.timing):
+            entry.row.accepted = False
+            entry.row.note = f"not faster than {best.row.label} beyond the noise"
+        return entry
+
+    # --- the run --------------------------------------------------------------------------
+
+    def run(self) -> TuneResult:
+        """Tune; put every flag and the step's state back as they were, whatever happens."""
+        try:
+            return self._run()
+        finally:
+            self.state.finish()
+
+    def _run(self) -> TuneResult:
+        before = snapshot()
+        fp32 = Entry((), "reference")
+        # A priming call in fp32: it records the torch functions the step calls, and
+        # creates what a train step creates lazily (optimizer moments) before the copy
+        # that every later call starts from.
+        began = time.perf_counter()
+        _, calls = calls_of(lambda: self._step(fp32)(*self.args, **self.kwargs))
+        synchronize(self.device)
+        self.first_s = time.perf_counter() - began
+        self.state.settle()
+        self.reference = reference_outputs(self._call(fp32))
+        self.say(f"reference: plain fp32; state reset before each call: {self.state.describe()}")
+        check_reference(self.reference)
+        singles, rows = candidates(self.device, self.wanted, calls)
+        entries = [Entry(levers, "lever") for levers in singles]
+        for entry in entries:
+            self._check(entry)
+        self._settle(fp32, self._halve(fp32, [e for e in entries if not e.rejected]))
+        accepted = [e for e in entries if e.row.accepted]
+        pairs = [(e.levers, e.row.speedup or 0.0) for e in accepted]
+        combos = [Entry(levers, "combination") for levers in combinations(pairs)]
+        for entry in combos:
+            self._check(entry)
+        going = self._halve(fp32, [e for e in combos if not e.rejected])
+        if going:
+            self._settle(fp32, going, also=accepted)
+        entries += combos
+        top = contenders(entries)  # noise that large: the top candidates paired, call by call
+        if top and self.left() > 0:
+            duel(self, fp32, top)
+        best = self._choose(entries)
+        sure, why = confidence(entries, best)
+        compiled = None
+        if self.try_compile and can_compile():
+            compiled = self._compile(fp32, best)
+        if compiled is not None:
+            entries.append(compiled)
+        if snapshot() != before:  # pragma: no cover - the frames restore everything
+            self.notes.append("warning: some lever reads differently than before tuning")
+        return TuneResult(
+            best=dict(best.row.levers) if best is not None else {},
+            rows=[e.row for e in entries] + rows,
+            budget=self.budget,
+            device=str(self.device),
+            reference_s=fp32.timing.median if fp32.timing is not None else None,
+            elapsed_s=time.perf_counter() - self.started,
+            compile=None if compiled is None else compiled.row.accepted,
+            state=self.state.describe(),
+            torch_version=torch.__version__,
+            notes=self.notes,
+            confidence=sure,
+            confidence_note=why,
+        )

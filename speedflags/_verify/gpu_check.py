@@ -1,0 +1,275 @@
+"""``make gpu-check``: everything a GPU machine should prove, in one command, into one folder.
+
+Run as ``python -m speedflags._verify.gpu_check --out DIR`` (``make gpu-check GPU_OUT=DIR``)
+from a source checkout. It needs only the Python it runs in, with torch (and pytest and
+pytest-benchmark for the test steps): no network, no virtual environment. speedflags runs
+from the checkout (``PYTHONPATH``); if that Python cannot import it from there, it is
+installed with ``pip install --no-deps --no-build-isolation -e .`` (nothing else).
+
+Steps, most valuable first, each a subprocess with its own log and a time cap, all within
+``--budget`` seconds (a step that no longer fits is skipped and says so):
+
+1. ``gpu-tests``: the GPU-only tests (``tests/test_gpu_*.py``; they skip without a GPU);
+2. ``verify``: ``python -m speedflags verify`` on the device, into ``verify.json``;
+3. ``verify-tf32-override``: the same for TF32 under ``NVIDIA_TF32_OVERRIDE=0`` (on a GPU it
+   must report TF32 not in effect and exit 1);
+4. ``bench``: ``python -m speedflags bench`` on the device (matmul to 8192, SDPA per kernel,
+   conv with and without cuDNN benchmark, the train step), into ``bench.json``;
+5. ``benchmarks``: the pytest-benchmark suites once, untimed;
+6. ``suite``: the whole test suite (on a GPU machine only; ``make unit`` runs it elsewhere);
+
+then ``summary.md``: device, driver, CUDA, PyTorch, every lever's verdict and speedup, and
+TFLOP/s against the device's dense peak. Without a GPU the same steps run on the CPU, small,
+and the check says no GPU was found and exits 0 when they pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+__all__ = ["Step", "main", "plan"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the benchmarks as `make test` runs them (no leak check: the plain-torch overhead baseline
+# writes flags on purpose)
+BENCHMARKS = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "benchmarks", "--benchmark-disable"]
+PYTEST = [
+    "-m",
+    "pytest",
+    "-p",
+    "speedflags.pytest_plugin",
+    "--speedflags-leaks=fail",
+    "-p",
+    "no:cacheprovider",
+    "-q",
+]
+
+
+@dataclass
+class Step:
+    """One subprocess of the check.
+
+    Attributes:
+        name: its name (and its log's, ``<name>.log``).
+        argv: the Python arguments (after the interpreter).
+        cap_s: the most seconds it may take.
+        expect: the exit status that counts as passing.
+        env: extra environment variables.
+        why_skipped: set to skip it from the start (with this reason).
+    """
+
+    name: str
+    argv: List[str]
+    cap_s: float
+    expect: int = 0
+    env: Dict[str, str] = field(default_factory=dict)
+    why_skipped: str = ""
+
+
+def plan(out: str, gpu: bool) -> List[Step]:
+    """The steps for a machine with (``gpu``) or without a CUDA GPU.
+
+    Example:
+        >>> from speedflags._verify.gpu_check import plan
+        >>> [s.name for s in plan("out", gpu=False)]
+        ['gpu-tests', 'verify', 'verify-tf32-override', 'bench', 'benchmarks', 'suite']
+        >>> plan("out", gpu=True)[2].expect
+        1
+    """
+    device = "cuda" if gpu else "cpu"
+    gpu_tests = sorted(
+        os.path.join("tests", name)
+        for name in os.listdir(os.path.join(ROOT, "tests"))
+        if name.startswith("test_gpu_") and name.endswith(".py")
+    )
+    verify = ["-m", "speedflags", "verify", "--device", device]
+    bench = ["-m", "speedflags", "bench", "--device", device, "--json", f"{out}/bench.json"]
+    if not gpu:  # the same command, small: the dry run proves the path, not the speed
+        bench += ["--sizes", "96", "--passes", "1", "--min-time", "0.02"]
+    suite_skip = "" if gpu else "no GPU: `make unit` runs the CPU suite"
+    return [
+        Step("gpu-tests", [*PYTEST, "-rs", f"--junitxml={out}/gpu-tests.xml", *gpu_tests], 240),
+        Step("verify", [*verify, "--json", f"{out}/verify.json"], 90),
+        Step(
+            "verify-tf32-override",
+            [*verify, "--levers", "tf32", "--json", f"{out}/verify-tf32-override.json"],
+            60,
+            expect=1 if gpu else 0,
+            env={"NVIDIA_TF32_OVERRIDE": "0"},
+        ),
+        Step("bench", bench, 240),
+        Step("benchmarks", [*BENCHMARKS, f"--junitxml={out}/benchmarks.xml"], 300),
+        Step(
+            "suite",
+            [*PYTEST, "tests", "-m", "not cuda", f"--junitxml={out}/suite.xml"],
+            300,
+            why_skipped=suite_skip,
+        ),
+    ]
+
+
+def _environment(gpu: bool) -> Dict[str, Any]:
+    import torch
+
+    env: Dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu_found": gpu,
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,  # type: ignore[no-untyped-call]
+        "device": "cuda:0" if gpu else "cpu",
+        "platform": platform.platform(),
+    }
+    if gpu:
+        env["device_name"] = torch.cuda.get_device_name(0)
+        env["compute_capability"] = list(torch.cuda.get_device_capability(0))
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        try:
+            query = "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit"
+            done = subprocess.run(  # noqa: S603 - a fixed command line, no shell
+                [smi, query, "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+            )
+            env["nvidia_smi"] = done.stdout.strip()
+            env["driver"] = done.stdout.split(",")[1].strip() if "," in done.stdout else None
+        except (OSError, subprocess.SubprocessError) as exc:
+            env["nvidia_smi"] = f"failed: {exc}"
+    return env
+
+
+def _installed(python: str) -> bool:
+    """Whether ``python`` has speedflags installed (its entry points: the pytest plugin)."""
+    code = "import importlib.metadata as m; m.distribution('speedflags')"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    try:
+        done = subprocess.run(  # noqa: S603 - the interpreter running this check
+            [python, "-c", code], capture_output=True, timeout=120, env=env, cwd=os.sep
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def _env(extra: Dict[str, str]) -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+    env.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    env.update(extra)
+    return env
+
+
+def _run(step: Step, out: str, python: str, left: float) -> Dict[str, Any]:
+    log = os.path.join(out, f"{step.name}.log")
+    record: Dict[str, Any] = {"name": step.name, "log": os.path.basename(log), "seconds": 0.0}
+    if step.why_skipped:
+        record["status"] = f"skipped: {step.why_skipped}"
+        return record
+    cap = min(step.cap_s, left)
+    if cap < 15:
+        record["status"] = "skipped: out of time"
+        return record
+    command = [python, *step.argv]
+    started = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as fh:
+        fh.write("$ " + " ".join(command) + "\n\n")
+        fh.flush()
+        try:
+            done = subprocess.run(  # noqa: S603 - our own interpreter and arguments
+                command,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=_env(step.env),
+                cwd=ROOT,
+                timeout=cap,
+            )
+            rc: Optional[int] = done.returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    record["rc"] = rc
+    if rc is None:
+        record["status"] = f"TIMED OUT after {cap:.0f} s"
+    elif rc == step.expect:
+        record["status"] = "passed" if rc == 0 else f"passed (exit {rc}, as expected)"
+    else:
+        record["status"] = f"FAILED (exit {rc}, expected {step.expect})"
+    return record
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the check; return 0 when every step that ran passed."""
+    parser = argparse.ArgumentParser(prog="python -m speedflags._verify.gpu_check")
+    parser.add_argument("--out", required=True, help="the folder everything is written to")
+    parser.add_argument("--budget", type=float, default=530.0, help="seconds for all steps (530)")
+    args = parser.parse_args(argv)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    started = time.perf_counter()
+    import torch
+
+    gpu = bool(torch.cuda.is_available())
+    print(
+        "speedflags gpu-check: "
+        + (
+            f"GPU found: {torch.cuda.get_device_name(0)}"
+            if gpu
+            else "no GPU found (torch.cuda.is_available() is False): running the CPU parts only"
+        ),
+        flush=True,
+    )
+    env = _environment(gpu)
+    python = sys.executable
+    if not _installed(python):
+        env["install"] = _install(python, out)
+    with open(os.path.join(out, "environment.json"), "w", encoding="utf-8") as fh:
+        json.dump(env, fh, indent=2, default=str)
+    records: List[Dict[str, Any]] = []
+    for step in plan(out, gpu):
+        left = args.budget - (time.perf_counter() - started)
+        record = _run(step, out, python, left)
+        records.append(record)
+        print(f"  {step.name}: {record['status']} ({record['seconds']:.0f} s)", flush=True)
+        with open(os.path.join(out, "steps.json"), "w", encoding="utf-8") as fh:
+            json.dump({"steps": records}, fh, indent=2)
+    from .summary import render
+
+    text = render(out)
+    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print(text)
+    elapsed = time.perf_counter() - started
+    failed = [r["name"] for r in records if r["status"].startswith(("FAILED", "TIMED OUT"))]
+    verdict = f"failed: {', '.join(failed)}" if failed else "every step that ran passed"
+    where = "" if gpu else " (no GPU found: CPU parts only)"
+    print(f"speedflags gpu-check: {verdict}{where}; {elapsed:.0f} s; everything is in {out}")
+    return 1 if failed else 0
+
+
+def _install(python: str, out: str) -> str:
+    """``pip install --no-deps --no-build-isolation -e .``; what happened, in words."""
+    command = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", ROOT]
+    with open(os.path.join(out, "install.log"), "w", encoding="utf-8") as fh:
+        try:
+            done = subprocess.run(  # noqa: S603 - our own interpreter, fixed arguments
+                command, stdout=fh, stderr=subprocess.STDOUT, timeout=300, cwd=ROOT
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"pip install failed ({exc}); running from PYTHONPATH"
+    if done.returncode:
+        return f"pip install exited {done.returncode} (install.log); running from PYTHONPATH"
+    return "installed with pip install --no-deps --no-build-isolation -e ."
+
+
+if __name__ == "__main__":
+    sys.exit(main())

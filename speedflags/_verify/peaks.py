@@ -1,0 +1,41 @@
+"""Dense (no sparsity) datasheet peaks of common NVIDIA GPUs, to put measured TFLOP/s beside.
+
+TFLOP/s for FP32 (SIMT), TF32 tensor cores and BF16/FP16 tensor cores with FP32
+accumulation. NVIDIA's headline figures for Ampere and Hopper count 2:4 sparsity (twice
+these). Sources: the NVIDIA datasheets and architecture whitepapers, as collected in
+``docs/performance.md`` ("GPU: published figures").
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+__all__ = ["PEAKS", "peak_for"]
+
+# (name fragments that must all appear in torch.cuda.get_device_name(), label, peaks)
+PEAKS: Tuple[Tuple[Tuple[str, ...], str, Dict[str, float]], ...] = (
+    (("H200",), "H200 SXM", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    (("H100", "PCIe"), "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
+    (("H100",), "H100 SXM5", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    (("A100",), "A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    (("L40S",), "L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
+    (("L4",), "L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    (("RTX 4090",), "RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}),
+    (("RTX 3090",), "RTX 3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71.0, "fp16": 71.0}),
+)
+
+
+def peak_for(device_name: str) -> Optional[Tuple[str, Dict[str, float]]]:
+    """``(label, {precision: TFLOP/s})`` for a GPU name, or None when it is not in the table.
+
+    Example:
+        >>> from speedflags._verify.peaks import peak_for
+        >>> peak_for("NVIDIA H100 80GB HBM3")[1]["bf16"]
+        989.4
+        >>> peak_for("NVIDIA L40S")[0], peak_for("AMD EPYC") is None
+        ('L40S', True)
+    """
+    for fragments, label, peaks in PEAKS:
+        if all(fragment in device_name for fragment in fragments):
+            return label, peaks
+    return None
