@@ -46,7 +46,7 @@ def _batches(device: str, count: int = 8) -> List[Tuple[torch.Tensor, torch.Tens
 
 def _make_step(device: str, variant: str) -> Callable[..., torch.Tensor]:
     model = _model(device)
-    opt = speedflags.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
+    opt = speedflags.training.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = model(x)

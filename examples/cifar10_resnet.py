@@ -98,8 +98,10 @@ def batches(data: Optional[Path], batch: int, count: int, device: torch.device) 
 def make_step(
     model: nn.Module, amp: Any, device: torch.device, data: Iterator[Batch]
 ) -> Callable[[], torch.Tensor]:
-    optimizer = speedflags.fast_optimizer(torch.optim.SGD, model.parameters(), lr=0.1, momentum=0.9)
-    scaler = speedflags.grad_scaler(amp, device=device)  # enabled for fp16 only
+    optimizer = speedflags.training.fast_optimizer(
+        torch.optim.SGD, model.parameters(), lr=0.1, momentum=0.9
+    )
+    scaler = speedflags.training.grad_scaler(amp, device=device)  # on for fp16 only
 
     def step() -> torch.Tensor:
         images, labels = next(data)

@@ -44,8 +44,8 @@ class ToyLM(nn.Module):
 def make_step(
     model: ToyLM, amp: Any, device: torch.device, batch: int, seq: int, vocab: int
 ) -> Callable[[], float]:
-    optimizer = speedflags.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=3e-4)
-    scaler = speedflags.grad_scaler(amp if amp is not None else False, device=device)
+    optimizer = speedflags.training.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=3e-4)
+    scaler = speedflags.training.grad_scaler(amp if amp is not None else False, device=device)
     tokens = torch.randint(0, vocab, (batch, seq + 1), device=device)
 
     def step() -> float:

@@ -50,6 +50,7 @@ from ._ledger.history import FlagRecord
 from ._ledger.interrupts import signal_safe
 from ._ledger.ledger import FlagLedger, ledger
 from ._ledger.program import Frame
+from ._ledger.scope import FrameScope
 from ._shorthands import (
     autocast,
     cudnn_benchmark,
@@ -63,11 +64,11 @@ from ._speedup import speedup
 from ._version import __version__
 from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
 from .levers import Unreadable
-from .levers._base import UNSET
 
 if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type checkers see them
     from . import bench as bench
     from . import report as report
+    from . import training as training
     from ._compile.user_compile import guard_levers
     from ._distributed import RankSnapshot, check_ranks
     from ._measure.lever_files import load_levers
@@ -80,7 +81,6 @@ if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type chec
     from ._tune import tune
     from ._tune.result import TuneResult
     from ._watch.watch import watch
-    from .training import fast_optimizer, grad_scaler, to_device
 
 # Loaded on first use (PEP 562): public name -> the module, relative to this package, that
 # defines it. Most programs only enter blocks; the tools, the status readers, the rank check,
@@ -103,23 +103,29 @@ _LAZY: _typing.Dict[str, str] = {
     "heal_tf32": "._status",
     "snapshot": "._status",
     "tf32_status": "._status",
-    "fast_optimizer": ".training",
-    "grad_scaler": ".training",
-    "to_device": ".training",
+    "training": ".training",  # a module: the training helpers (fast_optimizer, ...)
     "tune": "._tune",
     "TuneResult": "._tune.result",
     "watch": "._watch.watch",
 }
-_MODULES = ("bench", "report")  # the lazy names that are modules themselves
+_MODULES = ("bench", "report", "training")  # the lazy names that are modules themselves
+# Old spellings that still work, with a DeprecationWarning (not in __all__ or dir()):
+# name -> (the module that defines it, what to write instead).
+_MOVED: _typing.Dict[str, _typing.Tuple[str, str]] = {
+    "fast_optimizer": (".training", "speedflags.training.fast_optimizer"),
+    "grad_scaler": (".training", "speedflags.training.grad_scaler"),
+    "to_device": (".training", "speedflags.training.to_device"),
+    "UNSET": (".levers._base", "None, or leave the keyword out (both leave a lever unchanged)"),
+}
 
 __all__ = [
-    "UNSET",
     "Capabilities",
     "Capability",
     "FastMath",
     "FlagLedger",
     "FlagRecord",
     "Frame",
+    "FrameScope",
     "RankSnapshot",
     "Recommendation",
     "Schedule",
@@ -136,8 +142,6 @@ __all__ = [
     "cudnn_benchmark",
     "deterministic",
     "fast_math",
-    "fast_optimizer",
-    "grad_scaler",
     "guard_levers",
     "heal_tf32",
     "ledger",
@@ -151,7 +155,6 @@ __all__ = [
     "speedup",
     "tf32",
     "tf32_status",
-    "to_device",
     "tune",
     "verify",
     "watch",
@@ -175,6 +178,14 @@ for _name in __all__:
 if not _typing.TYPE_CHECKING:  # type checkers read the names from the imports above instead
 
     def __getattr__(name: str) -> _typing.Any:
+        moved = _MOVED.get(name)
+        if moved is not None:
+            _warnings.warn(
+                f"speedflags.{name} is deprecated; use {moved[1]}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(_import_module(moved[0], __name__), name)
         if name not in _LAZY:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         module = _import_module(_LAZY[name], __name__)

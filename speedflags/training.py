@@ -71,7 +71,7 @@ def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
 
     Example:
         >>> import torch, speedflags
-        >>> scaler = speedflags.grad_scaler("bf16", device="cpu")
+        >>> scaler = speedflags.training.grad_scaler("bf16", device="cpu")
         >>> loss = torch.tensor(2.0)
         >>> scaler.is_enabled(), scaler.scale(loss) is loss
         (False, True)
@@ -141,7 +141,7 @@ def fast_optimizer(cls: type[Opt], params: Iterable[Any], **kwargs: Any) -> Opt:
     Example:
         >>> import torch, speedflags
         >>> model = torch.nn.Linear(4, 2)
-        >>> opt = speedflags.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
+        >>> opt = speedflags.training.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
         >>> record = speedflags.ledger().history[-1]  # fused on a CPU from PyTorch 2.4
         >>> record.lever, record.action in ("fused", "default")
         ('optimizer', True)
@@ -278,7 +278,7 @@ def to_device(batch: T, device: DeviceLike) -> T:
     Example:
         >>> import torch, speedflags
         >>> batch = {"x": torch.ones(2), "ids": [torch.zeros(1), "keep me"], "n": 3}
-        >>> moved = speedflags.to_device(batch, "cpu")
+        >>> moved = speedflags.training.to_device(batch, "cpu")
         >>> moved["ids"][1], moved["n"], moved["x"].device.type
         ('keep me', 3, 'cpu')
     """

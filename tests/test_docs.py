@@ -32,11 +32,16 @@ def test_docstring_examples(module: str) -> None:
     assert result.failed == 0, f"{result.failed} example(s) failed in {module}"
 
 
-def test_readme_examples() -> None:
-    if not README.exists():
-        pytest.skip("no README.md next to the tests (installed without sources)")
-    result = doctest.testfile(str(README), module_relative=False, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0
+# The pages whose examples run as tests: the README and the ledger's reference.
+EXAMPLE_PAGES = (README, README.parent / "docs" / "ledger.md")
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda page: page.name)
+def test_page_examples(page: Path) -> None:
+    if not page.exists():
+        pytest.skip(f"no {page.name} next to the tests (installed without sources)")
+    result = doctest.testfile(str(page), module_relative=False, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
 
 
 ROOT = README.parent

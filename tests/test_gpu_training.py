@@ -47,9 +47,9 @@ def test_fp16_autocast_with_grad_scaler_and_fused_adamw_trains() -> None:
     ``fused=True`` CUDA path (torch/optim/adamw.py, ``_fused_adamw``).
     """
     model = _model()
-    opt = speedflags.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
+    opt = speedflags.training.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
     assert opt.defaults["fused"] is True
-    scaler = speedflags.grad_scaler("fp16", device="cuda")
+    scaler = speedflags.training.grad_scaler("fp16", device="cuda")
     assert scaler.is_enabled()
     x, y = _batch()
     start = [p.detach().clone() for p in model.parameters()]

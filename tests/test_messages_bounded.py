@@ -99,7 +99,7 @@ SCENARIOS = {
     "a block exited twice": lambda: exited_twice(HUGE),
     "drift inside a megabyte label": lambda: drift(HUGE),
     "exit from another thread": lambda: from_another_thread(HUGE),
-    "to_device: a megabyte device": lambda: speedflags.to_device(torch.ones(1), HUGE),
+    "to_device: a megabyte device": lambda: speedflags.training.to_device(torch.ones(1), HUGE),
     "capabilities: a megabyte device": lambda: speedflags.capabilities(HUGE),
     "load_levers: a megabyte path": lambda: speedflags.load_levers(HUGE + ".json"),
     "Schedule: a megabyte lever name": lambda: speedflags.Schedule({0: {HUGE: True}}),

@@ -178,3 +178,31 @@ def test_no_public_name_shadows_a_module() -> None:
         importlib.import_module(f"speedflags.{module}")
     assert {name: getattr(speedflags, name) for name in before} == before
     assert inspect.isfunction(speedflags.fast_math) and inspect.isfunction(speedflags.tune)
+
+
+@pytest.mark.parametrize("name", ["fast_optimizer", "grad_scaler", "to_device"])
+def test_the_training_helpers_live_in_their_namespace_and_the_old_spelling_warns(
+    name: str,
+) -> None:
+    assert name not in speedflags.__all__ and name not in dir(speedflags)
+    helper = getattr(speedflags.training, name)
+    with pytest.warns(DeprecationWarning, match=rf"speedflags\.training\.{name}"):
+        old = getattr(speedflags, name)
+    assert old is helper
+
+
+def test_unset_is_not_public_and_means_what_none_means() -> None:
+    assert "UNSET" not in speedflags.__all__ and "UNSET" not in dir(speedflags)
+    with pytest.warns(DeprecationWarning, match="None"):
+        unset = speedflags.UNSET
+    # one meaning for "not given": the lever is left unchanged, and neither spelling turns
+    # the spec into a bare fast_math() (the recommended levers)
+    for blank in (None, unset):
+        spec = speedflags.fast_math(tf32=blank, device="cpu")
+        assert spec.levers == {}
+        with spec as frame:
+            assert frame.program.n == 0
+    assert speedflags.fast_math(device="cpu").levers == {}  # bare: planned on entry
+    recommended = speedflags.recommended("cpu").levers  # what this CPU gets (machine-dependent)
+    with speedflags.fast_math(device="cpu") as frame:
+        assert {lever.name for lever in frame.program.levers} == set(recommended)

@@ -14,7 +14,8 @@ from conftest import CPU_AUTOCAST_FP16
 from torch.utils import _foreach_utils
 
 import speedflags
-from speedflags import InvalidTypeError, InvalidValueError, fast_optimizer, grad_scaler, to_device
+from speedflags import InvalidTypeError, InvalidValueError
+from speedflags.training import fast_optimizer, grad_scaler, to_device
 
 
 def last_record(lever: str) -> Any:

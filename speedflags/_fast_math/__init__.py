@@ -35,7 +35,6 @@ from .._ledger.scope import FrameScope
 from .._ledger.tracing import hooked, is_compiling
 from .._short_repr import short_repr, short_str
 from ..errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
-from ..levers._base import UNSET
 from ..levers.autocast import AUTO
 from ..levers.lever_sets import document_levers
 from ..levers.registry import check_levers, lever_spec, shown_levers
@@ -192,7 +191,7 @@ class FastMath(FrameScope):
             )
         self.ledger = _LEDGER
         self._requested: Tuple[Tuple[str, Any], ...] = requested
-        self._recommend = all(v is UNSET for v in levers.values())
+        self._recommend = not levers  # a bare fast_math(): the device's recommended levers
         self._device = normalize_device(device, "fast_math")
         self._strict = strict
         shown = shown_levers(levers)

@@ -5,7 +5,9 @@ per lever, in application order. Adding a lever means one module with its ``Leve
 and one registry entry. :mod:`.culprits` is the hook through which a running
 :func:`speedflags.watch` tells the levers (and the ledger) who wrote a flag.
 
-:mod:`._base` also holds ``UNSET``, "leave this lever alone".
+:mod:`._base` also holds ``UNSET``, the registry's "no value" where ``None`` is a value (a
+lever's baseline). It is not public: a user leaves a lever unchanged with ``None`` or by
+leaving its keyword out.
 
 May import: torch and the base modules (``errors``, ``hardware``, ``_short_repr``,
 ``_warn``) only. The levers are the lowest layer: the ledger, the watch and

@@ -327,10 +327,10 @@ def valid_names() -> str:
 def check_levers(call: str, given: Mapping[str, object]) -> Tuple[Tuple[str, Any], ...]:
     """Validate ``fast_math``-style lever arguments; return ``(name, value)`` in order.
 
-    ``None`` and ``UNSET`` mean "leave unchanged" and are dropped. An unknown name raises
-    ``InvalidTypeError`` (like any unexpected keyword argument) listing the valid ones; a
-    bad value raises what :meth:`LeverSpec.check` raises; ``tf32`` and
-    ``matmul_precision`` asking for opposite cuBLAS TF32 settings raise
+    ``None`` means "leave unchanged" and is dropped (so is ``UNSET``, its old public
+    spelling). An unknown name raises ``InvalidTypeError`` (like any unexpected keyword
+    argument) listing the valid ones; a bad value raises what :meth:`LeverSpec.check`
+    raises; ``tf32`` and ``matmul_precision`` asking for opposite cuBLAS TF32 settings raise
     ``InvalidValueError``, and so do ``deterministic=True`` and ``cudnn_benchmark=True``.
 
     Example:
