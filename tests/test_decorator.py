@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, AsyncIterator, Iterator, List
+from typing import Any, AsyncIterator, Iterator, List, Tuple
 
 import pytest
 import torch
@@ -40,15 +40,35 @@ def test_exception_in_decorated_function_propagates_and_restores() -> None:
     assert not benchmark_on()
 
 
-def test_bare_decorator_applies_the_recommended_levers() -> None:
-    @fast_math
-    def step() -> dict:
-        return speedflags.snapshot()
+def _cpu_autocast() -> Tuple[bool, torch.dtype]:
+    # torch's own getters, not speedflags' snapshot: the check must not read through the code
+    # under test. The device-generic getters came in 2.4; 2.1 has only the per-device ones.
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
 
-    inside = step()
-    rec = speedflags.recommended()
-    expected_amp = rec.levers.get("amp") == "bf16"
-    assert inside["amp"]["cpu"]["enabled"] is expected_amp
+
+def test_bare_decorator_applies_the_recommended_levers() -> None:
+    # The expectation comes from the CPU's capability answer, not from recommended() (which
+    # the bare decorator reads): a CPU that runs bf16 natively gets bf16 autocast and
+    # nothing else; one that does not gets no lever. Either branch runs on the machine at hand.
+    if torch.cuda.is_available():  # the bare decorator targets CUDA there
+        pytest.skip("a CUDA machine: the bare decorator's device is the GPU")
+    native_bf16 = bool(speedflags.capabilities("cpu").bf16)
+    others_before = (torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision())
+
+    @fast_math
+    def step() -> Tuple[Tuple[bool, torch.dtype], Tuple[bool, str]]:
+        others = (torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision())
+        return _cpu_autocast(), others
+
+    autocast_inside, others_inside = step()
+    if native_bf16:
+        assert autocast_inside == (True, torch.bfloat16)
+    else:
+        assert autocast_inside == (False, _cpu_autocast()[1])
+    assert others_inside == others_before  # no other lever on a CPU
+    assert _cpu_autocast()[0] is False  # restored after
     record_labels = {r.label for r in speedflags.ledger().history[-4:]}
     assert any(label.endswith("step: fast_math()") for label in record_labels)
 
