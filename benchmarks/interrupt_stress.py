@@ -229,7 +229,7 @@ def reset(raw: List[Any]) -> None:
     is counted once."""
     speedflags.ledger()._forget_frames()
     PENDING.clear()
-    for domain, was in zip(DOMAINS, raw):
+    for domain, was in zip(DOMAINS, raw, strict=True):
         now = domain.lever.read()
         if now != was:
             domain.lever.restore(was, now)

@@ -28,7 +28,7 @@ from test_overhead import SPEC, VARIANTS
 def levers_only() -> Callable[[], None]:
     """The lever calls of one enter+exit of ``SPEC``, in plain loops, without the ledger."""
     program = SPEC._plan().program
-    rows = tuple(zip(program.levers, program.values, program.checks))
+    rows = tuple(zip(program.levers, program.values, program.checks, strict=True))
     back = rows[::-1]
 
     def run() -> None:
@@ -38,9 +38,9 @@ def levers_only() -> Callable[[], None]:
             if check:
                 lever.check(state)
             befores.append(state)
-        for (lever, value, _), before in zip(rows, befores):
+        for (lever, value, _), before in zip(rows, befores, strict=True):
             lever.apply(value, before)
-        for (lever, _, _), before in zip(back, reversed(befores)):
+        for (lever, _, _), before in zip(back, reversed(befores), strict=True):
             lever.restore(before, lever.read())
 
     return run

@@ -76,7 +76,7 @@ def test_train_step(benchmark: Any, device: str, variant: str) -> None:
     step = _make_step(device, variant)
     ref_losses = [float(reference(x, y)) for x, y in batches[:CHECK_STEPS]]
     losses = [float(step(x, y)) for x, y in batches[:CHECK_STEPS]]  # compiles here
-    rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
     benchmark.extra_info["loss_rel_err_vs_fp32"] = rel
     benchmark.extra_info["losses"] = losses
     benchmark.extra_info["shape"] = (

@@ -86,7 +86,7 @@ class SpeedupStats:
             program = plan.program
             return {
                 lever.name: lever.describe_value(value)
-                for lever, value in zip(program.levers, program.values)
+                for lever, value in zip(program.levers, program.values, strict=True)
             }
         if fast._recommend:
             return dict(recommended(fast._device).levers)

@@ -97,7 +97,7 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
     }
     nodes = state[family.F_NODES]
     if nodes is not None:
-        new: Optional[Dict[str, str]] = dict(zip(family.NODE_NAMES, nodes))
+        new: Optional[Dict[str, str]] = dict(zip(family.NODE_NAMES, nodes, strict=True))
         effective = {
             "cublas_matmul_tf32": nodes[family.MATMUL] == "tf32",
             "cudnn_conv_tf32": nodes[family.CONV] == "tf32",

@@ -270,7 +270,7 @@ class LeakGuard:
         test's leak, so left as torch set them and reported as information."""
         kept = list(after)
         notes: List[str] = []
-        for i, (domain, was, now) in enumerate(zip(self.domains, before, after)):
+        for i, (domain, was, now) in enumerate(zip(self.domains, before, after, strict=True)):
             if was == now:
                 continue
             why = made_by_torch(domain.lever, was, now)
@@ -293,7 +293,7 @@ class LeakGuard:
         where = (path, line)
         restored: List[Tuple[Domain, Any, Any, Any, str]] = []
         with the_ledger.lock, the_ledger.section(label, where):
-            for domain, was, now in zip(self.domains, before, after):
+            for domain, was, now in zip(self.domains, before, after, strict=True):
                 if was == now:
                     continue
                 try:

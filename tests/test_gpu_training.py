@@ -74,7 +74,7 @@ def test_fp16_autocast_with_grad_scaler_and_fused_adamw_trains() -> None:
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert losses[-1] < losses[0], losses
     assert scaler.get_scale() > 1.0
-    assert all(not torch.equal(a, b) for a, b in zip(start, model.parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(start, model.parameters(), strict=True))
 
 
 def test_speedup_compiles_on_cuda_and_matches_eager() -> None:

@@ -113,7 +113,7 @@ def test_a_getter_that_raises_reads_as_unreadable_in_the_leak_check(
     monkeypatch.setattr(guard, "_get", broken)  # a getter PyTorch might make raise
     leaks = LeakGuard("fail")
     try:
-        state = dict(zip([d.key for d in leaks.domains], leaks.read()))
+        state = dict(zip([d.key for d in leaks.domains], leaks.read(), strict=True))
     finally:
         leaks.close()
     assert state["default_dtype"] == Unreadable("RuntimeError", "no dtype today")

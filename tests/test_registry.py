@@ -190,5 +190,5 @@ def test_readme_lever_table_lists_the_registry_in_order() -> None:
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     names = tuple(row.split("`")[1] for row in rows)
     assert names == LEVER_NAMES
-    for row, spec in zip(rows, REGISTRY):
+    for row, spec in zip(rows, REGISTRY, strict=True):
         assert f"| {'**thread**' if spec.scope == 'thread' else 'process'} |" in row

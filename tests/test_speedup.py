@@ -631,7 +631,7 @@ def test_small_transformer_bf16_compiled_matches_fp32_eager() -> None:
     fast = _train(fast_step, batches)
     assert fast_step.stats.mode == "compiled", fast_step.stats.fallback_reason
     assert fp32[-1] < fp32[0]  # it trains
-    for a, b in zip(fast, fp32):
+    for a, b in zip(fast, fp32, strict=True):
         assert abs(a - b) <= 2e-2 * abs(b), (fast, fp32)  # bf16: 8 mantissa bits
 
 

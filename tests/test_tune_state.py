@@ -61,7 +61,7 @@ def test_a_train_step_starts_every_call_from_the_same_state() -> None:
     assert len(starts) > 10 and len(set(starts[1:])) == 1 and starts[1] != starts[0]
     assert result.state.startswith("Sequential, AdamW; RNG")
     # and tune leaves the model and the optimizer as it found them
-    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
     assert not opt.state
 
 

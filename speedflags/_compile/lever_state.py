@@ -60,7 +60,7 @@ def lever_state() -> LeverState:
 def describe_state(state: LeverState) -> Dict[str, Any]:
     """A JSON-friendly view of a :func:`lever_state`, by lever name (for ``.stats``)."""
     out: Dict[str, Any] = {}
-    for (_, levers), value in zip(_DOMAINS, state):
+    for (_, levers), value in zip(_DOMAINS, state, strict=True):
         for name, lever in levers:
             out[name] = lever.describe(value)
     return out

@@ -124,5 +124,5 @@ def gather(obj: Any, group: Any = None) -> List[Any]:
     _keepalive = (size, sizes, padded, chunks)
     return [
         json.loads(bytes(chunk[:length].cpu().tolist()).decode("utf-8"), object_hook=_from_json)
-        for chunk, length in zip(chunks, lengths)
+        for chunk, length in zip(chunks, lengths, strict=True)
     ]

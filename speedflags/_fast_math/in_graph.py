@@ -77,7 +77,7 @@ def _form(spec: Any, label: str, carried: bool = True, where: Any = None) -> For
     rank_check = spec._rank_check
     kept = [
         f"{lever.name}={lever.describe_value(value)!r}"
-        for lever, value in zip(program.levers, program.values)
+        for lever, value in zip(program.levers, program.values, strict=True)
         if not (carried and isinstance(lever, AutocastLever))
     ]
     if rank_check is not None and not rank_check.done:
@@ -110,7 +110,7 @@ def _record(program: Any, form: Form, label: str, where: Any) -> None:
         shown = f"torch.autocast({form[1]!r}, enabled=False)"
     else:
         shown = f"torch.autocast({form[1]!r}, dtype=torch.{form[2]})"
-    for lever, value, reason in zip(program.levers, program.values, program.reasons):
+    for lever, value, reason in zip(program.levers, program.values, program.reasons, strict=True):
         why = (
             f"traced into a torch.compile graph as {shown}: in effect wherever the graph runs; "
             "recorded when traced, not at each call"

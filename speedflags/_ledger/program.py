@@ -81,7 +81,15 @@ class Program:
         self.n = len(self.levers)
         # What open() iterates over, precomputed: (index, lever, value, prev, key, domain)
         self.rows = tuple(
-            zip(range(self.n), self.levers, self.values, self.prev, self.keys, self.domains)
+            zip(
+                range(self.n),
+                self.levers,
+                self.values,
+                self.prev,
+                self.keys,
+                self.domains,
+                strict=True,
+            )
         )
         # The levers whose state must be read (first of their domain), and whether to check it
         self.reads = tuple(

@@ -212,7 +212,7 @@ class MlpTrainProblem(Problem):
                 blocks.append(nn.GELU())
         model = nn.Sequential(*blocks).to_empty(device=self.device).to(dtype)
         with torch.no_grad():
-            for param, init in zip(model.parameters(), self._init):
+            for param, init in zip(model.parameters(), self._init, strict=True):
                 param.copy_(init)
         return model
 

@@ -77,7 +77,7 @@ def compare(fast: Optional[Timing], slow: Optional[Timing]) -> Tuple[float, floa
         return math.nan, math.inf
     a, b = fast.pass_medians, slow.pass_medians
     if len(a) == len(b) >= 3 and min(a) > 0 and min(b) > 0:
-        logs = [math.log(s / f) for f, s in zip(a, b)]
+        logs = [math.log(s / f) for f, s in zip(a, b, strict=True)]
         return math.exp(statistics.fmean(logs)), statistics.stdev(logs) / math.sqrt(len(logs))
     return slow.median / fast.median, math.hypot(median_error(fast), median_error(slow))
 

@@ -121,7 +121,7 @@ def duel(search: Search, fp32: Entry, top: Sequence[Entry]) -> int:
     spent = 0.0
     while len(blocks[0]) < plan.duel_max_blocks:
         times = rotated(search, runners, [BLOCK] * len(runners), warm=not blocks[0])
-        for got, block in zip(blocks, times):
+        for got, block in zip(blocks, times, strict=True):
             got.append(block)
             spent += sum(block)
         done = len(blocks[0])
@@ -132,7 +132,7 @@ def duel(search: Search, fp32: Entry, top: Sequence[Entry]) -> int:
             break
     reference = Timing.of(blocks[0])
     fp32.timing = fp32.against = reference
-    for entry, got in zip(top, blocks[1:]):
+    for entry, got in zip(top, blocks[1:], strict=True):
         entry.timing, entry.against = Timing.of(got), reference
         speedup, noise = compare(entry.timing, reference)
         entry.row.speedup = speedup if math.isfinite(speedup) else None

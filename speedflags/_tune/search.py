@@ -172,7 +172,7 @@ class Search:
         """
         runners = [StepRunner(self._step(entry), self) for entry in entries]
         blocks: List[int] = []
-        for entry, runner in zip(entries, runners):
+        for entry, runner in zip(entries, runners, strict=True):
             if entry.estimate is None:
                 entry.estimate = warm_up(
                     runner, self.clock, self.plan.warmup_rounds, self.plan.warmup_s
@@ -186,11 +186,11 @@ class Search:
         for index in range(passes):
             if index and self.left() <= 0:
                 break  # out of time: what the passes so far measured
-            for runner, block, got in zip(runners, blocks, done):
+            for runner, block, got in zip(runners, blocks, done, strict=True):
                 warm_up(runner, self.clock, 1, 0.0)
                 got.append(measure_rounds(runner, self.clock, block))
         fp32 = Timing.of(done[0])
-        for entry, got in zip(entries, done):
+        for entry, got in zip(entries, done, strict=True):
             entry.timing, entry.against = Timing.of(got), fp32
             row = entry.row
             row.median_s, row.rounds = entry.timing.median, entry.timing.rounds

@@ -101,7 +101,7 @@ def error_against(value: Any, reference: Outputs) -> Tuple[float, str]:
     if names != wanted:
         return math.inf, f"returned {names}, the reference {wanted}"
     worst = 0.0
-    for (name, tensor), (_, ref) in zip(got, reference):
+    for (name, tensor), (_, ref) in zip(got, reference, strict=True):
         if tuple(tensor.shape) != tuple(ref.shape):
             shapes = f"{tuple(tensor.shape)}, the reference {tuple(ref.shape)}"
             return math.inf, f"{name} has shape {shapes}"
@@ -220,7 +220,7 @@ class _Snapshot:
     def restore(self, modules: Sequence[torch.nn.Module], others: Sequence[Any]) -> None:
         self.restore_rng()
         with torch.no_grad():
-            for module, saved in zip(modules, self.modules):
+            for module, saved in zip(modules, self.modules, strict=True):
                 module.load_state_dict(saved)  # copies into the live tensors
             for param, grad in self.grads:
                 if grad is None:
@@ -229,14 +229,14 @@ class _Snapshot:
                     param.grad.copy_(grad)
                 else:
                     param.grad = grad.clone()
-            for obj, saved in zip(others, self.others):
+            for obj, saved in zip(others, self.others, strict=True):
                 if not (isinstance(obj, Optimizer) and _copy_into(obj, saved)):
                     # a fresh copy: load_state_dict may keep the given tensors as its state
                     obj.load_state_dict(copy.deepcopy(saved))
 
     def differs(self, modules: Sequence[torch.nn.Module]) -> bool:
         """Whether any module's state or gradient differs from this copy."""
-        for module, saved in zip(modules, self.modules):
+        for module, saved in zip(modules, self.modules, strict=True):
             now = module.state_dict()
             if now.keys() != saved.keys() or any(
                 not torch.equal(now[k], v) for k, v in saved.items()
@@ -278,7 +278,7 @@ def _copy_into(optimizer: Optimizer, saved: Dict[str, Any]) -> bool:
                 target[key].copy_(value)
             else:
                 target[key] = copy.deepcopy(value)
-    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"], strict=True):
         for key, value in saved_group.items():
             if key != "params":
                 group[key] = copy.deepcopy(value)  # the learning rate a scheduler changed

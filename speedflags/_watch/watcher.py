@@ -391,6 +391,6 @@ def _changed(domains: Tuple[Domain, ...], befores: List[Any]) -> List[Tuple[Doma
     # (tests/test_exception_table_holes.py).
     return [
         (d, before, after)
-        for d, before in zip(domains, befores)
+        for d, before in zip(domains, befores, strict=True)
         if (after := d.lever.read()) != before
     ]

@@ -45,7 +45,7 @@ def plot(run: BenchRun, path: str) -> int:
             xs = [max(r.rel_error or 0.0, 1e-9) for r in rows]
             ys = [r.speedup for r in rows]
             ax.scatter(xs, ys, label=group, marker=markers[i % len(markers)], s=48)
-            for x, y, row in zip(xs, ys, rows):
+            for x, y, row in zip(xs, ys, rows, strict=True):
                 ax.annotate(
                     row.config, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7
                 )

@@ -106,7 +106,7 @@ def _nvidia_smi(index: int) -> Dict[str, str]:
     except (OSError, subprocess.SubprocessError):
         return {}
     values = [v.strip() for v in out.strip().split(",")]
-    return dict(zip(fields.split(","), values)) if len(values) == 5 else {}
+    return dict(zip(fields.split(","), values, strict=True)) if len(values) == 5 else {}
 
 
 def gpu_available(device: torch.device) -> bool:

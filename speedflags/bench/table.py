@@ -87,7 +87,8 @@ def _grid(header: Sequence[str], lines: Sequence[Sequence[str]], left: int) -> L
 
     def fmt(cells: Sequence[str]) -> str:
         return "  ".join(
-            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            c.ljust(w) if i < left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
     return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in lines)]

@@ -292,7 +292,7 @@ def describe_state(state: FamilyState) -> dict[str, Any]:
         LEGACY_PRECISION: state[F_PRECISION],
     }
     if state[F_NODES] is not None:
-        for name, value in zip(NODE_NAMES, state[F_NODES]):
+        for name, value in zip(NODE_NAMES, state[F_NODES], strict=True):
             out[name] = value
     return out
 

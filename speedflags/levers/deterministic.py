@@ -100,7 +100,7 @@ class DeterministicLever(SimpleLever):
 
     def describe(self, state: Any) -> Any:
         if isinstance(state, tuple) and len(state) == len(GETTERS):
-            return dict(zip(GETTERS, state))
+            return dict(zip(GETTERS, state, strict=True))
         return state
 
     def available(self, value: Mode, device: torch.device) -> Effect:

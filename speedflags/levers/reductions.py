@@ -112,7 +112,7 @@ class ReducedPrecisionReductionLever(SimpleLever):
     def _write(self, target: State, current: State, action: str) -> State:
         if current == target:
             return target
-        for dtype, want, now in zip(_DTYPES, target[:2], current[:2]):
+        for dtype, want, now in zip(_DTYPES, target[:2], current[:2], strict=True):
             if now != want:
                 _write_pair(dtype, want)
         if target[2] is not None and current[2] != target[2]:
@@ -123,7 +123,7 @@ class ReducedPrecisionReductionLever(SimpleLever):
         if not (isinstance(state, tuple) and len(state) == 3):
             return state
         out: Dict[str, Any] = {}
-        for dtype, (allow, splitk) in zip(_DTYPES, state[:2]):
+        for dtype, (allow, splitk) in zip(_DTYPES, state[:2], strict=True):
             name = f"{_MATMUL}allow_{dtype}_reduced_precision_reduction"
             out[name] = allow
             if splitk is not None:

@@ -112,7 +112,7 @@ class SdpaLever(SimpleLever):
         allowed = set(value) | {"math"}
         flags = tuple(
             (name in allowed if name in BACKENDS else old) if old is not None else None
-            for name, old in zip(_ALL, before[0])
+            for name, old in zip(_ALL, before[0], strict=True)
         )
         order = before[1]
         if order is not None:
@@ -130,7 +130,7 @@ class SdpaLever(SimpleLever):
 
     @staticmethod
     def _write(target: SdpaState, current: SdpaState) -> None:
-        for name, want, have in zip(_ALL, target[0], current[0]):
+        for name, want, have in zip(_ALL, target[0], current[0], strict=True):
             if want is not None and want != have:
                 getattr(_C, _SETTERS[name])(want)
         if target[1] is not None and target[1] != current[1]:
@@ -156,7 +156,9 @@ class SdpaLever(SimpleLever):
 
     def describe(self, state: SdpaState) -> Any:
         flags, order = state
-        out: dict[str, Any] = {name: flag for name, flag in zip(_ALL, flags) if flag is not None}
+        out: dict[str, Any] = {
+            name: flag for name, flag in zip(_ALL, flags, strict=True) if flag is not None
+        }
         out["priority"] = (
             [_NAMES.get(code, str(code)) for code in order] if order is not None else None
         )
