@@ -136,3 +136,21 @@ def test_a_forward_restores_only_the_rng() -> None:
     assert not state.changes_state and "changes no state" in state.describe()
     state.restore()
     assert torch.equal(model(torch.ones(2, 4)), first)  # the same dropout mask
+
+
+def test_an_optimizer_that_gained_a_param_group_is_refused_before_anything_is_copied() -> None:
+    # Failed before: the state copy zipped the param groups and skipped the new one silently.
+    from speedflags._tune.state import _copy_into
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW([model.weight], lr=0.1)
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    saved = opt.state_dict()
+    moment = opt.state[model.weight]["exp_avg"].clone()
+    opt.add_param_group({"params": [model.bias]})
+    opt.state[model.weight]["exp_avg"].add_(1.0)
+    assert _copy_into(opt, saved) is False  # the caller falls back to load_state_dict
+    assert not torch.equal(opt.state[model.weight]["exp_avg"], moment)  # nothing copied
+    with pytest.raises(ValueError, match="parameter groups"):
+        opt.load_state_dict(saved)

@@ -259,6 +259,8 @@ def _copy_into(optimizer: Optimizer, saved: Dict[str, Any]) -> bool:
     live = optimizer.state_dict()  # its "state" holds the live per-parameter dicts
     if live["state"].keys() != saved["state"].keys():
         return False
+    if len(live["param_groups"]) != len(saved["param_groups"]):
+        return False  # a group added since: load_state_dict says so, before copying anything
     for index, entry in saved["state"].items():
         target = live["state"][index]
         if target.keys() != entry.keys():
