@@ -37,7 +37,8 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Dict, Iterable, List, Mapping, NoReturn, Tuple
+from collections.abc import Iterable, Mapping
+from typing import NoReturn
 
 TIMEOUT_S = 300
 
@@ -51,7 +52,7 @@ def fail(message: str) -> NoReturn:
     sys.exit(1)
 
 
-def parse_config_list(text: str) -> List[Tuple[str, str, str]]:
+def parse_config_list(text: str) -> list[tuple[str, str, str]]:
     """`pip config list` lines (`section.key='value'`) as (section, key, value) triples.
 
     Environment variables appear under the section ":env:".
@@ -71,8 +72,8 @@ def parse_config_list(text: str) -> List[Tuple[str, str, str]]:
 
 
 def lifted_pip_env(
-    environ: Mapping[str, str], config: Iterable[Tuple[str, str, str]]
-) -> Tuple[Dict[str, str], List[str]]:
+    environ: Mapping[str, str], config: Iterable[tuple[str, str, str]]
+) -> tuple[dict[str, str], list[str]]:
     """The environment for the newest leg's pip calls, and the settings it lifts.
 
     `config` is what `pip config list` reports under `environ`, files and environment
@@ -86,7 +87,7 @@ def lifted_pip_env(
     return env, lifted
 
 
-def newest_leg_env() -> Tuple[Dict[str, str], List[str]]:
+def newest_leg_env() -> tuple[dict[str, str], list[str]]:
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"],
         capture_output=True,
@@ -160,7 +161,7 @@ def resolve(env: Mapping[str, str], version: str) -> str:
     return check_resolution(version, report)
 
 
-def main(argv: List[str]) -> None:
+def main(argv: list[str]) -> None:
     env, lifted = newest_leg_env()
     if lifted:
         print(f"newest_torch: lifted for this leg: {', '.join(lifted)}", file=sys.stderr)

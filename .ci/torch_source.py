@@ -20,10 +20,10 @@ import json
 import os
 import platform
 import sys
-from typing import Mapping, Tuple
+from collections.abc import Mapping
 
 
-def torch_install(report: Mapping[str, object]) -> Tuple[str, str, str]:
+def torch_install(report: Mapping[str, object]) -> tuple[str, str, str]:
     """(version, "disk" | "registry" | "unknown", url) of the torch a pip report installs."""
     installs = report.get("install", [])
     for item in installs if isinstance(installs, list) else []:

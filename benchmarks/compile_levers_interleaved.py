@@ -23,8 +23,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -45,8 +46,8 @@ VARIANTS = ["torch.autocast", *[v for v in AMP_VARIANTS if v != "torch.autocast"
 WARMUP = 3
 
 
-def _interleave(runs: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, List[float]]:
-    times: Dict[str, List[float]] = {name: [] for name in runs}
+def _interleave(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
             start = time.perf_counter()
@@ -56,8 +57,8 @@ def _interleave(runs: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, Li
 
 
 def _amp(backend: str, rounds: int, variants: Sequence[str]) -> None:
-    runs: Dict[str, Callable[[], Any]] = {}
-    dtypes: Dict[str, str] = {}
+    runs: dict[str, Callable[[], Any]] = {}
+    dtypes: dict[str, str] = {}
     x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(1))
     for variant in variants:
         model = _model()
@@ -85,7 +86,7 @@ def _guard(rounds: int, calls: int = 200) -> None:
     fns = {name: make() for name, make in GUARD_VARIANTS.items()}
     for fn in fns.values():
         fn(x)
-    runs: Dict[str, Callable[[], Any]] = {
+    runs: dict[str, Callable[[], Any]] = {
         name: (lambda f=fn: [f(x) for _ in range(calls)]) for name, fn in fns.items()
     }
     runs["lever_state"] = lambda: [lever_state() for _ in range(calls)]
@@ -97,7 +98,7 @@ def _guard(rounds: int, calls: int = 200) -> None:
         print(f"  {name:22s} {per_call * 1e6:7.2f} µs per call{extra}")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")

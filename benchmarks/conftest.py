@@ -36,7 +36,8 @@ divides by it), so that the synchronisation does not distort them.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -60,7 +61,7 @@ from speedflags.bench import (
 )
 
 # group -> the variant that is the group's baseline (its parameter id, or one parameter value)
-BASELINES: Dict[str, str] = {
+BASELINES: dict[str, str] = {
     "enter-exit": "plain-torch",
     "speedup-overhead": "fast_math-decorated",
     "train-step-cpu": "fp32-eager",
@@ -79,7 +80,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _sizes(config: pytest.Config, workload: Workload, device: str) -> Tuple[int, ...]:
+def _sizes(config: pytest.Config, workload: Workload, device: str) -> tuple[int, ...]:
     option = config.getoption("--bench-sizes")
     if option is None:
         option = "smoke" if config.getoption("benchmark_disable") else "default"
@@ -115,7 +116,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(("device", "size", "config"), params)
 
 
-_problem: Dict[Tuple[str, int, str], Problem] = {}
+_problem: dict[tuple[str, int, str], Problem] = {}
 
 
 def _problem_for(workload: Workload, size: int, device: torch.device) -> Problem:
@@ -135,11 +136,11 @@ def _jsonable(value: Any) -> Any:
 @pytest.fixture
 def measure(
     benchmark: Any, request: pytest.FixtureRequest
-) -> Callable[[str, int, str], Optional[float]]:
+) -> Callable[[str, int, str], float | None]:
     """Time one configuration of the module's ``WORKLOAD``; return its relative error."""
     workload = WORKLOADS[request.module.WORKLOAD]
 
-    def run(device_name: str, size: int, config_name: str) -> Optional[float]:
+    def run(device_name: str, size: int, config_name: str) -> float | None:
         device = torch.device(device_name)
         reason = workload.unavailable(device)
         if reason is not None:
@@ -176,10 +177,10 @@ def measure(
                 rounds = plan_rounds(estimate * calls, min_rounds=5, min_time_s=1.0)
                 warmup = 1
 
-            def setup() -> Tuple[Tuple[List[Any]], Dict[str, Any]]:
+            def setup() -> tuple[tuple[list[Any]], dict[str, Any]]:
                 return ([runner.setup() for _ in range(calls)],), {}
 
-            def target(batch: List[Any]) -> None:
+            def target(batch: list[Any]) -> None:
                 for inputs in batch:
                     runner.run(*inputs)
 
@@ -205,7 +206,7 @@ def measure(
     return run
 
 
-def _rows(benchmarks: List[Any]) -> List[Result]:
+def _rows(benchmarks: list[Any]) -> list[Result]:
     rows = []
     for bench in benchmarks:
         if not bench.stats:

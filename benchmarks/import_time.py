@@ -22,9 +22,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from io import BytesIO
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURE = """
@@ -49,7 +49,7 @@ def export(revision: str, into: Path) -> Path:
     return into
 
 
-def import_once(tree: Path, gc_off: bool = False) -> Tuple[float, int, str]:
+def import_once(tree: Path, gc_off: bool = False) -> tuple[float, int, str]:
     """Seconds ``import speedflags`` took after torch, and the speedflags modules loaded."""
     out = subprocess.run(
         [sys.executable, "-c", f"GC_OFF = {gc_off}\n{MEASURE}"],
@@ -63,7 +63,7 @@ def import_once(tree: Path, gc_off: bool = False) -> Tuple[float, int, str]:
     return float(took), int(modules), str(torch_version)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", action="append", default=[], help="a git revision (repeatable)")
     parser.add_argument("--rounds", type=int, default=21)
@@ -72,8 +72,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         trees = {"this tree": ROOT}
         for revision in args.base:
             trees[revision] = export(revision, Path(tmp) / revision)
-        times: Dict[Tuple[str, bool], List[float]] = {}
-        modules: Dict[str, int] = {}
+        times: dict[tuple[str, bool], list[float]] = {}
+        modules: dict[str, int] = {}
         for tree in trees.values():  # a first import fills the .pyc caches: not timed
             torch_version = import_once(tree)[2]
         for _ in range(args.rounds):

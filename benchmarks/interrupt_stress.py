@@ -40,8 +40,9 @@ import statistics
 import sys
 import time
 import types
+from collections.abc import Callable, Generator, Sequence
 from types import FrameType
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple
+from typing import Any
 
 import torch
 
@@ -52,11 +53,11 @@ from speedflags._watch.setters import domains
 
 PACKAGE = os.path.dirname(speedflags.__file__)
 HAS_MIXED_STATE = hasattr(torch.backends, "fp32_precision")  # PyTorch 2.9's second TF32 API
-LEVERS: Dict[str, Any] = dict(tf32=True, cudnn_benchmark=True, amp="bf16", device="cpu")
+LEVERS: dict[str, Any] = dict(tf32=True, cudnn_benchmark=True, amp="bf16", device="cpu")
 STEPS = 3  # steps of each generator, coroutine and async generator
 X = torch.ones(4, 4)
 DOMAINS = domains()
-KEPT: List[Any] = []  # inference-mode guards that undo a leaked one (see reset)
+KEPT: list[Any] = []  # inference-mode guards that undo a leaked one (see reset)
 
 
 @types.coroutine
@@ -70,7 +71,7 @@ def work() -> None:
     torch.mm(X, X)
 
 
-def decorated_forms(decorator: Callable[[Any], Any]) -> Dict[str, Callable[[], None]]:
+def decorated_forms(decorator: Callable[[Any], Any]) -> dict[str, Callable[[], None]]:
     """A generator, a coroutine and an async generator decorated with ``decorator``, each
     wrapped in a function that runs it to the end and closes it."""
 
@@ -143,7 +144,7 @@ def drive(coroutine: Any) -> Any:
         coroutine.close()
 
 
-def refused_forms() -> Dict[str, Callable[[], None]]:
+def refused_forms() -> dict[str, Callable[[], None]]:
     """Enters the ledger refuses (the TF32 state is mixed): each swallows the refusal only."""
     spec = fast_math(tf32=True, device="cpu", label="refused")
 
@@ -185,9 +186,9 @@ def refused_forms() -> Dict[str, Callable[[], None]]:
     }
 
 
-def forms() -> Dict[str, Tuple[Callable[[], None], bool]]:
+def forms() -> dict[str, tuple[Callable[[], None], bool]]:
     """Every form by name, with whether it runs in a mixed TF32 state."""
-    found: Dict[str, Tuple[Callable[[], None], bool]] = {}
+    found: dict[str, tuple[Callable[[], None], bool]] = {}
     for name, run in decorated_forms(fast_math(**LEVERS, label="stress")).items():
         found[f"fast_math {name}"] = (run, False)
     for name, run in decorated_forms(speedup(**LEVERS, inference=True)).items():
@@ -207,7 +208,7 @@ def unmix() -> None:
     torch.backends.cuda.matmul.fp32_precision = "none"  # type: ignore[attr-defined]
 
 
-def state() -> Tuple[Any, ...]:
+def state() -> tuple[Any, ...]:
     """What a trial must leave as it found: every lever and guarded setting (as
     :func:`speedflags.snapshot` describes them), inference mode, and the ledger's open
     frames."""
@@ -218,12 +219,12 @@ def state() -> Tuple[Any, ...]:
     )
 
 
-def raw_state() -> List[Any]:
+def raw_state() -> list[Any]:
     """Every lever's and guarded setting's raw state, to put back after a leak."""
     return [domain.lever.read() for domain in DOMAINS]
 
 
-def reset(raw: List[Any]) -> None:
+def reset(raw: list[Any]) -> None:
     """After a leak or a held interrupt: forget the open frames, put every setting back with
     its own restore, leave inference mode; so that the next trial starts clean and one leak
     is counted once."""
@@ -245,9 +246,9 @@ class Outcome:
     def __init__(self) -> None:
         self.trials = self.arrived = self.interrupted = self.lost = self.leaks = 0
         self.in_package = self.deferred = 0
-        self.examples: List[str] = []
+        self.examples: list[str] = []
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "trials": self.trials,
             "interrupts": self.arrived,
@@ -270,12 +271,12 @@ class Timer:
         self.in_package = 0  # landed in speedflags' own code
         self.deferred = 0  # held back by signal_safe (in the ledger's critical code)
 
-        def interrupt(signum: int, frame: Optional[FrameType]) -> None:
+        def interrupt(signum: int, frame: FrameType | None) -> None:
             raise KeyboardInterrupt
 
         handler = speedflags.signal_safe(interrupt) if safe else interrupt
 
-        def on_alarm(signum: int, frame: Optional[FrameType]) -> Any:
+        def on_alarm(signum: int, frame: FrameType | None) -> Any:
             if not self.armed:  # outside a trial (after it ended): not this trial's
                 return None
             self.armed = False
@@ -297,7 +298,7 @@ class Timer:
         signal.signal(signal.SIGALRM, self.previous)
 
 
-def one_trial(run: Callable[[], None], timer: Timer, delay: float) -> Tuple[bool, str]:
+def one_trial(run: Callable[[], None], timer: Timer, delay: float) -> tuple[bool, str]:
     """Whether the handler was called during the trial, and what came out of the trial:
     ``"interrupted"`` (a KeyboardInterrupt), ``""`` (nothing), or the name of another
     exception that came out instead."""
@@ -363,7 +364,7 @@ def stress(
     return outcome
 
 
-def diff(before: Tuple[Any, ...], after: Tuple[Any, ...]) -> str:
+def diff(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     changed = [k for k in before[0] if before[0][k] != after[0].get(k)]
     if before[1] != after[1]:
         changed.append("inference_mode")
@@ -372,7 +373,7 @@ def diff(before: Tuple[Any, ...], after: Tuple[Any, ...]) -> str:
     return ", ".join(changed)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10_000, help="trials per form and handler")
     parser.add_argument("--seed", type=int, default=0)
@@ -383,7 +384,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     chosen = forms()
     if args.forms:
         chosen = {k: v for k, v in chosen.items() if k in args.forms.split(",")}
-    results: Dict[str, Dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = {}
     started = time.perf_counter()
     for name, (run, mixed) in chosen.items():
         for safe in (False, True):

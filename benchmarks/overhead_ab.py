@@ -20,9 +20,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from io import BytesIO
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"^(.+?)\s+min\s+([\d.]+) us .*median\s+([\d.]+) us")
@@ -37,7 +37,7 @@ def export(revision: str, into: Path) -> Path:
     return into
 
 
-def run_once(tree: Path, rounds: int, calls: int) -> Dict[str, float]:
+def run_once(tree: Path, rounds: int, calls: int) -> dict[str, float]:
     """Median per call (µs) of each variant in one run of the interleaved script."""
     out = subprocess.run(
         [sys.executable, "benchmarks/overhead_interleaved.py", "--rounds", str(rounds),
@@ -53,7 +53,7 @@ def run_once(tree: Path, rounds: int, calls: int) -> Dict[str, float]:
     return medians
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--base", required=True, action="append", help="a git revision to compare with (repeatable)"
@@ -65,7 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trees = {base: export(base, Path(tmp) / base) for base in args.base}
         trees["working tree"] = ROOT
-        runs: Dict[str, List[Dict[str, float]]] = {name: [] for name in trees}
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name, tree in trees.items():
                 runs[name].append(run_once(tree, args.inner_rounds, args.calls))

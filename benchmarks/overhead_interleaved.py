@@ -16,8 +16,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -46,17 +46,17 @@ def levers_only() -> Callable[[], None]:
     return run
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--calls", type=int, default=1000)
     args = parser.parse_args(argv)
-    variants: Dict[str, Callable[[], None]] = dict(VARIANTS)
+    variants: dict[str, Callable[[], None]] = dict(VARIANTS)
     variants["levers only"] = levers_only()
     for fn in variants.values():
         for _ in range(args.calls):
             fn()
-    times: Dict[str, List[float]] = {name: [] for name in variants}
+    times: dict[str, list[float]] = {name: [] for name in variants}
     clock = time.perf_counter
     for _ in range(args.rounds):
         for name, fn in variants.items():

@@ -26,7 +26,9 @@ Backends: ``aot_eager`` always; ``inductor`` too when timing (not with
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, ContextManager, Dict, List
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import pytest
 import torch
@@ -41,7 +43,7 @@ BATCH, WIDTH, HIDDEN = 64, 256, 1024
 BACKENDS = ("aot_eager", "inductor")
 
 # bf16 autocast written inside the compiled function, four ways
-AMP_BLOCKS: Dict[str, Callable[[], ContextManager[Any]]] = {
+AMP_BLOCKS: dict[str, Callable[[], AbstractContextManager[Any]]] = {
     "torch.autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
     "fast_math-block": lambda: speedflags.fast_math(amp="bf16", device="cpu"),
     "autocast-shorthand": lambda: speedflags.autocast("bf16", device="cpu"),
@@ -54,7 +56,7 @@ AMP_VARIANTS = ["fp32", *AMP_BLOCKS, "fast_math-decorated", "torch.autocast-outs
 AMP_VARIANTS += ["speedup-outside"]
 
 
-def _backends(config: pytest.Config) -> List[str]:
+def _backends(config: pytest.Config) -> list[str]:
     return ["aot_eager"] if config.getoption("benchmark_disable") else list(BACKENDS)
 
 
@@ -154,7 +156,7 @@ def _tiny(x: torch.Tensor) -> torch.Tensor:
     return x + 1
 
 
-GUARD_VARIANTS: Dict[str, Callable[[], Callable[..., Any]]] = {
+GUARD_VARIANTS: dict[str, Callable[[], Callable[..., Any]]] = {
     "torch.compile": lambda: torch.compile(_tiny, backend="eager"),
     "guard_levers": lambda: speedflags.guard_levers(_tiny, backend="eager"),
     "speedup-compile": lambda: speedflags.speedup(amp=False, compile={"backend": "eager"})(_tiny),
@@ -195,7 +197,7 @@ def _attention(q: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, q, q) * 2
 
 
-SWITCH_VARIANTS: Dict[str, Callable[[str], Callable[..., Any]]] = {
+SWITCH_VARIANTS: dict[str, Callable[[str], Callable[..., Any]]] = {
     "torch.compile": lambda backend: torch.compile(_attention, backend=backend),
     "guard_levers": lambda backend: speedflags.guard_levers(_attention, backend=backend),
     "speedup-compile": lambda backend: speedflags.speedup(amp=False, compile={"backend": backend})(
@@ -204,7 +206,7 @@ SWITCH_VARIANTS: Dict[str, Callable[[str], Callable[..., Any]]] = {
 }
 
 
-def _switch(fn: Callable[..., Any], q: torch.Tensor, switches: int) -> List[bool]:
+def _switch(fn: Callable[..., Any], q: torch.Tensor, switches: int) -> list[bool]:
     """Call under flash and math in turn; per math call, whether the flash kernel ran."""
     flash_under_math = []
     for i in range(switches):

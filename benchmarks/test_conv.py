@@ -6,12 +6,12 @@ On a CPU there is no cuDNN, so every case skips with that reason.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 WORKLOAD = "conv"
 
 
 def test_conv(
-    measure: Callable[[str, int, str], Optional[float]], device: str, size: int, config: str
+    measure: Callable[[str, int, str], float | None], device: str, size: int, config: str
 ) -> None:
     measure(device, size, config)

@@ -10,12 +10,12 @@ inputs; TF32 without an Ampere+ GPU and fp16 on a CPU are skipped with the reaso
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 WORKLOAD = "matmul"
 
 
 def test_matmul(
-    measure: Callable[[str, int, str], Optional[float]], device: str, size: int, config: str
+    measure: Callable[[str, int, str], float | None], device: str, size: int, config: str
 ) -> None:
     measure(device, size, config)

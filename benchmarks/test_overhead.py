@@ -8,7 +8,8 @@ nothing. Goal: fast_math at most 1.5x of it (README, "Overhead").
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -44,7 +45,7 @@ def decorated() -> None:
     pass
 
 
-VARIANTS: Dict[str, Callable[[], None]] = {
+VARIANTS: dict[str, Callable[[], None]] = {
     "plain-torch": plain_torch,
     "fast_math": with_fast_math,
     "decorated": decorated,

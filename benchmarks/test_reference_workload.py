@@ -8,12 +8,12 @@ error is that of the first layer's weight gradient against a float64 copy of the
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 WORKLOAD = "mlp-train"
 
 
 def test_train_step(
-    measure: Callable[[str, int, str], Optional[float]], device: str, size: int, config: str
+    measure: Callable[[str, int, str], float | None], device: str, size: int, config: str
 ) -> None:
     measure(device, size, config)

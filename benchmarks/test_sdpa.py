@@ -7,12 +7,12 @@ PyTorch's reason instead of silently timing the math fallback.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 WORKLOAD = "sdpa"
 
 
 def test_sdpa(
-    measure: Callable[[str, int, str], Optional[float]], device: str, size: int, config: str
+    measure: Callable[[str, int, str], float | None], device: str, size: int, config: str
 ) -> None:
     measure(device, size, config)

@@ -7,13 +7,14 @@ compiled (backend "eager"): what the compile guard plus dynamo's own dispatch co
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 import speedflags
 
-LEVERS: Dict[str, Any] = dict(tf32=True, amp="bf16", cudnn_benchmark=True, device="cpu")
+LEVERS: dict[str, Any] = dict(tf32=True, amp="bf16", cudnn_benchmark=True, device="cpu")
 SPEC = speedflags.fast_math(**LEVERS)
 
 
@@ -42,7 +43,7 @@ def speedup_compiled() -> None:
     pass
 
 
-VARIANTS: Dict[str, Callable[[], None]] = {
+VARIANTS: dict[str, Callable[[], None]] = {
     "fast_math-decorated": fast_math_decorated,
     "fast_math-with": with_fast_math,
     "speedup": speedup_decorated,

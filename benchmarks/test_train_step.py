@@ -11,7 +11,8 @@ step ends with a synchronize, so the timer sees the kernels.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, List, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def _model(device: str) -> torch.nn.Module:
     return torch.nn.Sequential(encoder, torch.nn.Linear(D_MODEL, CLASSES, device=device))
 
 
-def _batches(device: str, count: int = 8) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+def _batches(device: str, count: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(1234)
     return [
         (

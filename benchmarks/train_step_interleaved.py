@@ -15,8 +15,8 @@ import itertools
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -26,7 +26,7 @@ from test_train_step import VARIANTS, _batches, _make_step
 WARMUP_STEPS = 5  # the compiled variant compiles in its first step
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
@@ -38,7 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for step in steps.values():
         for x, y in batches[:WARMUP_STEPS]:
             step(x, y)
-    times: Dict[str, List[float]] = {variant: [] for variant in VARIANTS}
+    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     pool = itertools.cycle(batches)
     for _ in range(args.rounds):
         for variant, step in steps.items():

@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,8 +77,8 @@ def main() -> int:
     caps = speedflags.capabilities("cpu")
     print(f"{caps.name}; bf16: {caps.bf16.reason}; torch {torch.__version__}; "
           f"{torch.get_num_threads()} threads; load {_load()}")  # fmt: skip
-    busy: List[subprocess.Popen[bytes]] = []
-    results: List[speedflags.TuneResult] = []
+    busy: list[subprocess.Popen[bytes]] = []
+    results: list[speedflags.TuneResult] = []
     try:
         for _ in range(args.busy):
             busy.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
@@ -99,7 +99,7 @@ def main() -> int:
                          f"DIFFERENT clear choices: {sorted(choices)}"))  # fmt: skip
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        data: Dict[str, Any] = {"busy": args.busy, "runs": [r.to_dict() for r in results]}
+        data: dict[str, Any] = {"busy": args.busy, "runs": [r.to_dict() for r in results]}
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, default=str)
     return 0 if same else 1

@@ -18,7 +18,8 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ from torch import nn
 
 import speedflags
 
-Step = Tuple[Callable[..., Any], Tuple[Any, ...]]
+Step = tuple[Callable[..., Any], tuple[Any, ...]]
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -88,7 +89,7 @@ def gpt2() -> Step:
     return step, (model, opt, ids)
 
 
-RUNS: Dict[str, Tuple[Callable[[], Step], float]] = {
+RUNS: dict[str, tuple[Callable[[], Step], float]] = {
     "matmul-1024": (lambda: matmul(1024), 5e-2),
     "matmul-2048": (lambda: matmul(2048), 5e-2),
     "mlp-forward": (mlp_forward, 5e-2),

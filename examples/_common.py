@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any
 
 import torch
 
@@ -16,12 +17,12 @@ from speedflags.levers.lever_sets import baseline_levers
 from speedflags.levers.registry import LEVER_NAMES
 
 # Plain fp32: TF32 off, matmul precision "highest", no autocast, no cuDNN benchmark.
-FP32: Dict[str, Any] = baseline_levers()
+FP32: dict[str, Any] = baseline_levers()
 
 
-def parse_levers(text: str) -> Dict[str, Any]:
+def parse_levers(text: str) -> dict[str, Any]:
     """``"tf32=true,amp=bf16,sdpa=flash+math"`` -> ``fast_math`` keyword arguments."""
-    levers: Dict[str, Any] = {}
+    levers: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition("=")
         if not sep or name not in LEVER_NAMES:
@@ -57,18 +58,18 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def pick_device(name: Optional[str], smoke: bool) -> torch.device:
+def pick_device(name: str | None, smoke: bool) -> torch.device:
     if name is None:
         name = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
     return torch.device(name)
 
 
 def chosen_levers(
-    given: Optional[Dict[str, Any]],
+    given: dict[str, Any] | None,
     device: torch.device,
-    config: Optional[str] = None,
+    config: str | None = None,
     **extra: Any,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """The levers to compare with fp32: as given, from a bench file, or the recommended ones."""
     if given is not None and config is not None:
         raise SystemExit("give --levers or --config, not both")
@@ -79,7 +80,7 @@ def chosen_levers(
     return {**speedflags.recommended(device).levers, **extra}
 
 
-def config_levers(path: str) -> Dict[str, Any]:
+def config_levers(path: str) -> dict[str, Any]:
     """The first configuration of a bench file (or tune lever file) that sets levers and is
     not the baseline; the same file ``speedflags bench --config`` reads."""
     from speedflags.bench.config_file import load_for_cli
@@ -163,7 +164,7 @@ def seconds_per_step(
 
 
 def print_speedup(
-    name: str, fp32_s: float, fast_s: float, levers: Dict[str, Any], smoke: bool = False
+    name: str, fp32_s: float, fast_s: float, levers: dict[str, Any], smoke: bool = False
 ) -> None:
     shown = ", ".join(f"{k}={v!r}" for k, v in levers.items()) or "none (nothing faster here)"
     note = " (--smoke: sizes too small for the timing to mean anything)" if smoke else ""

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any
 
 import _common as common
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 
 import speedflags
 
-Batch = Tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class Block(nn.Module):
@@ -48,12 +49,12 @@ class Block(nn.Module):
 class ResNet(nn.Module):
     """ResNet-18's layout for 32x32 images (a 3x3 stem, no max-pool), at a chosen width."""
 
-    def __init__(self, width: int = 64, blocks: Tuple[int, ...] = (2, 2, 2, 2)) -> None:
+    def __init__(self, width: int = 64, blocks: tuple[int, ...] = (2, 2, 2, 2)) -> None:
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
         )
-        layers: List[nn.Module] = []
+        layers: list[nn.Module] = []
         cin = width
         for i, n in enumerate(blocks):
             cout = width * 2**i
@@ -67,7 +68,7 @@ class ResNet(nn.Module):
         return self.head(self.layers(self.stem(x)).mean((2, 3)))
 
 
-def batches(data: Optional[Path], batch: int, count: int, device: torch.device) -> List[Batch]:
+def batches(data: Path | None, batch: int, count: int, device: torch.device) -> list[Batch]:
     """``count`` batches on ``device``: from a local CIFAR-10 copy, or synthetic."""
     if data is None:
         generator = torch.Generator().manual_seed(0)
@@ -87,7 +88,7 @@ def batches(data: Optional[Path], batch: int, count: int, device: torch.device) 
     )
     dataset = datasets.CIFAR10(str(data), train=True, download=False, transform=transform)
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True)
-    out: List[Batch] = []
+    out: list[Batch] = []
     for images, labels in loader:  # preloaded, so both runs time the same compute
         out.append((images.to(device), labels.to(device)))
         if len(out) == count:

@@ -17,7 +17,7 @@ import argparse
 import os
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never download
 
@@ -38,7 +38,7 @@ class Tokens(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
@@ -50,7 +50,7 @@ class StepTimer(TrainerCallback):
     def __init__(self, device: torch.device, progress: common.Progress) -> None:
         self.device = device
         self.progress = progress
-        self.times: List[float] = []
+        self.times: list[float] = []
         self.start = 0.0
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -76,7 +76,7 @@ def main() -> None:
     common.add_common_arguments(parser)
     args = parser.parse_args()
     device = common.pick_device(args.device, args.smoke)
-    size: Dict[str, int] = (
+    size: dict[str, int] = (
         dict(layers=1, width=32, heads=2, seq=32, vocab=128, batch=4, steps=4)
         if args.smoke
         else dict(layers=6, width=512, heads=8, seq=256, vocab=8192, batch=16, steps=40)

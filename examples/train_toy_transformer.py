@@ -15,7 +15,8 @@ flag ends as it began.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Dict
+from collections.abc import Callable
+from typing import Any
 
 import _common as common
 import torch
@@ -66,7 +67,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     args = parser.parse_args()
     device = common.pick_device(args.device, args.smoke)
-    size: Dict[str, int] = (
+    size: dict[str, int] = (
         dict(vocab=64, width=32, depth=1, heads=2, seq=16, batch=4, steps=3)
         if args.smoke
         else dict(vocab=8192, width=512, depth=6, heads=8, seq=256, batch=32, steps=30)

@@ -85,7 +85,7 @@ if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type chec
 # Loaded on first use (PEP 562): public name -> the module, relative to this package, that
 # defines it. Most programs only enter blocks; the tools, the status readers, the rank check,
 # the watch and the training helpers load when a program first touches them.
-_LAZY: _typing.Dict[str, str] = {
+_LAZY: dict[str, str] = {
     "bench": ".bench",  # a module, as users and benchmarks/ import it
     "report": ".report",  # a module: speedflags report
     "load_levers": "._measure.lever_files",
@@ -111,7 +111,7 @@ _LAZY: _typing.Dict[str, str] = {
 _MODULES = ("bench", "report", "training")  # the lazy names that are modules themselves
 # Old spellings that still work, with a DeprecationWarning (not in __all__ or dir()):
 # name -> (the module that defines it, what to write instead).
-_MOVED: _typing.Dict[str, _typing.Tuple[str, str]] = {
+_MOVED: dict[str, tuple[str, str]] = {
     "fast_optimizer": (".training", "speedflags.training.fast_optimizer"),
     "grad_scaler": (".training", "speedflags.training.grad_scaler"),
     "to_device": (".training", "speedflags.training.to_device"),
@@ -202,7 +202,7 @@ if not _typing.TYPE_CHECKING:  # type checkers read the names from the imports a
         return value
 
 
-def __dir__() -> _typing.List[str]:
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 

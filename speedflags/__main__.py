@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 from ._cli import options
 from ._tune import cli as tune_cli
@@ -53,7 +53,7 @@ def torchrun_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _default_device(requested: Optional[str]) -> Optional[str]:
+def _default_device(requested: str | None) -> str | None:
     # under torchrun each rank reports on its own GPU
     if requested is None and launched_by_torchrun():
         import torch
@@ -63,7 +63,7 @@ def _default_device(requested: Optional[str]) -> Optional[str]:
     return requested
 
 
-def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParser]]:
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="speedflags",
         description="PyTorch fast-path flags: inspect them, apply the recommended ones, "
@@ -94,7 +94,7 @@ def _parser() -> Tuple[argparse.ArgumentParser, Dict[str, argparse.ArgumentParse
     return parser, commands
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status.
 
     0: ok; 1: ``--restore`` was not exact, the ranks of a distributed job disagree, a flag

@@ -19,7 +19,7 @@ PyTorch's own dispatcher, which already picks the fastest kernel an input allows
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any
 
 from ._hardware import DeviceLike, capabilities, resolve_device
 
@@ -37,8 +37,8 @@ class Recommendation:
     """
 
     device: str
-    levers: Dict[str, Any] = field(default_factory=dict)
-    reasons: Dict[str, str] = field(default_factory=dict)
+    levers: dict[str, Any] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 def recommended(device: DeviceLike = None) -> Recommendation:
@@ -52,8 +52,8 @@ def recommended(device: DeviceLike = None) -> Recommendation:
     """
     target = resolve_device(device, "recommended")
     caps = capabilities(target)
-    levers: Dict[str, Any] = {}
-    reasons: Dict[str, str] = {}
+    levers: dict[str, Any] = {}
+    reasons: dict[str, str] = {}
     if target.type == "cuda":
         if caps.tf32:
             levers["tf32"] = True

@@ -9,7 +9,8 @@ for the new settings, and the history records every switch.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ._fast_math import FastMath
 from ._hardware import DeviceLike, normalize_device
@@ -97,8 +98,8 @@ class Schedule:
                 )
             for name in given:
                 lever_spec(name, f"{self._name}: epoch {epoch}")  # refuses unknown names
-            settings: Dict[str, Any] = dict(given)
-            spec: Optional[FastMath] = None
+            settings: dict[str, Any] = dict(given)
+            spec: FastMath | None = None
             if settings:  # fast_math() with no argument would mean "recommended levers"
                 try:
                     spec = FastMath(
@@ -110,11 +111,11 @@ class Schedule:
                 except (InvalidValueError, InvalidTypeError) as exc:
                     raise type(exc)(f"{self._name}: epoch {epoch}: {exc}") from None
             entries.append((epoch, settings, spec))
-        self._entries: Tuple[Tuple[int, Dict[str, Any], Optional[FastMath]], ...] = tuple(entries)
+        self._entries: tuple[tuple[int, dict[str, Any], FastMath | None], ...] = tuple(entries)
         # the spec whose frame holds now (or is being opened): set before its start(), so that
         # a start interrupted after it opened the frame is stopped by the next switch or close
-        self._spec: Optional[FastMath] = None
-        self._active: Optional[int] = None
+        self._spec: FastMath | None = None
+        self._active: int | None = None
         # True from the start of a switch until it completes: a switch interrupted half-way
         # (Ctrl-C) is made again by the next step, whatever _active still says.
         self._switching = False
@@ -124,16 +125,16 @@ class Schedule:
     # --- what it holds ---------------------------------------------------------------
 
     @property
-    def epochs(self) -> Tuple[int, ...]:
+    def epochs(self) -> tuple[int, ...]:
         """The schedule's epochs, in order."""
         return tuple(epoch for epoch, _, _ in self._entries)
 
     @property
-    def active(self) -> Optional[int]:
+    def active(self) -> int | None:
         """The epoch key whose settings hold now, or ``None``."""
         return self._active
 
-    def settings_at(self, epoch: int) -> Dict[str, Any]:
+    def settings_at(self, epoch: int) -> dict[str, Any]:
         """The settings ``step(epoch)`` applies (empty before the first key)."""
         _check_epoch(f"{self._name}.settings_at", epoch)
         entry = self._entry(epoch)
@@ -144,7 +145,7 @@ class Schedule:
 
     # --- switching -------------------------------------------------------------------
 
-    def step(self, epoch: int) -> Dict[str, Any]:
+    def step(self, epoch: int) -> dict[str, Any]:
         """Apply the settings for ``epoch`` (switching only when its entry changes).
 
         Returns:
@@ -185,7 +186,7 @@ class Schedule:
         self._close((caller.f_code.co_filename, caller.f_lineno))
         self._active = None
 
-    def _close(self, where: Tuple[str, int]) -> None:
+    def _close(self, where: tuple[str, int]) -> None:
         # stopped, then forgotten: an interruption in between leaves a spec with no frame
         # open, which the next call stops again (nothing), never a frame nobody holds
         spec = self._spec
@@ -193,7 +194,7 @@ class Schedule:
             spec.stop(where)
             self._spec = None
 
-    def _entry(self, epoch: int) -> Optional[Tuple[int, Dict[str, Any], Optional[FastMath]]]:
+    def _entry(self, epoch: int) -> tuple[int, dict[str, Any], FastMath | None] | None:
         found = None
         for entry in self._entries:
             if entry[0] > epoch:
@@ -255,7 +256,7 @@ class TF32Schedule(Schedule):
         )
 
 
-def _epoch_order(epoch: object) -> Tuple[int, Any]:
+def _epoch_order(epoch: object) -> tuple[int, Any]:
     # sorts valid epochs numerically and puts anything else first, to be reported
     if isinstance(epoch, int) and not isinstance(epoch, bool):
         return (1, epoch)

@@ -8,7 +8,7 @@ there (``speedflags._fast_math.in_graph``): ``autocast()`` a ``torch.autocast``.
 from __future__ import annotations
 
 import enum
-from typing import Any, Union
+from typing import Any
 
 from ._fast_math import FastMath
 from ._fast_math.in_graph import built_in_graph
@@ -77,7 +77,7 @@ def cudnn_benchmark(enabled: bool = True, *, strict: bool = False) -> FastMath:
 
 
 @built_in_graph
-def sdpa_backend(*backends: Union[SdpaName, enum.Enum], strict: bool = False) -> FastMath:
+def sdpa_backend(*backends: SdpaName | enum.Enum, strict: bool = False) -> FastMath:
     """Preferred SDPA kernels, in order: ``fast_math(sdpa=backends)``.
 
     The math kernel stays enabled as the fallback, so inputs the preferred kernels cannot

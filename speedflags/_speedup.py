@@ -9,7 +9,8 @@ exactly, recorded); compiling is :mod:`speedflags._compile.guarded`'s job.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar, Union, overload
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import torch
 
@@ -99,7 +100,7 @@ class _Speedup:
             or inspect.iscoroutinefunction(func)
             or inspect.isasyncgenfunction(func)
         )
-        guarded: Optional[GuardedCompile] = None
+        guarded: GuardedCompile | None = None
         if self._compile is not None:
             if not plain:
                 raise InvalidTypeError(
@@ -123,7 +124,7 @@ class _Speedup:
     def _plain(
         self,
         func: Callable[..., Any],
-        guarded: Optional[GuardedCompile],
+        guarded: GuardedCompile | None,
         label: str,
         stats: SpeedupStats,
     ) -> Callable[..., Any]:
@@ -173,7 +174,7 @@ def speedup(
     *,
     device: DeviceLike = ...,
     strict: bool = ...,
-    compile: Union[bool, Dict[str, Any]] = ...,
+    compile: bool | dict[str, Any] = ...,
     inference: bool = ...,
     check_ranks: bool = ...,
     **levers: Unpack[LeverArgs],
@@ -181,12 +182,12 @@ def speedup(
 
 
 def speedup(
-    func: Optional[Callable[..., Any]] = None,
+    func: Callable[..., Any] | None = None,
     /,
     *,
     device: DeviceLike = None,
     strict: bool = False,
-    compile: Union[bool, Dict[str, Any]] = False,
+    compile: bool | dict[str, Any] = False,
     inference: bool = False,
     check_ranks: bool = False,
     **levers: Unpack[LeverArgs],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any
 
 from ._fast_math import FastMath
 from ._recommend import recommended
@@ -48,7 +48,7 @@ class SpeedupStats:
 
     __slots__ = ("_compile", "_fast", "_inference", "calls")
 
-    def __init__(self, fast: FastMath, compiled: Optional[GuardedCompile], inference: bool) -> None:
+    def __init__(self, fast: FastMath, compiled: GuardedCompile | None, inference: bool) -> None:
         self.calls = 0
         self._fast = fast
         self._compile = compiled
@@ -63,11 +63,11 @@ class SpeedupStats:
         return self.mode == "compiled"  # compile.guarded.COMPILED
 
     @property
-    def fallback_reason(self) -> Optional[str]:
+    def fallback_reason(self) -> str | None:
         return None if self._compile is None else self._compile.reason
 
     @property
-    def compile_options(self) -> Optional[Dict[str, Any]]:
+    def compile_options(self) -> dict[str, Any] | None:
         return None if self._compile is None else dict(self._compile.options)
 
     @property
@@ -75,11 +75,11 @@ class SpeedupStats:
         return self._inference
 
     @property
-    def lever_guard(self) -> Optional[LeverGuardStats]:
+    def lever_guard(self) -> LeverGuardStats | None:
         return None if self._compile is None else self._compile.levers.stats
 
     @property
-    def levers(self) -> Dict[str, Any]:
+    def levers(self) -> dict[str, Any]:
         fast = self._fast
         plan = fast._plan_cache
         if plan is not None:
@@ -92,7 +92,7 @@ class SpeedupStats:
             return dict(recommended(fast._device).levers)
         return fast.levers
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The stats as plain values."""
         values = {name: getattr(self, name) for name in _STATS_FIELDS}
         return {**values, "lever_guard": self.lever_guard and self.lever_guard.to_dict()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -29,7 +29,7 @@ ENV_OVERRIDES = ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NVIDIA_TF32_OVERRIDE")
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
-def snapshot() -> Dict[str, Any]:
+def snapshot() -> dict[str, Any]:
     """Every lever's current observable state, by lever name, and every guarded setting's
     (``default_dtype``, ``grad_enabled``, ...: torch state that changes numerics or kernels,
     which speedflags watches but does not set; see ``docs/guarded.md``). Never raises.
@@ -72,15 +72,15 @@ class TF32Status:
 
     api: str
     consistent: bool
-    legacy: Dict[str, Any]
-    new: Optional[Dict[str, str]]
-    effective: Dict[str, bool]
-    conflicts: Tuple[str, ...]
-    env: Dict[str, Optional[str]]
-    notes: Tuple[str, ...] = field(default=())
-    last_written_by: Optional[str] = None
+    legacy: dict[str, Any]
+    new: dict[str, str] | None
+    effective: dict[str, bool]
+    conflicts: tuple[str, ...]
+    env: dict[str, str | None]
+    notes: tuple[str, ...] = field(default=())
+    last_written_by: str | None = None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (tuples as lists)."""
         return {
             f.name: list(value) if isinstance(value, tuple) else value
@@ -89,7 +89,7 @@ class TF32Status:
         }
 
 
-def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF32Status:
+def _status(state: family.FamilyState, extra_notes: tuple[str, ...] = ()) -> TF32Status:
     described = family.describe_state(state)
     legacy = {
         k: described[k]
@@ -97,7 +97,7 @@ def _status(state: family.FamilyState, extra_notes: Tuple[str, ...] = ()) -> TF3
     }
     nodes = state[family.F_NODES]
     if nodes is not None:
-        new: Optional[Dict[str, str]] = dict(zip(family.NODE_NAMES, nodes, strict=True))
+        new: dict[str, str] | None = dict(zip(family.NODE_NAMES, nodes, strict=True))
         effective = {
             "cublas_matmul_tf32": nodes[family.MATMUL] == "tf32",
             "cudnn_conv_tf32": nodes[family.CONV] == "tf32",

@@ -7,8 +7,8 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Hashable
 from types import FrameType
-from typing import Hashable, Optional
 
 # speedflags' own directory: frames in it (any subpackage) are never the user's line
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -19,7 +19,7 @@ _MAX_CAUSES = 10_000  # a drifting training loop must not grow this set without 
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` that points ``warnings.warn`` at the first frame outside speedflags."""
-    frame: Optional[FrameType] = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     level = 1
     while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame = frame.f_back

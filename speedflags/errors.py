@@ -15,7 +15,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "AbandonedFrameWarning",
@@ -163,11 +164,11 @@ class RankMismatchError(SpeedflagsError, RuntimeError):
         self,
         message: str,
         levers: Sequence[str] = (),
-        differences: Optional[Dict[str, Tuple[Any, ...]]] = None,
+        differences: dict[str, tuple[Any, ...]] | None = None,
     ) -> None:
         super().__init__(message)
-        self.levers: Tuple[str, ...] = tuple(levers)
-        self.differences: Dict[str, Tuple[Any, ...]] = dict(differences or {})
+        self.levers: tuple[str, ...] = tuple(levers)
+        self.differences: dict[str, tuple[Any, ...]] = dict(differences or {})
 
 
 class SpeedflagsWarning(UserWarning):

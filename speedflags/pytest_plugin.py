@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from collections.abc import Hashable
+from typing import Any
 
 import pytest
 from _pytest.runner import runtestprotocol
@@ -82,7 +83,7 @@ MARKER = (
     "speedflags(**levers): run the test function under speedflags.fast_math(**levers), "
     "e.g. @pytest.mark.speedflags(tf32=True, amp='bf16')"
 )
-_SPEC = pytest.StashKey[Optional[FastMath]]()
+_SPEC = pytest.StashKey[FastMath | None]()
 _GUARD = "speedflags-leak-guard"
 _REPORT = "speedflags-leak-report"
 
@@ -174,7 +175,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marks = list(item.iter_markers("speedflags"))
     if not marks:
         return
-    levers: Dict[str, Any] = {}
+    levers: dict[str, Any] = {}
     for mark in reversed(marks):  # the closest mark (the function's) wins
         if mark.args:
             raise TypeError(
@@ -201,17 +202,17 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         yield
 
 
-State = Tuple[Hashable, ...]
+State = tuple[Hashable, ...]
 
 
 class LeakGuard:
     """The ``warn``/``fail`` half of the plugin: one per pytest session, watching throughout."""
 
-    def __init__(self, mode: str, worker: Optional[str] = None, shown: bool = True) -> None:
+    def __init__(self, mode: str, worker: str | None = None, shown: bool = True) -> None:
         self.mode = mode
         self.worker = worker  # the xdist worker's id, named in its findings
         self.warnings_plugin = shown  # pytest's warnings plugin is on: it shows warnings
-        self.domains: Tuple[Domain, ...] = domains()
+        self.domains: tuple[Domain, ...] = domains()
         # Read twice per test: bound once. A guarded setting's raw getter skips its own
         # try (one try for all below); a getter that raises falls back to the guarded reads.
         self._reads = tuple(domain.lever.read for domain in self.domains)
@@ -228,7 +229,7 @@ class LeakGuard:
             return tuple([read() for read in self._reads])
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Optional[pytest.Item]) -> bool:
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool:
         # pytest's own protocol, with the reports held back until the flags are compared
         # after teardown: a leak then fails the test itself rather than adding an error.
         seen = _watcher().seen
@@ -264,12 +265,12 @@ class LeakGuard:
             warnings.warn_explicit(message, FlagLeakWarning, path, line)
 
     def torchs_own(
-        self, item: pytest.Item, reports: List[Any], before: State, after: State
+        self, item: pytest.Item, reports: list[Any], before: State, after: State
     ) -> State:
         """``after``, less the changes PyTorch made by itself (a lazy first-call write): no
         test's leak, so left as torch set them and reported as information."""
         kept = list(after)
-        notes: List[str] = []
+        notes: list[str] = []
         for i, (domain, was, now) in enumerate(zip(self.domains, before, after, strict=True)):
             if was == now:
                 continue
@@ -282,16 +283,16 @@ class LeakGuard:
         return tuple(kept)
 
     def leaked(
-        self, item: pytest.Item, at: Tuple[str, str, int], before: State, after: State, seen: int
-    ) -> Tuple[str, findings.Finding]:
+        self, item: pytest.Item, at: tuple[str, str, int], before: State, after: State, seen: int
+    ) -> tuple[str, findings.Finding]:
         """Put every changed state back; say what changed and who wrote it (text, finding)."""
-        lines: List[str] = []
-        settings: List[Dict[str, Any]] = []
+        lines: list[str] = []
+        settings: list[dict[str, Any]] = []
         the_ledger = ledger()
         label = f"pytest --speedflags-leaks: put back after {item.nodeid}"
         shown, path, line = at
         where = (path, line)
-        restored: List[Tuple[Domain, Any, Any, Any, str]] = []
+        restored: list[tuple[Domain, Any, Any, Any, str]] = []
         with the_ledger.lock, the_ledger.section(label, where):
             for domain, was, now in zip(self.domains, before, after, strict=True):
                 if was == now:
@@ -304,7 +305,7 @@ class LeakGuard:
             describe = domain.lever.describe
             names = ", ".join(dict.fromkeys(n for n, _, _ in domain.views))
             changes = _changes(domain.views[0][1], describe(was), describe(now))
-            writes: List[Optional[Write]] = [*_watcher().writes_since(seen, domain.key)]
+            writes: list[Write | None] = [*_watcher().writes_since(seen, domain.key)]
             seen_writes = [findings.write_info(w.sentence(), w.function, w.where, w.thread)
                            for w in writes if w is not None]  # fmt: skip
             if len(changes) == 1 and not changes[0][0]:
@@ -329,7 +330,7 @@ class LeakGuard:
         return "\n".join([header, *lines]), found
 
 
-def _changes(prefix: str, was: Any, now: Any) -> List[Tuple[str, str, str, str]]:
+def _changes(prefix: str, was: Any, now: Any) -> list[tuple[str, str, str, str]]:
     """(key as shown, name as snapshot() keys it, before, after) per changed setting."""
     old = flatten("", was, {})
     new = flatten("", now, {})
@@ -347,7 +348,7 @@ def _name(prefix: str, key: str) -> str:
     return key.lstrip(".") if key.startswith(".torch.") else prefix + key
 
 
-def _def_location(item: pytest.Item) -> Tuple[str, str, int]:
+def _def_location(item: pytest.Item) -> tuple[str, str, int]:
     """(the file as pytest shows it, the file, the line) of the test's ``def``. pytest's
     location is the right file (where the function is defined, which is not the collecting
     module for an imported test) but a decorated test's first decorator line."""
@@ -364,7 +365,7 @@ def _shown(value: Any) -> str:
     return f"<raises {value.error}>" if isinstance(value, Unreadable) else repr(value)
 
 
-def _writer(write: Optional[Write]) -> str:
+def _writer(write: Write | None) -> str:
     if write is None:
         return (
             "unknown: no write through Python was seen (C++, or a thread that had not "
@@ -374,12 +375,12 @@ def _writer(write: Optional[Write]) -> str:
     return write.sentence() + thread
 
 
-def _target(reports: List[Any]) -> Any:
+def _target(reports: list[Any]) -> Any:
     # the report that speaks for the test: its call, else the last (a setup that failed)
     return next((r for r in reports if r.when == "call"), reports[-1])
 
 
-def _fail(item: pytest.Item, reports: List[Any], message: str) -> None:
+def _fail(item: pytest.Item, reports: list[Any], message: str) -> None:
     if not reports:  # pragma: no cover - pytest always reports at least the setup
         return
     target = _target(reports)

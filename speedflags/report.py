@@ -16,7 +16,7 @@ import json
 import os
 import platform
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 
@@ -54,7 +54,7 @@ def _api_in_use() -> str:
     return "legacy-compatible: both families agree and no fp32_precision parent node is set"
 
 
-def torch_features() -> Dict[str, Dict[str, Any]]:
+def torch_features() -> dict[str, dict[str, Any]]:
     """What this PyTorch has that speedflags uses, found by feature detection.
 
     Each entry: ``{"present": bool, "note": str}``; the note says what speedflags does
@@ -98,7 +98,7 @@ def torch_features() -> Dict[str, Dict[str, Any]]:
     }
 
 
-def gather_ranks(report: Dict[str, Any], state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def gather_ranks(report: dict[str, Any], state: dict[str, Any]) -> dict[str, Any] | None:
     """Every rank's identity and ``state``, gathered, with the verdict; None without a group.
 
     A collective: every rank of the default process group must call it.
@@ -131,7 +131,7 @@ def gather_ranks(report: Dict[str, Any], state: Dict[str, Any]) -> Optional[Dict
     }
 
 
-def _flatten(prefix: str, value: Any, out: Dict[str, Any]) -> None:
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
     if isinstance(value, dict):
         for key, sub in value.items():
             _flatten(f"{prefix}.{key}" if prefix else str(key), sub, out)
@@ -139,9 +139,9 @@ def _flatten(prefix: str, value: Any, out: Dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def _diff(before: Dict[str, Any], after: Dict[str, Any]) -> List[Dict[str, Any]]:
-    flat_before: Dict[str, Any] = {}
-    flat_after: Dict[str, Any] = {}
+def _diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    flat_before: dict[str, Any] = {}
+    flat_after: dict[str, Any] = {}
     _flatten("", before, flat_before)
     _flatten("", after, flat_after)
     return [
@@ -152,8 +152,8 @@ def _diff(before: Dict[str, Any], after: Dict[str, Any]) -> List[Dict[str, Any]]
 
 
 def build_report(
-    device: Optional[str] = None, apply: bool = False, restore: bool = False
-) -> Dict[str, Any]:
+    device: str | None = None, apply: bool = False, restore: bool = False
+) -> dict[str, Any]:
     """Everything ``speedflags report`` shows, as a JSON-friendly dict.
 
     Scope: reads process-wide flags and the calling thread's autocast state. With
@@ -169,7 +169,7 @@ def build_report(
     target = resolve_device(device, "report")
     caps = capabilities(target)
     rec = recommended(target)
-    report: Dict[str, Any] = {
+    report: dict[str, Any] = {
         "speedflags": __version__,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -204,7 +204,7 @@ def build_report(
         if restore:
             after = snapshot()
             mismatches = _diff(before, after)
-            flat: Dict[str, Any] = {}
+            flat: dict[str, Any] = {}
             _flatten("", before, flat)
             report["restore"] = {
                 "exact": not mismatches,
@@ -220,9 +220,9 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no "
 
 
-def render_report(report: Dict[str, Any]) -> str:
+def render_report(report: dict[str, Any]) -> str:
     """The human-readable form of :func:`build_report`'s result."""
-    lines: List[str] = []
+    lines: list[str] = []
     add = lines.append
     add(
         f"speedflags {report['speedflags']} · PyTorch {report['torch']} "
@@ -249,7 +249,7 @@ def render_report(report: Dict[str, Any]) -> str:
     for note in api["notes"]:
         add(f"  note: {note}")
     add("")
-    flat: Dict[str, Any] = {}
+    flat: dict[str, Any] = {}
     _flatten("", report["levers"], flat)
     lines += _render_levers(flat, report.get("last_written_by") or {})
     add("")
@@ -283,7 +283,7 @@ def render_report(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _render_levers(flat: Dict[str, Any], writers: Dict[str, str]) -> List[str]:
+def _render_levers(flat: dict[str, Any], writers: dict[str, str]) -> list[str]:
     shown = {key: f"  {key} = {value!r}" for key, value in flat.items()}
     if not writers:
         return ["levers and guarded settings (current state)", *shown.values()]
@@ -304,7 +304,7 @@ def _cell(value: Any) -> str:
     return text if len(text) <= _CELL else text[: _CELL - 1] + "…"
 
 
-def _render_ranks(ranks: Dict[str, Any]) -> List[str]:
+def _render_ranks(ranks: dict[str, Any]) -> list[str]:
     world_size = ranks["world_size"]
     states = ranks["states"]
     lines = [
@@ -317,7 +317,7 @@ def _render_ranks(ranks: Dict[str, Any]) -> List[str]:
             f" · PyTorch {p['torch']}"
         )
     flat = [distributed.flatten(p["state"]) for p in states]
-    keys: List[str] = []
+    keys: list[str] = []
     for one in flat:
         keys += [key for key in one if key not in keys]
     width = max(len(k) for k in keys) if keys else 10
@@ -339,7 +339,7 @@ def _render_ranks(ranks: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def print_report(report: Dict[str, Any], as_json: bool) -> None:
+def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         json.dump(report, sys.stdout, indent=2, default=json_default)
         sys.stdout.write("\n")

@@ -11,7 +11,8 @@ import dataclasses
 import inspect
 import sys
 from collections import abc, defaultdict
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import torch
 from torch.optim.optimizer import Optimizer  # the public path; 2.4's stubs lack torch.optim's
@@ -113,7 +114,7 @@ def grad_scaler(amp: AmpArg, device: DeviceLike = None, **kwargs: Any) -> Any:
     return scaler
 
 
-def _dtype_name(dtype: Optional[torch.dtype]) -> Any:
+def _dtype_name(dtype: torch.dtype | None) -> Any:
     return False if dtype is None else str(dtype).replace("torch.", "")
 
 
@@ -192,8 +193,8 @@ def fast_optimizer(cls: type[Opt], params: Iterable[Any], **kwargs: Any) -> Opt:
     return optimizer
 
 
-def _param_tensors(params: List[Any]) -> List[torch.Tensor]:
-    tensors: List[torch.Tensor] = []
+def _param_tensors(params: list[Any]) -> list[torch.Tensor]:
+    tensors: list[torch.Tensor] = []
     for item in params:
         if isinstance(item, dict):
             group = item.get("params", ())
@@ -205,7 +206,7 @@ def _param_tensors(params: List[Any]) -> List[torch.Tensor]:
     return tensors
 
 
-def _supported_devices(name: str, fallback: Tuple[str, ...]) -> Tuple[str, ...]:
+def _supported_devices(name: str, fallback: tuple[str, ...]) -> tuple[str, ...]:
     try:
         from torch.utils import _foreach_utils
 
@@ -215,8 +216,8 @@ def _supported_devices(name: str, fallback: Tuple[str, ...]) -> Tuple[str, ...]:
 
 
 def _fused_supported(
-    accepted: Any, tensors: List[torch.Tensor], kwargs: Dict[str, Any]
-) -> Tuple[bool, str]:
+    accepted: Any, tensors: list[torch.Tensor], kwargs: dict[str, Any]
+) -> tuple[bool, str]:
     if "fused" not in accepted:
         return False, "the class has no fused implementation"
     if kwargs.get("differentiable"):
@@ -233,7 +234,7 @@ def _fused_supported(
     return True, f"fused kernel for {', '.join(types)} parameters"
 
 
-def _foreach_supported(accepted: Any, tensors: List[torch.Tensor]) -> Tuple[bool, str]:
+def _foreach_supported(accepted: Any, tensors: list[torch.Tensor]) -> tuple[bool, str]:
     if "foreach" not in accepted:
         return False, "the class has no foreach implementation"
     devices = _supported_devices("_get_foreach_kernels_supported_devices", ("cuda",))
@@ -294,7 +295,7 @@ def to_device(batch: T, device: DeviceLike) -> T:
         ) from None
 
 
-def _move(obj: Any, device: torch.device, non_blocking: bool, path: Set[int]) -> Any:
+def _move(obj: Any, device: torch.device, non_blocking: bool, path: set[int]) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=non_blocking)
     if isinstance(obj, (str, bytes, int, float, bool)) or obj is None:
@@ -312,7 +313,7 @@ def _move(obj: Any, device: torch.device, non_blocking: bool, path: Set[int]) ->
         path.discard(id(obj))
 
 
-def _move_container(obj: Any, device: torch.device, non_blocking: bool, path: Set[int]) -> Any:
+def _move_container(obj: Any, device: torch.device, non_blocking: bool, path: set[int]) -> Any:
     if isinstance(obj, dict):
         items = [(k, _move(v, device, non_blocking, path)) for k, v in obj.items()]
         if isinstance(obj, defaultdict):

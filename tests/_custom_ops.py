@@ -11,14 +11,15 @@ Every op here takes one tensor and returns a new one: ``(Tensor x) -> Tensor``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch._dynamo
 
 HAS_CUSTOM_OP = hasattr(torch.library, "custom_op")
 NAMESPACE = "speedflags_test"
-_LIBRARY: Optional[Any] = None
+_LIBRARY: Any | None = None
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]
 
@@ -27,7 +28,7 @@ def custom_op(
     name: str,
     real: Kernel,
     fake: Kernel,
-    backward: Optional[Callable[[Any, torch.Tensor], torch.Tensor]] = None,
+    backward: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
 ) -> Kernel:
     """``speedflags_test::name``: ``real`` on CPU tensors, ``fake`` while tracing."""
     if HAS_CUSTOM_OP:

@@ -16,8 +16,9 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, Dict, List
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,7 @@ TIMEOUT = timedelta(seconds=30)
 THREADS = torch.get_num_threads()
 
 
-def rank_records(label_part: str) -> List[Dict[str, Any]]:
+def rank_records(label_part: str) -> list[dict[str, Any]]:
     return [
         r.to_dict()
         for r in speedflags.ledger().history
@@ -39,7 +40,7 @@ def rank_records(label_part: str) -> List[Dict[str, Any]]:
     ]
 
 
-def scenario_agree(rank: int) -> Dict[str, Any]:
+def scenario_agree(rank: int) -> dict[str, Any]:
     common = speedflags.check_ranks()
     with fast_math(cudnn_benchmark=True, label="rank-record"):
         pass
@@ -57,7 +58,7 @@ def scenario_agree(rank: int) -> Dict[str, Any]:
     }
 
 
-def scenario_planted_tf32(rank: int) -> Dict[str, Any]:
+def scenario_planted_tf32(rank: int) -> dict[str, Any]:
     before = speedflags.snapshot()
     if rank == 1:
         torch.backends.cuda.matmul.allow_tf32 = True  # one rank with TF32 switched on
@@ -79,7 +80,7 @@ def scenario_planted_tf32(rank: int) -> Dict[str, Any]:
     return {"raised": False}
 
 
-def scenario_default_dtype(rank: int) -> Dict[str, Any]:
+def scenario_default_dtype(rank: int) -> dict[str, Any]:
     # a guarded setting ranks must share, and two they need not (threads, default device)
     torch.set_num_threads(1 + rank)
     torch.set_default_device("cpu" if rank == 0 else "meta")
@@ -98,10 +99,10 @@ def scenario_default_dtype(rank: int) -> Dict[str, Any]:
         torch.set_num_threads(THREADS)
 
 
-def scenario_first_entry(rank: int) -> Dict[str, Any]:
+def scenario_first_entry(rank: int) -> dict[str, Any]:
     spec = fast_math(cudnn_benchmark=True, check_ranks=True, label="first-entry")
     before = speedflags.snapshot()
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     if rank == 1:
         torch.backends.cudnn.deterministic = True  # part of the deterministic lever
     try:
@@ -121,14 +122,14 @@ def scenario_first_entry(rank: int) -> Dict[str, Any]:
     return out
 
 
-def scenario_ddp(rank: int) -> Dict[str, Any]:
+def scenario_ddp(rank: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     initial = [p.detach().clone().tolist() for p in model.parameters()]
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
-    dtypes: List[str] = []
+    dtypes: list[str] = []
 
     @speedup(amp="bf16", device="cpu", check_ranks=True)
     def train_step(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -154,7 +155,7 @@ def scenario_ddp(rank: int) -> Dict[str, Any]:
     }
 
 
-SCENARIOS: Dict[str, Callable[[int], Dict[str, Any]]] = {
+SCENARIOS: dict[str, Callable[[int], dict[str, Any]]] = {
     "agree": scenario_agree,
     "planted_tf32": scenario_planted_tf32,
     "first_entry": scenario_first_entry,
@@ -171,7 +172,7 @@ def run_ranks(rank: int, world_size: int, store_file: str, out_file: str) -> Non
         world_size=world_size,
         timeout=TIMEOUT,
     )
-    results: Dict[str, Any] = {}
+    results: dict[str, Any] = {}
     try:
         for name, scenario in SCENARIOS.items():
             try:

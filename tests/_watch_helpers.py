@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import textwrap
 import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from conftest import reset_all

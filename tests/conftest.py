@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 import torch
@@ -123,7 +124,7 @@ def _math_sdp_reduction() -> Any:
     return getter() if getter is not None else None
 
 
-def flag_state() -> Dict[str, Any]:
+def flag_state() -> dict[str, Any]:
     """Every flag a test could leak: the levers, plus neighbours they must not touch."""
     state = speedflags.snapshot()
     state["others"] = {
@@ -200,7 +201,7 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} -> {b!r}"]
 
 
-_PRISTINE: Dict[str, Any] = {}
+_PRISTINE: dict[str, Any] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -233,7 +234,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     ``speedflags.capabilities`` asks is faked; every flag is still PyTorch's real one.
     """
 
-    def install(capability: Tuple[int, int] = (8, 0), name: str = "NVIDIA A100-SXM4-80GB") -> None:
+    def install(capability: tuple[int, int] = (8, 0), name: str = "NVIDIA A100-SXM4-80GB") -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
@@ -302,8 +303,8 @@ def fake_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     def install(
         features: CpuFeatures,
         kernels: Mapping[torch.dtype, KernelTrial] = {},
-        medium: Optional[str] = None,
-        onednn_bf16: Optional[bool] = None,
+        medium: str | None = None,
+        onednn_bf16: bool | None = None,
     ) -> None:
         if onednn_bf16 is not None:  # PyTorch's own check: AVX-512 (or AMX) for oneDNN bf16
             from speedflags.levers import precision
@@ -349,7 +350,7 @@ def last_seq() -> int:
     return history[-1].seq if history else 0
 
 
-def records_since(seq: int) -> List[speedflags.FlagRecord]:
+def records_since(seq: int) -> list[speedflags.FlagRecord]:
     """The ledger's own records after ``seq`` (a running watch also records torch's own
     writes, action "external")."""
     return [r for r in speedflags.ledger().history if r.seq > seq and r.action != "external"]

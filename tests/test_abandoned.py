@@ -8,7 +8,7 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import torch
@@ -115,7 +115,7 @@ def _wait(pid: int, seconds: float) -> int:
     return -9  # hung
 
 
-def _child(base: Dict[str, Any]) -> int:
+def _child(base: dict[str, Any]) -> int:
     # What a child checks right after the fork: a block enters and exits (the first boundary
     # drops the hammering thread's frame, which does not exist here), then every flag reads
     # as before the hammering began and no frame is open.
@@ -142,7 +142,7 @@ def test_a_hundred_forks_under_a_hammering_thread_all_get_a_usable_ledger() -> N
 
     thread = threading.Thread(target=hammer)
     thread.start()
-    codes: List[int] = []
+    codes: list[int] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads (3.12+)

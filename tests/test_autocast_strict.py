@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable, List
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -36,7 +36,7 @@ def cpu_without_fp16(fake_cpu: Callable[..., None]) -> None:
 
 
 def test_amp_bf16_on_cpu_is_thread_local() -> None:
-    seen: List[tuple[bool, torch.dtype]] = []
+    seen: list[tuple[bool, torch.dtype]] = []
 
     def look() -> None:
         x = torch.ones(4, 4)

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, List
+from typing import Any
 
 import pytest
 import torch
@@ -108,7 +108,7 @@ def test_compare_reports_a_bad_file(tmp_path: Path, capsys: pytest.CaptureFixtur
     ],
 )
 def test_bad_arguments_are_usage_errors(
-    args: List[str], message: str, capsys: pytest.CaptureFixture[str]
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["bench", *args]) == 2
     assert message in capsys.readouterr().err
@@ -125,7 +125,7 @@ def test_bad_device_and_missing_cuda_are_reported(capsys: pytest.CaptureFixture[
 def test_ctrl_c_prints_the_results_so_far_and_restores(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    shown: List[Any] = []
+    shown: list[Any] = []
     real_show = cli._show
 
     def show(event: Any) -> None:  # Ctrl-C right after the first measurement

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
@@ -26,7 +26,7 @@ needs_yaml = pytest.mark.skipif(
 )
 
 
-def _write(path: Path, data: Dict[str, Any]) -> str:
+def _write(path: Path, data: dict[str, Any]) -> str:
     path.write_text(json.dumps(data))
     return str(path)
 
@@ -116,7 +116,7 @@ def test_a_lever_file_can_be_one_configuration_among_others(tmp_path: Path) -> N
     ],
 )  # fmt: skip
 def test_a_bad_file_names_the_file_the_key_the_value_and_the_choices(
-    tmp_path: Path, data: Dict[str, Any], message: str
+    tmp_path: Path, data: dict[str, Any], message: str
 ) -> None:
     path = _write(tmp_path / "bad.json", data)
     with pytest.raises(InvalidValueError) as caught:

@@ -6,7 +6,8 @@ a CPU build cannot show a compute capability, so only ``capabilities`` is faked.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

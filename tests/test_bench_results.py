@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from speedflags.bench.table import finish, render, render_compare
 GROUP = "matmul cpu 2048"
 
 
-def rows() -> List[Result]:
+def rows() -> list[Result]:
     return [
         Result(GROUP, "fp32", "matmul", "cpu", 2048, baseline=True, median_s=0.2, flops=1.7e10),
         Result(GROUP, "precision-medium", "matmul", "cpu", 2048, median_s=0.1, flops=1.7e10),
@@ -71,7 +72,7 @@ def test_render_marks_levers_without_effect() -> None:
     assert render([]) == "(nothing measured)"
 
 
-def run_with(results: List[Result], **env: Any) -> BenchRun:
+def run_with(results: list[Result], **env: Any) -> BenchRun:
     environment = {"device": "cpu", "device_name": "AMD EPYC", "torch": "2.13.0", "threads": 2}
     environment.update(env)
     return BenchRun(environment, {"passes": 3}, finish(results))

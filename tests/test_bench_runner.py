@@ -5,7 +5,8 @@ Tiny sizes and one or two rounds: these check the loop's logic, never its speed.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -43,7 +44,7 @@ def tiny(**overrides: Any) -> Settings:
     return Settings(**values)
 
 
-def measured(bench_run: Any) -> List[str]:
+def measured(bench_run: Any) -> list[str]:
     return [r.config for r in bench_run.results if not r.skipped]
 
 
@@ -65,7 +66,7 @@ def test_every_runnable_configuration_is_measured_in_every_pass(
 ) -> None:
     if CPU_KINDS[kind] is not None:
         fake_cpu(*CPU_KINDS[kind])
-    events: List[Progress] = []
+    events: list[Progress] = []
     result = run(tiny(), events.append)
     assert not result.interrupted and result.flags_restored
     configs = measured(result)
@@ -140,7 +141,7 @@ def test_plan_for_a_gpu_uses_the_gpu_sizes(fake_gpu: Callable[..., None]) -> Non
 @pytest.mark.usefixtures("cpu_with_bf16")  # three measurable matmul configurations
 def test_ctrl_c_between_measurements_keeps_the_results_so_far() -> None:
     before = speedflags.snapshot()
-    done: List[str] = []
+    done: list[str] = []
 
     def progress(event: Progress) -> None:  # Ctrl-C after the third measurement
         if event.kind == "done":
@@ -162,10 +163,10 @@ def test_ctrl_c_between_measurements_keeps_the_results_so_far() -> None:
 @pytest.mark.usefixtures("cpu_with_bf16")  # amp-bf16 measured: faked where this CPU lacks bf16
 def test_ctrl_c_inside_a_frame_restores_every_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     before = speedflags.snapshot()
-    inside: List[bool] = []
+    inside: list[bool] = []
     real = runner_module.measure_rounds
 
-    def interrupted(runner: Any, clock: Any, rounds: int, calls: int) -> List[float]:
+    def interrupted(runner: Any, clock: Any, rounds: int, calls: int) -> list[float]:
         if autocast_enabled("cpu"):  # the amp-bf16 frame is open
             inside.append(torch.get_float32_matmul_precision() == "highest")
             raise KeyboardInterrupt
@@ -182,7 +183,7 @@ def test_ctrl_c_inside_a_frame_restores_every_flag(monkeypatch: pytest.MonkeyPat
 
 def test_a_round_of_several_calls_uses_a_new_input_set_per_call() -> None:
     sets = [(torch.tensor(float(i)),) for i in range(5)]
-    ran: List[float] = []
+    ran: list[float] = []
     ticks = iter(range(0, 1000, 10))  # a clock that advances 10 per reading
     runner = Runner(sets, lambda x: ran.append(float(x)))
     times = measure_rounds(runner, lambda: float(next(ticks)), rounds=2, calls=3)
@@ -213,7 +214,7 @@ def test_a_configuration_pytorch_refuses_on_its_first_call_is_skipped_with_its_m
         return Runner([(torch.ones(2),)], refuse)
 
     monkeypatch.setattr(MatmulProblem, "runner", refusing)
-    events: List[Progress] = []
+    events: list[Progress] = []
     before = speedflags.snapshot()
     result = run(tiny(configs=configs), events.append)
     assert not result.interrupted and result.flags_restored and speedflags.snapshot() == before
@@ -233,7 +234,7 @@ def test_a_configuration_that_raises_after_running_ends_the_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     real = MatmulProblem.runner
-    calls: List[int] = []
+    calls: list[int] = []
 
     def failing_later(self: MatmulProblem, config: Any) -> Runner:
         inner = real(self, config)

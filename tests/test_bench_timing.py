@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import List
 
 import pytest
 import torch
@@ -27,9 +26,9 @@ MiB = 2**20
 
 
 @pytest.fixture
-def sync_calls(monkeypatch: pytest.MonkeyPatch) -> List[object]:
+def sync_calls(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Record torch.cuda.synchronize calls (faked: this build has no GPU)."""
-    calls: List[object] = []
+    calls: list[object] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
     return calls
 
@@ -38,7 +37,7 @@ def test_cpu_clock_is_plain_perf_counter() -> None:
     assert timer_for(torch.device("cpu")) is time.perf_counter
 
 
-def test_cuda_clock_waits_for_the_device_before_reading(sync_calls: List[object]) -> None:
+def test_cuda_clock_waits_for_the_device_before_reading(sync_calls: list[object]) -> None:
     device = torch.device("cuda", 1)
     clock = timer_for(device)
     first = clock()
@@ -48,8 +47,8 @@ def test_cuda_clock_waits_for_the_device_before_reading(sync_calls: List[object]
     assert "cuda1" in clock.__name__
 
 
-def test_synced_waits_after_the_call(sync_calls: List[object]) -> None:
-    order: List[str] = []
+def test_synced_waits_after_the_call(sync_calls: list[object]) -> None:
+    order: list[str] = []
 
     def work(x: int) -> int:
         order.append(f"work {len(sync_calls)} syncs so far")
@@ -60,12 +59,12 @@ def test_synced_waits_after_the_call(sync_calls: List[object]) -> None:
     assert sync_calls == [torch.device("cuda")]
 
 
-def test_synced_on_cpu_never_touches_cuda(sync_calls: List[object]) -> None:
+def test_synced_on_cpu_never_touches_cuda(sync_calls: list[object]) -> None:
     assert synced(lambda: 3, torch.device("cpu"))() == 3
     assert sync_calls == []
 
 
-def test_timer_sync_does_not_initialise_cuda(sync_calls: List[object]) -> None:
+def test_timer_sync_does_not_initialise_cuda(sync_calls: list[object]) -> None:
     assert timing.timer_sync() > 0
     assert sync_calls == []  # CUDA is not initialised (not even available) here
 

@@ -12,9 +12,10 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any
 
 import pytest
 
@@ -149,18 +150,18 @@ def _pip(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
-def _listed(env: Mapping[str, str]) -> List[Tuple[str, str, str]]:
+def _listed(env: Mapping[str, str]) -> list[tuple[str, str, str]]:
     """What pip itself says its configuration is under ``env``."""
     result = _pip(env, "config", "list")
     assert result.returncode == 0, result.stderr
     return newest_torch.parse_config_list(result.stdout)
 
 
-def _capped_by(listed: List[Tuple[str, str, str]]) -> List[str]:
+def _capped_by(listed: list[tuple[str, str, str]]) -> list[str]:
     return [value for _, key, value in listed if key == "constraint"]
 
 
-def _machine(tmp_path: Path, layout: str, cap: Path) -> Dict[str, str]:
+def _machine(tmp_path: Path, layout: str, cap: Path) -> dict[str, str]:
     """An environment whose pip configuration has ``layout``.
 
     "as-is" is this machine's own configuration, untouched (on a fresh machine here its
@@ -197,7 +198,7 @@ def test_real_pip_resolves_the_newest_only_with_the_cap_lifted(tmp_path: Path, l
     cap.write_text("torch<=2.14.1\n")
     machine = _machine(tmp_path, layout, cap)
 
-    def dry_run(env: Mapping[str, str]) -> Tuple[int, str, Dict[str, Any]]:
+    def dry_run(env: Mapping[str, str]) -> tuple[int, str, dict[str, Any]]:
         report = tmp_path / "report.json"
         report.unlink(missing_ok=True)
         result = _pip(

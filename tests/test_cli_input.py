@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, List
 
 import pytest
 import torch
@@ -58,7 +58,7 @@ def under_a_file(tmp_path: Path) -> Path:
     return blocker / "out"
 
 
-def _bench(args: List[str]) -> int:
+def _bench(args: list[str]) -> int:
     return main(["bench", "--workload", "matmul", *TINY, *args])
 
 

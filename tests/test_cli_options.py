@@ -11,8 +11,8 @@ import contextlib
 import os
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List
 
 import pytest
 import torch
@@ -219,7 +219,7 @@ def test_bench_and_tune_refuse_a_mixed_tf32_state_before_any_work(
 ) -> None:
     # Failed before (bench): the problems were prepared, then MixedTF32APIError's traceback
     torch.backends.cuda.matmul.fp32_precision = "tf32"  # the legacy getter says 'highest'
-    args: List[str] = {
+    args: list[str] = {
         "bench": ["bench", "--workload", "matmul", *TINY],
         "tune": ["tune", f"{steps}:step", "--levers", "tf32", "--device", "cpu"],
     }[command]

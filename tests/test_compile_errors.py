@@ -11,7 +11,8 @@ compiled call.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, List
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -38,7 +39,7 @@ def compiler_settings_untouched() -> Iterator[None]:
 
 def counting_backend() -> Any:
     """A backend that runs each graph eagerly and counts the graphs it was given."""
-    calls: List[int] = []
+    calls: list[int] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         calls.append(len(calls) + 1)
@@ -84,7 +85,7 @@ def test_a_shape_error_is_the_steps_own_and_the_step_stays_compiled(fullgraph: b
     # parameter's `matmul` (the same code, compiled by another backend) would be reused.
     torch._dynamo.reset()
     backend = counting_backend()
-    ran: List[bool] = []
+    ran: list[bool] = []
 
     def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ran.append(is_compiling())
@@ -108,7 +109,7 @@ def test_a_shape_error_is_the_steps_own_and_the_step_stays_compiled(fullgraph: b
 @pytest.mark.parametrize("compile", [True, {"fullgraph": True}], ids=["default", "fullgraph"])
 def test_a_shape_error_under_inductor_is_the_steps_own(compile: Any) -> None:
     # compile=True as users write it: inductor (the lever is fixed so eager compares alike)
-    ran: List[bool] = []
+    ran: list[bool] = []
 
     def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ran.append(is_compiling())
@@ -130,7 +131,7 @@ def test_an_error_after_a_graph_break_is_the_steps_own_and_nothing_runs_twice() 
     # dynamo runs it eagerly, once, and its error is the step's.
     backend = counting_backend()
     state = torch.zeros(2)
-    ran: List[bool] = []
+    ran: list[bool] = []
 
     def train(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         state.add_(1)
@@ -182,7 +183,7 @@ def test_an_error_the_compiled_graph_raises_at_run_time_is_the_steps_own(
         monkeypatch.setattr(_compile_backend, "early_backward_lowering", contextlib.nullcontext)
     elif not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
         pytest.skip(f"PyTorch {torch.__version__} always compiles the backward lazily")
-    early: List[bool] = []
+    early: list[bool] = []
 
     def backward_compiler(gm: torch.fx.GraphModule, inputs: Any) -> Any:
         early.append(getattr(functorch_config, "force_non_lazy_backward_lowering", False))
@@ -222,7 +223,7 @@ def test_an_error_the_compiled_graph_raises_at_run_time_is_the_steps_own(
 def test_an_error_dynamo_does_not_suppress_before_the_step_ran_is_the_steps_own() -> None:
     # torch.cond's branches are traced as a whole: their error escapes dynamo's error
     # suppression. Nothing of the call ran, so it runs eagerly, and raises the eager error.
-    ran: List[int] = []
+    ran: list[int] = []
 
     def branchy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ran.append(1)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Any, Callable, Dict, Iterator, List
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -79,7 +80,7 @@ def test_amp_false_in_a_graph_turns_an_outer_autocast_off() -> None:
 # --- the shorthands ---------------------------------------------------------------------
 
 # shorthand call -> the state a probe reads inside the block
-SHORTHANDS: Dict[str, Any] = {
+SHORTHANDS: dict[str, Any] = {
     "tf32": (lambda: speedflags.tf32(), lambda: torch.backends.cuda.matmul.allow_tf32, True),
     "matmul_precision": (
         lambda: speedflags.matmul_precision("medium"),
@@ -115,7 +116,7 @@ def test_each_shorthand_in_compiled_code_runs_in_force_or_is_refused(
     name: str, fullgraph: bool
 ) -> None:
     make, read, wanted = SHORTHANDS[name]
-    seen: List[Any] = []
+    seen: list[Any] = []
     probe = torch.compiler.disable(lambda: seen.append(read()))
 
     def step(x: torch.Tensor) -> torch.Tensor:
@@ -198,7 +199,7 @@ OUTSIDE_DETERMINISTIC = fast_math(deterministic=True, device="cpu")
 
 
 def test_a_spec_built_outside_runs_its_block_eagerly_with_the_levers_in_force() -> None:
-    seen: List[bool] = []
+    seen: list[bool] = []
     read = torch.are_deterministic_algorithms_enabled
     probe = torch.compiler.disable(lambda: seen.append(read()))
 
@@ -296,7 +297,7 @@ def test_many_decorated_functions_compiled_each_keep_a_cache_of_their_own() -> N
 def test_a_speedup_step_called_from_compiled_code_runs_eagerly_with_its_levers(
     fullgraph: bool,
 ) -> None:
-    seen: List[bool] = []
+    seen: list[bool] = []
 
     @speedup(deterministic=True, amp="bf16", device="cpu")
     def inner(x: torch.Tensor) -> torch.Tensor:
@@ -335,7 +336,7 @@ def test_at_trace_time_marks_what_assume_constant_result_marks() -> None:
 
 
 def test_hooked_is_true_only_where_dynamo_compiles_what_runs() -> None:
-    seen: List[Any] = []
+    seen: list[Any] = []
 
     def step(x: torch.Tensor) -> torch.Tensor:
         try:  # a graph break in a try block: dynamo runs this frame eagerly, its hook set
@@ -371,7 +372,7 @@ def test_import_speedflags_does_not_import_dynamo() -> None:
 
 # --- issue 29 item 5: a frozen Linear, max-autotune, inside a TF32 block ----------------------
 
-TF32_STARTS: Dict[str, Callable[[], None]] = {
+TF32_STARTS: dict[str, Callable[[], None]] = {
     "legacy API": lambda: None,
     # the user set the generic node through the new API (a consistent state)
     "new API": lambda: (

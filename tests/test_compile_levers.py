@@ -11,7 +11,8 @@ compiles they cause: on a CPU the graph is the same, so a wrong reuse could not 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, Iterator, List
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def fresh_dynamo() -> Iterator[None]:
     torch._dynamo.reset()
 
 
-def sdpa_ops(fn: Callable[..., Any], *args: Any) -> List[str]:
+def sdpa_ops(fn: Callable[..., Any], *args: Any) -> list[str]:
     """The SDPA kernels one call ran (traced ones included, on a call that compiles)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn(*args)
@@ -192,7 +193,7 @@ def test_speedup_without_compile_has_no_lever_guard() -> None:
     ],
     ids=lambda c: next(iter(c)),
 )
-def test_levers_that_cannot_change_a_cpu_graph_still_compile_apart(change: Dict[str, Any]) -> None:
+def test_levers_that_cannot_change_a_cpu_graph_still_compile_apart(change: dict[str, Any]) -> None:
     # On a CPU these flags leave the graph as it was (cuDNN, cuBLAS) or, on a CPU without AMX,
     # oneDNN's kernels unchanged: what is checked is that the step compiled for the state.
     step = speedup(compile={"backend": "aot_eager"}, amp=False)(lambda x: x @ x + 1)
@@ -326,7 +327,7 @@ def test_guard_levers_refuses_bad_input() -> None:
 
 @pytest.mark.skipif(not HAS_CACHE_TAG, reason=f"PyTorch {torch.__version__}: no cache_key_tag")
 def test_the_state_is_in_the_cache_key_while_a_graph_compiles() -> None:
-    seen: List[str] = []
+    seen: list[str] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         seen.append(torch.compiler.config.cache_key_tag)

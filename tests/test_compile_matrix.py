@@ -38,7 +38,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -52,7 +53,7 @@ from speedflags import LeverInGraphError, SpeedflagsWarning, fast_math, speedup
 
 PACKAGE = os.path.dirname(os.path.abspath(speedflags.__file__))
 
-LEVERS: Dict[str, Dict[str, Any]] = {
+LEVERS: dict[str, dict[str, Any]] = {
     "amp": {"amp": "bf16"},
     "sdpa": {"sdpa": "math"},
     "deterministic": {"deterministic": True},
@@ -61,7 +62,7 @@ LEVERS: Dict[str, Dict[str, Any]] = {
 }
 
 # What the probe reads inside the block, and what it must read there (the lever in force).
-IN_FORCE: Dict[str, Tuple[Callable[[], Any], Any]] = {
+IN_FORCE: dict[str, tuple[Callable[[], Any], Any]] = {
     "sdpa": (
         lambda: (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()),
         (False, True),
@@ -92,7 +93,7 @@ class Probe:
 
     def __init__(self, lever: str) -> None:
         self.read = IN_FORCE[lever][0] if lever in IN_FORCE else None
-        self.seen: List[Any] = []
+        self.seen: list[Any] = []
         self.call = torch.compiler.disable(self._record)
 
     def _record(self) -> None:
@@ -106,7 +107,7 @@ def attention(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, q, q)
 
 
-def build(place: str, levers: Dict[str, Any], probe: Probe, compile_options: Dict[str, Any]):
+def build(place: str, levers: dict[str, Any], probe: Probe, compile_options: dict[str, Any]):
     """(the function to compile, or the compiled @speedup step; the same run eagerly)."""
     levers = {**levers, "device": "cpu"}
     use_probe = probe.read is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import warnings
-from typing import Any, List
+from typing import Any
 
 import pytest
 import torch
@@ -15,12 +15,12 @@ import speedflags
 from speedflags import LedgerOrderError, LeverConflictWarning, fast_math
 
 
-def _conflicts(caught: List[warnings.WarningMessage]) -> List[str]:
+def _conflicts(caught: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, LeverConflictWarning)]
 
 
-def _in_threads(*targets: Any) -> List[BaseException]:
-    errors: List[BaseException] = []
+def _in_threads(*targets: Any) -> list[BaseException]:
+    errors: list[BaseException] = []
 
     def run(target: Any) -> None:
         try:
@@ -108,7 +108,7 @@ def test_nesting_in_one_thread_does_not_warn() -> None:
 
 def test_tasks_interleaving_blocks_across_awaits_exit_in_any_order() -> None:
     before = speedflags.snapshot()
-    seen: List[str] = []
+    seen: list[str] = []
 
     async def main() -> None:
         a_in, b_in, a_out = asyncio.Event(), asyncio.Event(), asyncio.Event()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, AsyncIterator, Iterator, List, Tuple
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ def test_exception_in_decorated_function_propagates_and_restores() -> None:
     assert not benchmark_on()
 
 
-def _cpu_autocast() -> Tuple[bool, torch.dtype]:
+def _cpu_autocast() -> tuple[bool, torch.dtype]:
     # torch's own getters, not speedflags' snapshot: the check must not read through the code
     # under test. The device-generic getters came in 2.4; 2.1 has only the per-device ones.
     if hasattr(torch, "get_autocast_dtype"):
@@ -58,7 +59,7 @@ def test_bare_decorator_applies_the_recommended_levers() -> None:
     others_before = (torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision())
 
     @fast_math
-    def step() -> Tuple[Tuple[bool, torch.dtype], Tuple[bool, str]]:
+    def step() -> tuple[tuple[bool, torch.dtype], tuple[bool, str]]:
         others = (torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision())
         return _cpu_autocast(), others
 
@@ -74,7 +75,7 @@ def test_bare_decorator_applies_the_recommended_levers() -> None:
 
 
 def test_recursion_gives_each_call_its_own_frame() -> None:
-    depths: List[int] = []
+    depths: list[int] = []
 
     @fast_math(cudnn_benchmark=True)
     def recurse(n: int) -> int:
@@ -125,7 +126,7 @@ def test_decorating_a_class_is_refused() -> None:
 
 
 def test_generator_gets_the_levers_per_step() -> None:
-    cleanup: List[bool] = []
+    cleanup: list[bool] = []
 
     @fast_math(cudnn_benchmark=True)
     def gen() -> Iterator[bool]:
@@ -170,7 +171,7 @@ def test_generator_return_value_and_throw() -> None:
 
 
 def test_coroutine_gets_the_levers_per_step_and_other_tasks_do_not() -> None:
-    seen: List[tuple[str, bool]] = []
+    seen: list[tuple[str, bool]] = []
 
     @fast_math(cudnn_benchmark=True)
     async def fast_task() -> str:
@@ -207,7 +208,7 @@ def test_coroutine_exception_propagates_and_restores() -> None:
 
 
 def test_concurrent_tasks_with_different_settings_see_their_own() -> None:
-    seen: List[tuple[str, bool]] = []
+    seen: list[tuple[str, bool]] = []
 
     @fast_math(cudnn_benchmark=True)
     async def on() -> None:
@@ -230,7 +231,7 @@ def test_concurrent_tasks_with_different_settings_see_their_own() -> None:
 
 
 def test_async_generator_gets_the_levers_per_step() -> None:
-    cleanup: List[bool] = []
+    cleanup: list[bool] = []
 
     @fast_math(cudnn_benchmark=True)
     async def agen() -> AsyncIterator[bool]:
@@ -241,7 +242,7 @@ def test_async_generator_gets_the_levers_per_step() -> None:
         finally:
             cleanup.append(benchmark_on())
 
-    async def main() -> List[Any]:
+    async def main() -> list[Any]:
         got = []
         gen = agen()
         async for flag in gen:
@@ -264,7 +265,7 @@ def test_async_generator_athrow_and_exhaustion() -> None:
         except KeyError:
             yield 2
 
-    async def main() -> List[int]:
+    async def main() -> list[int]:
         gen = agen()
         out = [await gen.__anext__(), await gen.athrow(KeyError("k"))]
         with pytest.raises(StopAsyncIteration):

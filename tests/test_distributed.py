@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import torch
@@ -37,7 +37,7 @@ needs_distributed = pytest.mark.skipif(
 )
 
 
-def child_env() -> Dict[str, str]:
+def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         GLOO_SOCKET_IFNAME="lo",  # gloo's rank-to-rank sockets stay on the loopback interface
@@ -54,10 +54,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def descendants(pid: int) -> List[int]:
+def descendants(pid: int) -> list[int]:
     """The processes below ``pid`` (Linux /proc): torchrun starts its workers in sessions of
     their own, so killing torchrun's process group does not reach them."""
-    children: Dict[int, List[int]] = {}
+    children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -89,7 +89,7 @@ def stop(proc: subprocess.Popen[str]) -> None:
     proc.communicate()
 
 
-def run_bounded(procs: List[subprocess.Popen[str]]) -> List[subprocess.CompletedProcess[str]]:
+def run_bounded(procs: list[subprocess.Popen[str]]) -> list[subprocess.CompletedProcess[str]]:
     """Wait for every process (bounded); stop any still running, with what it started."""
     results = []
     try:
@@ -106,7 +106,7 @@ def run_bounded(procs: List[subprocess.Popen[str]]) -> List[subprocess.Completed
     return results
 
 
-def start(args: List[str]) -> subprocess.Popen[str]:
+def start(args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *args],
         stdout=subprocess.PIPE,
@@ -133,7 +133,7 @@ def torchrun(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """One two-rank run of every scenario in _dist_worker.py; each rank's findings."""
     if not distributed.AVAILABLE:
         pytest.skip(f"PyTorch {torch.__version__} is built without torch.distributed")
@@ -149,7 +149,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> List[Dict[str, Any]]:
     return [json.loads(out.read_text()) for out in outs]
 
 
-def scenario(ranks: List[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
+def scenario(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     found = [rank[name] for rank in ranks]
     for rank, result in enumerate(found):
         assert "error" not in result, f"rank {rank}:\n{result['error']}"
@@ -159,7 +159,7 @@ def scenario(ranks: List[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
 # --- two real processes ----------------------------------------------------------------------
 
 
-def test_all_ranks_agree_and_records_carry_the_rank(ranks: List[Dict[str, Any]]) -> None:
+def test_all_ranks_agree_and_records_carry_the_rank(ranks: list[dict[str, Any]]) -> None:
     for rank, result in enumerate(scenario(ranks, "agree")):
         assert result["checked"] is True
         assert (result["rank"], result["world_size"], result["backend"]) == (rank, 2, "gloo")
@@ -170,7 +170,7 @@ def test_all_ranks_agree_and_records_carry_the_rank(ranks: List[Dict[str, Any]])
 
 
 def test_a_rank_with_tf32_switched_differently_is_caught_and_named(
-    ranks: List[Dict[str, Any]],
+    ranks: list[dict[str, Any]],
 ) -> None:
     messages = []
     for result in scenario(ranks, "planted_tf32"):
@@ -191,7 +191,7 @@ def test_a_rank_with_tf32_switched_differently_is_caught_and_named(
 
 
 def test_ranks_must_agree_on_the_default_dtype_but_not_on_threads_or_device(
-    ranks: List[Dict[str, Any]],
+    ranks: list[dict[str, Any]],
 ) -> None:
     for result in scenario(ranks, "default_dtype"):
         assert result["agreed"] == "all 2 ranks agree (gloo)"
@@ -201,7 +201,7 @@ def test_ranks_must_agree_on_the_default_dtype_but_not_on_threads_or_device(
 
 
 def test_check_ranks_true_checks_at_the_first_entry_and_rolls_it_back(
-    ranks: List[Dict[str, Any]],
+    ranks: list[dict[str, Any]],
 ) -> None:
     for result in scenario(ranks, "first_entry"):
         assert "entered_while_mismatched" not in result
@@ -217,7 +217,7 @@ def test_check_ranks_true_checks_at_the_first_entry_and_rolls_it_back(
 
 
 def test_ddp_trains_with_identical_parameters_under_check_ranks(
-    ranks: List[Dict[str, Any]],
+    ranks: list[dict[str, Any]],
 ) -> None:
     results = scenario(ranks, "ddp")
     for result in results:

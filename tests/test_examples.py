@@ -12,8 +12,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ HAS_LIGHTNING = installed("jsonargparse") and (
     installed("lightning") or installed("pytorch_lightning")
 )
 # script -> why it cannot run here (None: it can)
-SCRIPTS: Dict[str, Optional[str]] = {
+SCRIPTS: dict[str, str | None] = {
     "train_toy_transformer.py": None,
     "cifar10_resnet.py": None,
     "lightning_yaml/train.py": None if HAS_LIGHTNING else "pip install 'speedflags[lightning]'",
@@ -41,7 +42,7 @@ SCRIPTS: Dict[str, Optional[str]] = {
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any]]:
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Every runnable example, started at once: they import torch and their trainers, which
     is most of their time, in parallel. Each test then waits for its own."""
     env = dict(os.environ)
@@ -71,7 +72,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Any
 
 
 @pytest.mark.parametrize("script", list(SCRIPTS))
-def test_example_runs_with_smoke(script: str, launched: Dict[str, Any]) -> None:
+def test_example_runs_with_smoke(script: str, launched: dict[str, Any]) -> None:
     if SCRIPTS[script] is not None:
         pytest.skip(f"needs {SCRIPTS[script]}")
     process, cwd = launched[script]

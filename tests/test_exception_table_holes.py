@@ -21,7 +21,7 @@ import importlib
 import pkgutil
 import sys
 import types
-from typing import Callable, Iterator, List, Optional, Set
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -59,10 +59,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def handler_of(code: types.CodeType) -> Callable[[int], Optional[int]]:
+def handler_of(code: types.CodeType) -> Callable[[int], int | None]:
     entries = dis._parse_exception_table(code)  # type: ignore[attr-defined]
 
-    def handler(offset: int) -> Optional[int]:
+    def handler(offset: int) -> int | None:
         for entry in entries:
             if entry.start <= offset < entry.end:
                 return int(entry.target)
@@ -74,8 +74,8 @@ def handler_of(code: types.CodeType) -> Callable[[int], Optional[int]]:
 def is_cleanup_only(
     code: types.CodeType,
     target: int,
-    handler: Callable[[int], Optional[int]],
-    seen: Optional[Set[int]] = None,
+    handler: Callable[[int], int | None],
+    seen: set[int] | None = None,
 ) -> bool:
     """True if the handler at ``target`` only tidies up a comprehension or generator and
     re-raises to no handler of this function (a hole there skips nothing that matters)."""
@@ -112,7 +112,7 @@ def holes(code: types.CodeType) -> Iterator[str]:
             yield from holes(const)
 
 
-def module_holes(name: str) -> List[str]:
+def module_holes(name: str) -> list[str]:
     module = importlib.import_module(name)
     path = module.__file__
     assert path is not None

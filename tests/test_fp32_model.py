@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import Optional
 
 import pytest
 import torch
@@ -297,7 +296,7 @@ def test_bfx9_mixed_with_a_legacy_tf32_precision_is_explained() -> None:
 # --- the model against the installed PyTorch --------------------------------------------------
 
 
-def _start(kind: Optional[str]) -> None:
+def _start(kind: str | None) -> None:
     reset_tf32_family()
     if kind == "high":
         torch.set_float32_matmul_precision("high")
@@ -308,7 +307,7 @@ def _start(kind: Optional[str]) -> None:
 @pytest.mark.parametrize("start", [None, "high", "medium"])
 @pytest.mark.parametrize(("kind", "value"), REQUESTS)
 def test_the_installed_pytorch_does_what_the_plans_predict(
-    start: Optional[str], kind: str, value: object
+    start: str | None, kind: str, value: object
 ) -> None:
     # write_state falls back to a slow path that reads between steps when a prediction
     # is wrong, which would hide a model error; here each plan runs alone and is compared:

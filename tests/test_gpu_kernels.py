@@ -9,7 +9,6 @@ and the CUDA kernels launched), through ``speedflags._measure.evidence.cuda_trac
 from __future__ import annotations
 
 import warnings
-from typing import Tuple
 
 import pytest
 import torch
@@ -39,7 +38,7 @@ KERNEL_WORDS = {
 }
 
 
-def _conv_kernels(side: int, benchmark: bool) -> Tuple[Trace, Trace]:
+def _conv_kernels(side: int, benchmark: bool) -> tuple[Trace, Trace]:
     gen = torch.Generator(device="cuda").manual_seed(side)
     x = torch.randn(4, 40, side, side, device="cuda", generator=gen)
     w = torch.randn(40, 40, 3, 3, device="cuda", generator=gen)
@@ -82,7 +81,7 @@ def test_cudnn_benchmark_autotunes_and_leaves_enabled_and_deterministic_alone() 
     ), shown
 
 
-def _qkv(dtype: torch.dtype) -> Tuple[torch.Tensor, ...]:
+def _qkv(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     return tuple(
         torch.randn(2, 8, 256, 64, device="cuda", generator=gen).to(dtype) for _ in range(3)

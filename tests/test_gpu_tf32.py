@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import pytest
 import torch
@@ -158,7 +158,7 @@ def test_verify_on_the_gpu_verifies_every_tf32_lever() -> None:
     assert run.restored and run.ok
 
 
-def _verify_in_subprocess(override: Optional[str], tmp_path: Path) -> Tuple[int, Any, str]:
+def _verify_in_subprocess(override: str | None, tmp_path: Path) -> tuple[int, Any, str]:
     out = tmp_path / "verify.json"
     env = {k: v for k, v in os.environ.items() if k != "NVIDIA_TF32_OVERRIDE"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)

@@ -8,8 +8,9 @@ skips without a CUDA GPU.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ def _model(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).cuda()
 
 
-def _batch(rows: int = 64, seed: int = 1) -> List[torch.Tensor]:
+def _batch(rows: int = 64, seed: int = 1) -> list[torch.Tensor]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     return [torch.randn(rows, 256, device="cuda", generator=gen) for _ in range(2)]
 

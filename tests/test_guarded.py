@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from speedflags.levers.guarded import GUARDED, GUARDED_NAMES, SKIPPED, setting
 
 # How user code changes each setting through torch's public API (the line the watch must
 # name), and what the setting then reads as, described.
-CHANGES: Dict[str, Tuple[Callable[[], Any], Any]] = {
+CHANGES: dict[str, tuple[Callable[[], Any], Any]] = {
     "default_dtype": (lambda: torch.set_default_dtype(torch.float64), "float64"),
     "default_device": (lambda: torch.set_default_device("meta"), "meta"),
     "cudnn_enabled": (lambda: setattr(torch.backends.cudnn, "enabled", False), False),

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Callable, Dict
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -130,7 +131,7 @@ def test_this_cpus_answer_is_its_instructions_and_its_kernels(dtype: torch.dtype
 
 # --- the CPUs CI runs on, faked ------------------------------------------------------------
 
-CASES: Dict[str, Any] = {
+CASES: dict[str, Any] = {
     # name: (features, kernels, bf16 supported, fp16 supported, fp16 missing_kernel)
     "amx-xeon": (AMX_XEON, ALL_KERNELS, True, True, False),
     "amx-xeon-torch-2.1": (AMX_XEON, TORCH_2_1_KERNELS, True, False, True),
@@ -225,7 +226,7 @@ def test_a_first_question_asked_inside_torch_compile_gets_the_eager_answer(
     eager = capabilities("cpu").to_dict()
     monkeypatch.setattr(hardware_cpu, "_cache", {})  # nothing found yet in this "process"
     speedflags._hardware._clear_cache()
-    seen: Dict[str, Any] = {}
+    seen: dict[str, Any] = {}
 
     @torch.compile(backend="eager")
     def step(x: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import signal
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import pytest
 import torch
@@ -28,7 +28,7 @@ SpeedFlagsCallback = sf_lightning.SpeedFlagsCallback
 FLAVOURS = [name for name in ("lightning.pytorch", "pytorch_lightning") if name in sys.modules]
 
 
-def seen() -> Dict[str, Any]:
+def seen() -> dict[str, Any]:
     return {
         "precision": torch.get_float32_matmul_precision(),
         "tf32": torch.backends.cuda.matmul.allow_tf32,
@@ -45,7 +45,7 @@ def probe_class(pl: Any) -> Any:
         def __init__(self, crash_at: int = -1, crash_with: type = RuntimeError) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(4, 1)
-            self.log_: List[Tuple[str, int, Dict[str, Any]]] = []
+            self.log_: list[tuple[str, int, dict[str, Any]]] = []
             self.crash_at = crash_at
             self.crash_with = crash_with
             self.calls = 0
@@ -102,7 +102,7 @@ def flavour(request: pytest.FixtureRequest) -> str:
 
 
 def trainer(callback: Any, max_epochs: int = 1, pl: Any = None, **kwargs: Any) -> Any:
-    options: Dict[str, Any] = dict(
+    options: dict[str, Any] = dict(
         accelerator="cpu",
         devices=1,
         max_epochs=max_epochs,
@@ -118,7 +118,7 @@ def trainer(callback: Any, max_epochs: int = 1, pl: Any = None, **kwargs: Any) -
     return (pl or PL).Trainer(callbacks=[callback], **options)
 
 
-def where(model: Any, name: str) -> List[Dict[str, Any]]:
+def where(model: Any, name: str) -> list[dict[str, Any]]:
     return [state for at, _, state in model.log_ if at == name]
 
 
@@ -232,7 +232,7 @@ def test_flags_are_restored_after_a_crash(error: type, flavour: str) -> None:
         {"validate": {"tf32": True}},
     ],
 )
-def test_tf32_with_float64_parameters_is_refused_before_any_step(levers: Dict[str, Any]) -> None:
+def test_tf32_with_float64_parameters_is_refused_before_any_step(levers: dict[str, Any]) -> None:
     model = Probe().double()
     with pytest.raises(SpeedflagsError, match="float64 parameters") as info:
         trainer(SpeedFlagsCallback(**levers), num_sanity_val_steps=1).fit(model, loader(), loader())

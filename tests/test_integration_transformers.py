@@ -7,8 +7,9 @@ test also runs under the leak guard of conftest.py, which fails it if any flag c
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any
 
 import pytest
 import torch
@@ -23,10 +24,10 @@ pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate
 transformers = pytest.importorskip("transformers")
 SpeedFlagsCallback = sf_transformers.SpeedFlagsCallback
 
-Log = List[Tuple[str, Dict[str, Any]]]
+Log = list[tuple[str, dict[str, Any]]]
 
 
-def seen() -> Dict[str, Any]:
+def seen() -> dict[str, Any]:
     return {
         "precision": torch.get_float32_matmul_precision(),  # raises in a mixed TF32 state
         "benchmark": torch.backends.cudnn.benchmark,
@@ -42,7 +43,7 @@ class Probe(torch.nn.Module):
         self.crash_at = crash_at
         self.calls = 0
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         self.calls += 1
         if self.calls == self.crash_at:
             raise RuntimeError("crash inside forward")
@@ -55,12 +56,12 @@ class Data(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return 8
 
-    def __getitem__(self, i: int) -> Dict[str, torch.Tensor]:
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return {"x": torch.full((4,), float(i)), "labels": torch.tensor(float(i))}
 
 
 def make_trainer(tmp_path: Path, model: Probe, callbacks: Any = None, **kwargs: Any) -> Any:
-    options: Dict[str, Any] = dict(
+    options: dict[str, Any] = dict(
         output_dir=str(tmp_path),
         max_steps=2,
         per_device_train_batch_size=4,
@@ -89,7 +90,7 @@ def make_trainer(tmp_path: Path, model: Probe, callbacks: Any = None, **kwargs: 
     )
 
 
-def phases(log: Log) -> List[Tuple[str, str, bool, bool]]:
+def phases(log: Log) -> list[tuple[str, str, bool, bool]]:
     return [(at, s["precision"], s["benchmark"], s["amp"]) for at, s in log]
 
 

@@ -12,8 +12,9 @@ import importlib.util
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ def test_import_speedflags_imports_no_integration_library() -> None:
 @pytest.fixture
 def reimport(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, tuple], Any]]:
     """Import an integration afresh with some libraries hidden; put everything back after."""
-    touched: Dict[str, Any] = {}
+    touched: dict[str, Any] = {}
     missing = object()
 
     def run(name: str, hidden: tuple) -> Any:

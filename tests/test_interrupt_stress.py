@@ -23,9 +23,10 @@ import signal
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import CodeType, FrameType, ModuleType
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import pytest
 from conftest import needs_new_api
@@ -53,11 +54,11 @@ DECORATED = [name for name, (_, mixed) in FORMS.items() if not mixed]
 REFUSED = [name for name, (_, mixed) in FORMS.items() if mixed] or ["refused with"]
 
 
-def _raise(signum: int, frame: Optional[FrameType]) -> None:
+def _raise(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-_INSTRUCTIONS: Dict[CodeType, Dict[int, dis.Instruction]] = {}
+_INSTRUCTIONS: dict[CodeType, dict[int, dis.Instruction]] = {}
 
 
 def signal_can_land(frame: FrameType) -> bool:
@@ -104,7 +105,7 @@ class AtCall:
         return None
 
 
-def traced(run: Callable[[], None], tracer: AtCall) -> Optional[BaseException]:
+def traced(run: Callable[[], None], tracer: AtCall) -> BaseException | None:
     """Run once under ``tracer``; what came out of it."""
     sys.settrace(tracer)
     try:
@@ -119,10 +120,10 @@ def traced(run: Callable[[], None], tracer: AtCall) -> Optional[BaseException]:
     return None
 
 
-def interrupt_at_every_call(name: str, safe: bool) -> List[str]:
+def interrupt_at_every_call(name: str, safe: bool) -> list[str]:
     """Interrupt ``name``'s run at each of its function starts in turn; what went wrong."""
     run, mixed = FORMS[name]
-    problems: List[str] = []
+    problems: list[str] = []
     if mixed:
         STRESS.make_mixed()
     raw = STRESS.raw_state()  # put back after a leak, so that one leak is reported once
@@ -172,7 +173,7 @@ def test_ctrl_c_at_any_call_of_a_refused_enter_reaches_the_caller(name: str, saf
     assert interrupt_at_every_call(name, safe) == []
 
 
-def stress_run(trials: int) -> Tuple[dict, str]:
+def stress_run(trials: int) -> tuple[dict, str]:
     result = subprocess.run(
         [sys.executable, "-W", "ignore", str(SCRIPT), "--trials", str(trials), "--json"],
         capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,

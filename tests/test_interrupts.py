@@ -18,9 +18,10 @@ import sys
 import textwrap
 import threading
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any
 
 import pytest
 import torch
@@ -62,7 +63,7 @@ def ledger_lock_released() -> Iterator[None]:
         pytest.fail("the test left the ledger's lock held by the main thread", pytrace=False)
 
 
-TARGETS: Dict[str, Callable[..., Any]] = {
+TARGETS: dict[str, Callable[..., Any]] = {
     "FlagLedger.open": FlagLedger.open,
     "FlagLedger.close": FlagLedger.close,
     "entering.close_innermost": close_innermost,
@@ -72,7 +73,7 @@ TARGETS: Dict[str, Callable[..., Any]] = {
 }
 
 
-def statement_lines(func: Callable[..., Any]) -> List[int]:
+def statement_lines(func: Callable[..., Any]) -> list[int]:
     """The lines of ``func``'s body that start a statement, but those with no check point.
 
     A ``try:`` line's own trace event comes before its protection begins, but no signal
@@ -94,7 +95,7 @@ def _no_check_point(statement: str) -> bool:
     return text == "try:" or re.fullmatch(r"\w+ = (False|True|None)", text) is not None
 
 
-def passes(func: Callable[..., Any], line: int) -> Tuple[int, ...]:
+def passes(func: Callable[..., Any], line: int) -> tuple[int, ...]:
     """Which passes of ``line`` to inject at: a loop's first three. A ``with`` line's second
     event is the block's exit, just before ``__exit__`` is called, where no signal handler
     runs (bpo-29988, Python 3.10+): its first pass only."""
@@ -140,7 +141,7 @@ class LineRecorder:
 
 
 def another_thread_enters_a_block() -> bool:
-    done: List[bool] = []
+    done: list[bool] = []
 
     def enter() -> None:
         with fast_math(cudnn_benchmark=True, device="cpu"):
@@ -166,7 +167,7 @@ def records_are_whole(entries: int = 4) -> bool:
     return True
 
 
-def run_block(injector: Any, drift: bool) -> Optional[BaseException]:
+def run_block(injector: Any, drift: bool) -> BaseException | None:
     sys.settrace(injector)
     try:
         with warnings.catch_warnings():
@@ -188,7 +189,7 @@ def test_an_exception_at_any_line_of_an_enter_or_exit_leaves_every_flag_as_befor
 ) -> None:
     before = speedflags.snapshot()
     code = TARGETS[name].__code__
-    fired: List[Tuple[int, int]] = []
+    fired: list[tuple[int, int]] = []
     for line in statement_lines(TARGETS[name]):
         for occurrence in passes(TARGETS[name], line):
             injectors = [Injector(code, line, occurrence, exc) for exc in INJECTED]
@@ -245,7 +246,7 @@ def test_an_injected_exception_in_a_decorated_call_or_a_step_restores_too() -> N
 # --- a signal handler on a sub-millisecond timer ------------------------------------------
 
 
-def hammer(blocks: int, spec: FastMath, decorated: Callable[[], None]) -> Tuple[int, int]:
+def hammer(blocks: int, spec: FastMath, decorated: Callable[[], None]) -> tuple[int, int]:
     """``blocks`` blocks, nested blocks and ``decorated`` calls; (interrupted, completed).
 
     A LedgerOrderError (an inner block left open, then the outer exits) ends the hammering:
@@ -270,8 +271,8 @@ def hammer(blocks: int, spec: FastMath, decorated: Callable[[], None]) -> Tuple[
     return interrupted, completed
 
 
-def interrupting(raised: List[int], stopped: List[bool]) -> Callable[[int, Any], None]:
-    def on_alarm(signum: int, frame: Optional[FrameType]) -> None:
+def interrupting(raised: list[int], stopped: list[bool]) -> Callable[[int, Any], None]:
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
         # Only speedflags' own code is probed. An interrupt landing in the harness (a loop's
         # back edge, outside its try) would end the test, and one in a finalizer the garbage
         # collector runs meanwhile would be reported as unraisable: neither tests speedflags.
@@ -283,11 +284,11 @@ def interrupting(raised: List[int], stopped: List[bool]) -> Callable[[int, Any],
     return on_alarm
 
 
-def under_timer(wrap: Callable[[Any], Any], blocks: int) -> Tuple[int, int, int]:
+def under_timer(wrap: Callable[[Any], Any], blocks: int) -> tuple[int, int, int]:
     """``hammer`` under a 0.2 ms SIGALRM timer whose handler (``wrap``-ped) raises
     KeyboardInterrupt; (interrupted, completed, raised)."""
-    raised: List[int] = []
-    stopped: List[bool] = []
+    raised: list[int] = []
+    stopped: list[bool] = []
 
     @SPEC
     def decorated() -> None:
@@ -431,7 +432,7 @@ print("after", torch.backends.cudnn.benchmark, len(speedflags.ledger().open_fram
     ids=["plain handler", "signal_safe handler"],
 )
 def test_a_handler_entering_a_block_inside_the_ledger_never_hangs(
-    safe: bool, expected: List[str]
+    safe: bool, expected: list[str]
 ) -> None:
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(REENTRY.format(safe=safe))],

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -96,12 +96,12 @@ print(json.dumps({"loaded": loaded, "bound": bound, "listed": listed, "first_use
 
 
 @pytest.fixture(scope="module")
-def fresh() -> Dict[str, Any]:
-    found: Dict[str, Any] = run_python(AT_IMPORT_THEN_FIRST_USE)
+def fresh() -> dict[str, Any]:
+    found: dict[str, Any] = run_python(AT_IMPORT_THEN_FIRST_USE)
     return found
 
 
-def test_import_loads_at_most_40_modules_and_no_tool(fresh: Dict[str, Any]) -> None:
+def test_import_loads_at_most_40_modules_and_no_tool(fresh: dict[str, Any]) -> None:
     loaded = fresh["loaded"]
     assert len(loaded) <= MAX_MODULES_AT_IMPORT, loaded
     early = [m for m in loaded if m.startswith(NOT_AT_IMPORT)]
@@ -114,9 +114,9 @@ def test_import_loads_at_most_40_modules_and_no_tool(fresh: Dict[str, Any]) -> N
     assert fresh["listed"] == []  # dir() lists the names before they are loaded
 
 
-def test_each_name_loads_its_module_on_first_use(fresh: Dict[str, Any]) -> None:
+def test_each_name_loads_its_module_on_first_use(fresh: dict[str, Any]) -> None:
     # (none of these modules was loaded at import: the test above)
-    first_use: Dict[str, Dict[str, Any]] = fresh["first_use"]
+    first_use: dict[str, dict[str, Any]] = fresh["first_use"]
     assert set(first_use) == set(speedflags._LAZY)
     for name, seen in first_use.items():
         assert seen["after"], name

@@ -6,7 +6,7 @@ import json
 import random
 import threading
 import warnings
-from typing import Any, List
+from typing import Any
 
 import pytest
 import torch
@@ -157,8 +157,8 @@ def test_drift_of_tf32_inside_a_block_is_restored_exactly() -> None:
 def test_process_wide_levers_stack_across_threads_that_exit_in_any_order() -> None:
     base = torch.backends.cudnn.benchmark
     a_entered, b_entered, a_exited = threading.Event(), threading.Event(), threading.Event()
-    seen: List[bool] = []
-    errors: List[BaseException] = []
+    seen: list[bool] = []
+    errors: list[BaseException] = []
 
     def thread_a() -> None:
         try:
@@ -193,7 +193,7 @@ def test_process_wide_levers_stack_across_threads_that_exit_in_any_order() -> No
 
 
 def test_autocast_is_thread_local() -> None:
-    seen: List[bool] = []
+    seen: list[bool] = []
     with fast_math(amp="bf16", device="cpu"):
         worker = threading.Thread(target=lambda: seen.append(autocast_enabled("cpu")))
         worker.start()
@@ -205,7 +205,7 @@ def test_autocast_is_thread_local() -> None:
 def test_exit_from_another_thread_is_refused_and_changes_nothing() -> None:
     spec = fast_math(cudnn_benchmark=True)
     frame = spec.__enter__()
-    errors: List[BaseException] = []
+    errors: list[BaseException] = []
 
     def other() -> None:
         try:
@@ -230,7 +230,7 @@ def test_many_threads_entering_and_exiting_leave_the_base_state() -> None:
         fast_math(matmul_precision="medium"),
         fast_math(tf32=False, sdpa=("flash", "math")),
     ]
-    errors: List[BaseException] = []
+    errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
@@ -260,7 +260,7 @@ def test_many_threads_entering_and_exiting_leave_the_base_state() -> None:
 
 
 def test_own_writes_marks_the_ledgers_writes_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: List[Any] = []
+    seen: list[Any] = []
     real = torch._C._set_cudnn_benchmark
 
     def watched(value: bool) -> None:  # what a watcher wrapping the setter sees

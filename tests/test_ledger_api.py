@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List
 
 import speedflags
 from speedflags import FlagLedger
@@ -43,7 +43,7 @@ def names_a_ledger(node: ast.expr) -> bool:
     return False
 
 
-def private_uses(path: Path) -> List[str]:
+def private_uses(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     found = []
     for node in ast.walk(tree):

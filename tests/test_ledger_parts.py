@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import warnings
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, Iterator, List, Tuple
+from typing import Any
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ class FakeLever:
     checks_state = True
 
     def __init__(
-        self, store: Dict[Hashable, Any], name: str, domain: str = "", scope: Scope = "process"
+        self, store: dict[Hashable, Any], name: str, domain: str = "", scope: Scope = "process"
     ) -> None:
         self.store = store
         self.name = name
@@ -84,17 +85,17 @@ class Kit:
     x: Lever
     y: Lever
     t: Lever
-    values: Dict[str, Tuple[Any, Any]]
+    values: dict[str, tuple[Any, Any]]
     poke: Callable[[Lever, Any], None]  # a write made outside the ledger
     fail: Callable[[Lever], None]  # the next apply of this lever raises
     mix: Callable[[], Any]  # puts x's domain in a state its check refuses; returns an undo
 
-    def state(self) -> Tuple[Any, ...]:
+    def state(self) -> tuple[Any, ...]:
         return tuple(lever.read() for lever in (self.a, self.b, self.x, self.t))
 
 
 def fake_kit() -> Kit:
-    store: Dict[Hashable, Any] = {}
+    store: dict[Hashable, Any] = {}
     a, b = FakeLever(store, "a"), FakeLever(store, "b")
     x, y = FakeLever(store, "x", "shared"), FakeLever(store, "y", "shared")
     t = FakeLever(store, "t", scope="thread")
@@ -272,7 +273,7 @@ def test_drift_inside_a_frame_is_restored_with_a_warning(kit: Kit) -> None:
 
 
 def in_thread(fn: Callable[[], Any]) -> Any:
-    out: List[Any] = []
+    out: list[Any] = []
     worker = threading.Thread(target=lambda: out.append(fn()))
     worker.start()
     worker.join(30)
@@ -291,7 +292,7 @@ def test_a_frame_closed_under_another_threads_frame_re_applies_it(kit: Kit) -> N
     base = kit.a.read()
     mine = ledger.open([(kit.a, v(kit, "a", 0))], label="mine")
     entered, release = threading.Event(), threading.Event()
-    seen: List[Any] = []
+    seen: list[Any] = []
 
     def theirs() -> None:
         frame = ledger.open([(kit.a, v(kit, "a", 1))], label="theirs")
@@ -405,7 +406,7 @@ def test_bad_items_are_refused_naming_what_was_given() -> None:
 
 
 def test_the_process_ledger_is_untouched_by_a_private_one(kit: Kit) -> None:
-    def last_seq() -> List[int]:
+    def last_seq() -> list[int]:
         return [r.seq for r in speedflags.ledger().history[-1:]]
 
     seen = last_seq()

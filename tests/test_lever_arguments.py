@@ -9,8 +9,9 @@ import re
 import subprocess
 import sys
 import typing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, List, Set
+from typing import Any
 
 import pytest
 import torch
@@ -118,14 +119,14 @@ def test_mypy_refuses_a_misspelled_lever_and_a_bad_value_at_every_entry_point(
         timeout=600,
         check=False,
     )
-    reported: Set[int] = set()
+    reported: set[int] = set()
     for line in result.stdout.splitlines():
         found = re.match(rf"{re.escape(str(snippet))}:(\d+): error:", line)
         if found:
             reported.add(int(found.group(1)))
     expected = {n for n, text in enumerate(SNIPPET.splitlines(), 1) if text.endswith("# error")}
-    missed: List[str] = [SNIPPET.splitlines()[n - 1] for n in sorted(expected - reported)]
-    wrong: List[str] = [SNIPPET.splitlines()[n - 1] for n in sorted(reported - expected)]
+    missed: list[str] = [SNIPPET.splitlines()[n - 1] for n in sorted(expected - reported)]
+    wrong: list[str] = [SNIPPET.splitlines()[n - 1] for n in sorted(reported - expected)]
     assert not missed, f"mypy accepted: {missed}\n{result.stdout}{result.stderr}"
     assert not wrong, f"mypy refused valid calls: {wrong}\n{result.stdout}"
 

@@ -5,7 +5,7 @@ cudnn_benchmark touches one flag; SDPA preferences restore exactly and never cra
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 import pytest
 import torch
@@ -89,7 +89,7 @@ def test_preference_sets_flags_and_order() -> None:
     "disabled", [(), ("flash",), ("mem_efficient", "cudnn")], ids=["none", "flash", "eff+cudnn"]
 )
 def test_flags_and_priority_order_come_back_exactly(
-    start_order: List[int], disabled: tuple[str, ...]
+    start_order: list[int], disabled: tuple[str, ...]
 ) -> None:
     original = list(C._get_sdp_priority_order())
     C._set_sdp_priority_order(start_order)

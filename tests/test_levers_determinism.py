@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import textwrap
 import warnings
-from typing import Any, Tuple
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ HAS_ACCUMULATION = hasattr(C, "_get_cublas_allow_fp16_accumulation")
 PLUGIN = ("-p", "speedflags.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 
-def det_state() -> Tuple[bool, bool, bool]:
+def det_state() -> tuple[bool, bool, bool]:
     return (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -35,7 +35,7 @@ def det_state() -> Tuple[bool, bool, bool]:
     )
 
 
-def set_det(state: Tuple[bool, bool, bool]) -> None:
+def set_det(state: tuple[bool, bool, bool]) -> None:
     torch.use_deterministic_algorithms(state[0], warn_only=state[1])
     torch.backends.cudnn.deterministic = state[2]
 
@@ -49,7 +49,7 @@ WANTED = {True: (True, False, True), "warn": (True, True, True), False: (False, 
 @pytest.mark.parametrize("found", list(itertools.product([False, True], repeat=3)))
 @pytest.mark.parametrize("value", [True, "warn", False])
 def test_deterministic_restores_every_combination_exactly(
-    found: Tuple[bool, bool, bool], value: Any
+    found: tuple[bool, bool, bool], value: Any
 ) -> None:
     set_det(found)  # e.g. warn_only left on with the mode off, or cudnn.deterministic alone
     assert det_state() == found

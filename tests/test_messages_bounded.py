@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, Callable, List
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -65,7 +66,7 @@ def from_another_thread(label: str) -> None:
     frame = speedflags.ledger().open(
         fast_math(cudnn_benchmark=True, device="cpu")._plan().program, label
     )
-    errors: List[BaseException] = []
+    errors: list[BaseException] = []
 
     def close() -> None:
         try:

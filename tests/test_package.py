@@ -7,7 +7,7 @@ import inspect
 import pickle
 import pkgutil
 import sys
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
@@ -141,7 +141,7 @@ def test_unreadable_says_what_raised() -> None:
     assert a.to_json() == {"raises": "RuntimeError", "message": "mix of the legacy and new APIs"}
 
 
-def _all_modules() -> List[str]:
+def _all_modules() -> list[str]:
     return sorted(info.name for info in pkgutil.walk_packages(speedflags.__path__, "speedflags."))
 
 
@@ -152,7 +152,7 @@ def test_every_module_imports_by_its_dotted_path() -> None:
     checked = 0
     missing = []
     for name in _all_modules():
-        namespace: Dict[str, Any] = {}
+        namespace: dict[str, Any] = {}
         try:
             exec(f"import {name} as m", namespace)  # noqa: S102 - the statement under test
         except ModuleNotFoundError as exc:  # an optional extra (lightning) not installed here

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 from conftest import HAS_NEW_API, C, reset_all, set_autocast_enabled
@@ -51,7 +51,7 @@ print(json.dumps(accepted))
 """
 
 
-def accepted_node_values() -> List[Tuple[Tuple[str, str], str]]:
+def accepted_node_values() -> list[tuple[tuple[str, str], str]]:
     if not HAS_NEW_API:
         return []
     result = subprocess.run(
@@ -84,7 +84,7 @@ other_write = st.one_of(
 raw_write = st.one_of(legacy_write, other_write, *node_writes)
 
 
-def apply_raw(write: Tuple[Any, ...]) -> None:
+def apply_raw(write: tuple[Any, ...]) -> None:
     kind = write[0]
     if kind == "node":
         C._set_fp32_precision_setter(*write[1], write[2])
@@ -153,7 +153,7 @@ def tf32_is_consistent() -> bool:
     return speedflags.tf32_status().consistent
 
 
-def drift(kwargs: Dict[str, Any], write: Optional[Tuple[str, Tuple[Any, ...]]]) -> None:
+def drift(kwargs: dict[str, Any], write: tuple[str, tuple[Any, ...]] | None) -> None:
     if write is None or write[0] not in {DRIFT_DOMAIN[name] for name in kwargs}:
         return
     if write[1][0] == "autocast":
@@ -162,7 +162,7 @@ def drift(kwargs: Dict[str, Any], write: Optional[Tuple[str, Tuple[Any, ...]]]) 
         apply_raw(write[1])
 
 
-def run_nested(levels: List[Tuple[Dict[str, Any], Optional[str], Any]]) -> None:
+def run_nested(levels: list[tuple[dict[str, Any], str | None, Any]]) -> None:
     """Enter levels[0], inside it levels[1], ...; check each level comes back exactly."""
     if not levels:
         return
@@ -191,7 +191,7 @@ def run_nested(levels: List[Tuple[Dict[str, Any], Optional[str], Any]]) -> None:
 @settings(max_examples=300)
 @given(start=st.lists(raw_write, max_size=5), levels=st.lists(level, min_size=1, max_size=4))
 def test_any_nesting_from_any_start_restores_exactly(
-    start: List[Tuple[Any, ...]], levels: List[Tuple[Dict[str, Any], Optional[str], Any]]
+    start: list[tuple[Any, ...]], levels: list[tuple[dict[str, Any], str | None, Any]]
 ) -> None:
     try:
         with warnings.catch_warnings():
@@ -209,7 +209,7 @@ def test_any_nesting_from_any_start_restores_exactly(
 @settings(max_examples=60)
 @given(start=st.lists(raw_write, max_size=5), levels=st.lists(spec_kwargs, min_size=1, max_size=3))
 def test_heal_makes_any_start_usable(
-    start: List[Tuple[Any, ...]], levels: List[Dict[str, Any]]
+    start: list[tuple[Any, ...]], levels: list[dict[str, Any]]
 ) -> None:
     try:
         for write in start:

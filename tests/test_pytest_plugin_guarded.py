@@ -4,7 +4,6 @@ a write PyTorch makes by itself is reported as information, never as the test's 
 from __future__ import annotations
 
 import textwrap
-from typing import Dict
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from speedflags.levers.guarded import GUARDED, setting
 PLUGIN = ("-p", "speedflags.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
 
 # One leaky line per setting (the writer the report must name), in a test file.
-LEAKS: Dict[str, str] = {
+LEAKS: dict[str, str] = {
     "default_dtype": "torch.set_default_dtype(torch.float64)",
     "default_device": "torch.set_default_device('meta')",
     "cudnn_enabled": "torch.backends.cudnn.enabled = False",

@@ -12,7 +12,7 @@ import configparser
 import json
 import textwrap
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
@@ -38,7 +38,7 @@ LEAK_DEF, LEAK_WRITE = 8, 9  # test_benchmark_leak's def line and its writing li
 TITLE = "speedflags: 1 test left torch settings changed"
 
 
-def summary_section(output: str) -> List[str]:
+def summary_section(output: str) -> list[str]:
     """The lines of the plugin's terminal summary section, its title line first."""
     lines = output.splitlines()
     start = next(i for i, line in enumerate(lines) if "speedflags: " in line and "===" in line)
@@ -211,7 +211,7 @@ def test_the_json_report_has_the_documented_shape(pytester: pytest.Pytester) -> 
     assert set(library) == {"nodeid", "location", "worker", "settings", "lines"}
     assert library["nodeid"] == "test_lib.py::test_library_leak"
     assert (library["location"], library["worker"]) == ({"path": "test_lib.py", "line": 8}, None)
-    by_name: Dict[str, Dict[str, Any]] = {s["name"]: s for s in library["settings"]}
+    by_name: dict[str, dict[str, Any]] = {s["name"]: s for s in library["settings"]}
     precision = by_name["torch.get_float32_matmul_precision()"]
     writer = {
         "file": str(pytester.path / "fastlib.py"),

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List, Set
 
 import pytest
 
@@ -29,7 +29,7 @@ needs_build = pytest.mark.skipif(
 )
 
 
-def _source_files() -> Set[str]:
+def _source_files() -> set[str]:
     """The repository's files that the sdist must hold, as sdist-relative paths."""
     found = set(SDIST_FILES)
     for folder in SDIST_FOLDERS:
@@ -42,7 +42,7 @@ def _source_files() -> Set[str]:
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+def dist(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The sdist and the wheel `python -m build` makes of this tree (once per session)."""
     out = tmp_path_factory.mktemp("dist")
     result = subprocess.run(
@@ -59,14 +59,14 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     return {"sdist": sdists[0], "wheel": wheels[0]}
 
 
-def _sdist_names(sdist: Path) -> Set[str]:
+def _sdist_names(sdist: Path) -> set[str]:
     with tarfile.open(sdist) as tar:
         return {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
 
 
 @needs_build
 def test_the_sdist_holds_the_licence_readme_docs_examples_and_the_whole_test_suite(
-    dist: Dict[str, Path],
+    dist: dict[str, Path],
 ) -> None:
     names = _sdist_names(dist["sdist"])
     missing = sorted(_source_files() - names)
@@ -77,7 +77,7 @@ def test_the_sdist_holds_the_licence_readme_docs_examples_and_the_whole_test_sui
 
 @needs_build
 def test_the_wheel_holds_the_package_and_the_licence_and_no_tests(
-    dist: Dict[str, Path],
+    dist: dict[str, Path],
 ) -> None:
     with zipfile.ZipFile(dist["wheel"]) as whl:
         names = whl.namelist()
@@ -97,7 +97,7 @@ def test_the_wheel_holds_the_package_and_the_licence_and_no_tests(
 
 
 @needs_build
-def test_the_tests_run_from_the_unpacked_sdist(dist: Dict[str, Path], tmp_path: Path) -> None:
+def test_the_tests_run_from_the_unpacked_sdist(dist: dict[str, Path], tmp_path: Path) -> None:
     with tarfile.open(dist["sdist"]) as tar:
         # our own freshly built archive; the "data" filter where this Python has it
         safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
@@ -138,7 +138,7 @@ def test_the_readme_links_resolve_on_a_package_index_page() -> None:
     assert [link for link in links if not link.startswith(("https://", "http://"))] == []
 
 
-def _ci_python_versions() -> List[str]:
+def _ci_python_versions() -> list[str]:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     run = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     legs = re.findall(r"^run_leg (\w+)$", run, re.MULTILINE)

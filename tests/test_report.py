@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
@@ -37,7 +37,7 @@ def test_report_apply_restore_proves_the_state_came_back(
     assert main(["report", "--apply", "--restore", "--json", "--device", "cpu"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["restore"]["exact"] is True
-    flat: Dict[str, Any] = {}
+    flat: dict[str, Any] = {}
     _flatten("", before, flat)
     assert report["restore"]["getters_compared"] == len(flat) >= 10  # fewer on PyTorch < 2.9
     assert report["restore"]["mismatches"] == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ import torch
 import speedflags
 from speedflags import fast_math
 
-EVERY_LEVER: Dict[str, Any] = dict(
+EVERY_LEVER: dict[str, Any] = dict(
     tf32=True,
     matmul_precision="medium",
     cudnn_benchmark=True,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, List
+from typing import Any
 
 import pytest
 import torch
@@ -54,8 +54,8 @@ def test_a_warning_hook_may_read_the_ledger_and_enter_blocks() -> None:
     # ledger's lock and a daemon thread only, and the test fails instead of hanging the suite.
     private = FlagLedger()
     program = Program([(PROCESS_LEVERS["cudnn_benchmark"], True, "")])
-    seen: List[Any] = []
-    errors: List[BaseException] = []
+    seen: list[Any] = []
+    errors: list[BaseException] = []
 
     def hook(*args: Any, **kwargs: Any) -> None:
         seen.append(len(private.history))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, List
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ import speedflags
 from speedflags import InvalidTypeError, InvalidValueError, Schedule, TF32Schedule
 
 
-def switches() -> List[Any]:
+def switches() -> list[Any]:
     return [r for r in speedflags.ledger().history if r.lever == "schedule"]
 
 
@@ -105,7 +105,7 @@ def test_close_twice_and_step_after_close() -> None:
 
 
 def test_amp_from_a_schedule_is_thread_local() -> None:
-    seen: List[bool] = []
+    seen: list[bool] = []
     with Schedule({0: dict(amp="bf16")}, device="cpu") as sched:
         sched.step(0)
         other = threading.Thread(target=lambda: seen.append(autocast_enabled("cpu")))

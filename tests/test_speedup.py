@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from typing import Any, Callable, Iterator, List
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ EAGER_BACKWARD = hasattr(functorch_config, "force_non_lazy_backward_lowering")
 
 def _dynamo_config_is_thread_local() -> bool:
     # Feature probe, not a version check: is a patched setting invisible to another thread?
-    seen: List[bool] = []
+    seen: list[bool] = []
     with torch._dynamo.config.patch(suppress_errors=True):
         other = threading.Thread(target=lambda: seen.append(torch._dynamo.config.suppress_errors))
         other.start()
@@ -52,7 +53,7 @@ DYNAMO_CONFIG_THREAD_LOCAL = _dynamo_config_is_thread_local()
 
 def counting_backend(fail_on: Callable[[int], bool] = lambda n: False) -> Any:
     """A backend that runs each graph eagerly, counts graphs, and raises where told."""
-    calls: List[int] = []
+    calls: list[int] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         calls.append(len(calls) + 1)
@@ -125,7 +126,7 @@ def test_metadata_and_wrapped_are_kept() -> None:
 class Trainer:
     def __init__(self, scale: float) -> None:
         self.scale = scale
-        self.seen: List[bool] = []
+        self.seen: list[bool] = []
 
     @speedup(cudnn_benchmark=True)
     def step(self, x: int) -> float:
@@ -162,7 +163,7 @@ def test_one_compiled_artefact_per_function_not_per_call_or_instance(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # a spy around the real torch.compile: how many artefacts speedup builds
-    built: List[Any] = []
+    built: list[Any] = []
     real_compile = torch.compile
 
     def spy(*args: Any, **kwargs: Any) -> Any:
@@ -401,7 +402,7 @@ def test_backward_compile_failure_is_caught_before_the_step_runs_anything_twice(
     # speedflags/_compile/guarded.py: AOT autograd compiles the backward lazily inside
     # loss.backward(), after the forward's side effects; speedup moves that compile next to
     # the forward's.
-    flags_seen: List[bool] = []
+    flags_seen: list[bool] = []
 
     def fw(gm: torch.fx.GraphModule, inputs: Any) -> Any:
         flags_seen.append(functorch_config.force_non_lazy_backward_lowering)
@@ -600,7 +601,7 @@ def _transformer(seed: int) -> tuple:
     return encoder, head
 
 
-def _train(step: Callable[..., torch.Tensor], batches: list) -> List[float]:
+def _train(step: Callable[..., torch.Tensor], batches: list) -> list[float]:
     return [float(step(x, y)) for x, y in batches]
 
 

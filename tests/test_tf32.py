@@ -6,7 +6,8 @@ import importlib
 import inspect
 import re
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from speedflags._measure.evidence import FP32_MAX, TF32_MAX
 from speedflags._measure.route import medium_route
 
 
-def tf32_getters() -> Dict[str, Any]:
+def tf32_getters() -> dict[str, Any]:
     return speedflags.snapshot()["tf32"]
 
 
@@ -38,14 +39,14 @@ def legacy_getters_answer() -> bool:
 # between versions: on 2.13 the first two raise in a mixed state; 2.15 moved them to the new
 # API but its bmm template configs still read the legacy allow_tf32. Found by import, not
 # by version.
-INTERNAL_READERS: List[Tuple[str, str, Tuple[Any, ...]]] = [
+INTERNAL_READERS: list[tuple[str, str, tuple[Any, ...]]] = [
     ("torch._dynamo.graph_region_tracker", "get_global_state_key", ()),
     ("torch._inductor.select_algorithm", "create_precompile_key", ("mm", "key", [])),
     ("torch._inductor.kernel.bmm", "_bmm_shared_a_configs", (torch.float32,)),
 ]
 
 
-def internal_readers() -> List[Tuple[str, Callable[[], Any]]]:
+def internal_readers() -> list[tuple[str, Callable[[], Any]]]:
     found = []
     for module, name, args in INTERNAL_READERS:
         try:
@@ -185,7 +186,7 @@ def _inheriting_cudnn_leaves() -> None:
     torch.backends.cudnn.rnn.fp32_precision = "none"
 
 
-MIXERS: Dict[str, Callable[[], None]] = {
+MIXERS: dict[str, Callable[[], None]] = {
     "cuda.matmul=tf32": lambda: setattr(torch.backends.cuda.matmul, "fp32_precision", "tf32"),
     "generic=tf32": lambda: setattr(torch.backends, "fp32_precision", "tf32"),
     "generic=ieee": lambda: (
@@ -233,7 +234,7 @@ MIXERS: Dict[str, Callable[[], None]] = {
     ids=["tf32", "tf32-off", "precision", "tf32+amp+benchmark"],
 )
 def test_mixed_state_is_refused_before_anything_changes(
-    raw_tf32: None, mixer: str, spec: Dict[str, Any]
+    raw_tf32: None, mixer: str, spec: dict[str, Any]
 ) -> None:
     MIXERS[mixer]()
     assert not tf32_status().consistent
@@ -330,7 +331,7 @@ def test_heal_on_a_consistent_state_writes_nothing() -> None:
     ids=["on", "off", "highest", "medium"],
 )
 def test_consistent_starts_stay_consistent_and_restore_exactly(
-    raw_tf32: None, setup: Callable[[], None], spec: Dict[str, Any]
+    raw_tf32: None, setup: Callable[[], None], spec: dict[str, Any]
 ) -> None:
     setup()
     assert tf32_status().consistent, "the starting state must be consistent for this test"

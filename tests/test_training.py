@@ -6,7 +6,8 @@ import collections
 import dataclasses
 import inspect
 import sys
-from typing import Any, Callable, Dict, List, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -251,7 +252,7 @@ def test_nested_structures_are_rebuilt_with_their_types() -> None:
 def test_non_blocking_only_towards_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
     # A CPU build has no GPU to copy to: Tensor.to is replaced by a recorder (and the
     # tensor stays where it is) to see which copies would be non-blocking.
-    calls: List[tuple] = []
+    calls: list[tuple] = []
 
     def record(self: torch.Tensor, device: Any, non_blocking: bool = False) -> torch.Tensor:
         calls.append((str(device), non_blocking))
@@ -265,9 +266,9 @@ def test_non_blocking_only_towards_an_accelerator(monkeypatch: pytest.MonkeyPatc
 
 def test_to_device_refuses_a_batch_that_contains_itself() -> None:
     # Failed before: RecursionError, after thousands of frames
-    loop: List[Any] = [torch.ones(1)]
+    loop: list[Any] = [torch.ones(1)]
     loop.append(loop)
-    through: Dict[str, Any] = {"x": [torch.ones(1)]}
+    through: dict[str, Any] = {"x": [torch.ones(1)]}
     through["x"].append(through)
     for batch in (loop, through):
         with pytest.raises(
@@ -277,7 +278,7 @@ def test_to_device_refuses_a_batch_that_contains_itself() -> None:
     shared = [torch.ones(1)]
     moved = to_device({"a": shared, "b": shared}, "cpu")  # shared, not circular: fine
     assert torch.equal(moved["a"][0], moved["b"][0])
-    deep: List[Any] = []
+    deep: list[Any] = []
     for _ in range(5 * sys.getrecursionlimit()):
         deep = [deep]
     with pytest.raises(InvalidValueError, match="recursion limit"):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any
 
 import pytest
 import torch
@@ -269,7 +270,7 @@ def test_bad_arguments_are_refused_before_anything_runs() -> None:
 @pytest.mark.parametrize("levers", [[], (), {}, {"compile": False}, {"amp": []}])
 def test_levers_naming_nothing_to_try_are_refused(levers: Any) -> None:
     # nothing would be measured, and "plain fp32 wins" would be a claim never tested
-    calls: List[int] = []
+    calls: list[int] = []
 
     def step(x: torch.Tensor) -> torch.Tensor:
         calls.append(1)
@@ -286,7 +287,7 @@ def test_levers_naming_nothing_to_try_are_refused(levers: Any) -> None:
 
 
 def test_other_keyword_arguments_go_to_the_step() -> None:
-    seen: List[Dict[str, Any]] = []
+    seen: list[dict[str, Any]] = []
 
     def step(x: torch.Tensor, *, scale: float) -> torch.Tensor:
         seen.append({"scale": scale})

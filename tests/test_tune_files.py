@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ NO_COMPILE = list(LEVER_NAMES)  # every registry lever, without torch.compile (t
 # --- files --------------------------------------------------------------------------------
 
 
-def _result(best: Dict[str, Any]) -> speedflags.TuneResult:
+def _result(best: dict[str, Any]) -> speedflags.TuneResult:
     rows = [
         Row(dict(best), speedup=1.7, error=4e-3, accepted=True, median_s=0.01, rounds=9),
         Row({"amp": "bf16"}, error=math.inf, note="rejected: output is not finite"),
@@ -42,7 +42,7 @@ def _result(best: Dict[str, Any]) -> speedflags.TuneResult:
     [{"amp": "bf16"}, {"sdpa": ["flash", "math"], "matmul_precision": "medium"}, {}],
     ids=["amp", "sdpa", "fp32"],
 )
-def test_save_and_load_round_trip(tmp_path: Path, suffix: str, best: Dict[str, Any]) -> None:
+def test_save_and_load_round_trip(tmp_path: Path, suffix: str, best: dict[str, Any]) -> None:
     if suffix == ".yaml":
         pytest.importorskip("yaml")
     path = tmp_path / f"levers{suffix}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import torch
@@ -33,11 +33,11 @@ PLAN = dataclasses.replace(QUICK, duel_s=200.0)
 class LoadClock:
     """Virtual seconds: each call costs its levers' cost times the load at the time."""
 
-    def __init__(self, seed: int, costs: Dict[str, float], segment: float = 8.0) -> None:
+    def __init__(self, seed: int, costs: dict[str, float], segment: float = 8.0) -> None:
         self.now = 0.0
         self.rng = random.Random(seed)
         self.segment = segment
-        self.levels: Dict[int, float] = {}
+        self.levels: dict[int, float] = {}
         self.costs = costs
 
     def __call__(self) -> float:
@@ -60,7 +60,7 @@ class LoadClock:
         return x @ w
 
 
-def noisy_tune(seed: int, lines: List[str], **costs: float) -> speedflags.TuneResult:
+def noisy_tune(seed: int, lines: list[str], **costs: float) -> speedflags.TuneResult:
     clock = LoadClock(seed, {"bf16": 0.68, "medium": 0.85, **costs})
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(16, 32, generator=gen), torch.randn(32, 16, generator=gen)
@@ -79,7 +79,7 @@ def test_under_a_noisy_neighbour_the_duel_finds_the_faster_lever(
         patched.setattr(search_module, "contenders", lambda entries: [])
         before = noisy_tune(seed, [])
     assert before.best != {"amp": "bf16"}
-    lines: List[str] = []
+    lines: list[str] = []
     result = noisy_tune(seed, lines)
     assert any(line.startswith("noisy timings: duel of") for line in lines), lines
     assert result.best == {"amp": "bf16"}
@@ -111,7 +111,7 @@ def test_a_quiet_machine_needs_no_duel() -> None:
     quiet.load = lambda: 1.0  # type: ignore[method-assign]
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(16, 32, generator=gen), torch.randn(32, 16, generator=gen)
-    lines: List[str] = []
+    lines: list[str] = []
     result = run(quiet.step, (x, w), {}, clock=quiet, plan=PLAN, budget=5e-2, levers=LEVERS,
                  progress=lines.append)  # fmt: skip
     assert not any("duel" in line for line in lines)

@@ -4,7 +4,7 @@ optimizer, scheduler and RNG state, and tuning leaves them as they were.
 
 import functools
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +21,7 @@ NO_COMPILE = list(LEVER_NAMES)  # every registry lever, without torch.compile (t
 # --- the state reset --------------------------------------------------------------------------
 
 
-def _train_step() -> Dict[str, Any]:
+def _train_step() -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -30,7 +30,7 @@ def _train_step() -> Dict[str, Any]:
     sdpa = torch.nn.functional.scaled_dot_product_attention
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     x = torch.randn(32, 8, generator=gen)
-    starts: List[float] = []
+    starts: list[float] = []
 
     def step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> Any:
         starts.append(float(sum(p.detach().double().sum() for p in model.parameters())))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from speedflags import InvalidTypeError, InvalidValueError, fast_math
 from speedflags._short_repr import SHOWN_CHARS, short_repr
 
 # (kwargs, error type, fragments the message must contain)
-BAD: Dict[str, Tuple[Dict[str, Any], type, Tuple[str, ...]]] = {
+BAD: dict[str, tuple[dict[str, Any], type, tuple[str, ...]]] = {
     "amp bf17": ({"amp": "bf17"}, InvalidValueError, ("amp='bf17'", "'bf16'", "'fp16'", "'auto'")),
     "amp float32": ({"amp": torch.float32}, InvalidValueError, ("amp=torch.float32", "'bf16'")),
     "amp True": ({"amp": True}, InvalidTypeError, ("amp=True", "'bf16'", "got bool")),
@@ -93,7 +94,7 @@ def test_pytorch_itself_silently_ignores_HIGH() -> None:
     assert "no effect" in ran.stderr
 
 
-SHORTHANDS: Dict[str, Tuple[Callable[[], Any], type, str]] = {
+SHORTHANDS: dict[str, tuple[Callable[[], Any], type, str]] = {
     "tf32": (lambda: speedflags.tf32("yes"), InvalidTypeError, "tf32(enabled='yes')"),
     "matmul_precision": (
         lambda: speedflags.matmul_precision("fast"),
@@ -161,7 +162,7 @@ HUGE = ["flash"] * 1_000_000
 LONG = "x" * 1_000_000
 
 # (the call, a fragment its message must hold): each quotes the bad value, shortened
-QUOTED: Dict[str, Tuple[Callable[[], Any], str]] = {
+QUOTED: dict[str, tuple[Callable[[], Any], str]] = {
     "fast_math sdpa": (lambda: fast_math(sdpa=HUGE), "fast_math(sdpa=['flash', 'flash', "),
     "fast_math amp": (lambda: fast_math(amp=LONG), "fast_math(amp='xxxx"),
     "fast_math keyword": (lambda: fast_math(**{LONG: True}), "unexpected keyword argument 'xx"),
@@ -211,7 +212,7 @@ def test_short_repr_is_repr_for_the_values_messages_usually_quote(value: Any) ->
 
 
 def test_short_repr_is_bounded_and_never_raises() -> None:
-    deep: List[Any] = []
+    deep: list[Any] = []
     for _ in range(10_000):  # deeper than repr() can go
         deep = [deep]
     for value in (deep, HUGE, LONG, dict.fromkeys(range(100), LONG), 10**10_000, _BrokenRepr()):

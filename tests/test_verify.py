@@ -8,8 +8,8 @@ expected verdict from the lever's own capability check, and checks the measured 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch

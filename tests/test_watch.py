@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, List, Tuple
+from typing import Any
 
 import pytest
 import torch
@@ -145,7 +146,7 @@ old_autocast_api = pytest.mark.filterwarnings(
     "ignore:torch.set_autocast_(cpu|gpu)_.* is deprecated:DeprecationWarning"
 )
 
-PATHS: List[Any] = [
+PATHS: list[Any] = [
     (legacy_cublas, "tf32"),
     (legacy_cudnn, "tf32"),
     (precision_function, "matmul_precision"),
@@ -161,7 +162,7 @@ PATHS: List[Any] = [
     pytest.param(autocast_gpu_dtype_setter, "amp", marks=old_autocast_api),
     (autocast_block, "amp"),
 ]
-NEW_API_PATHS: List[Tuple[Callable[[], None], str]] = [
+NEW_API_PATHS: list[tuple[Callable[[], None], str]] = [
     (generic_node, "tf32"),
     (cuda_all_node, "tf32"),
     (cuda_matmul_node, "tf32"),

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
@@ -28,9 +28,9 @@ def benchmark_attribute() -> None:
 # --- starting, stopping, nothing left behind -----------------------------------------------
 
 
-def installed() -> Dict[str, Any]:
+def installed() -> dict[str, Any]:
     """Every name watch() may replace, as it is now."""
-    found: Dict[str, Any] = {}
+    found: dict[str, Any] = {}
     for name in SETTERS:
         found[f"torch._C.{name}"] = getattr(torch._C, name, None)
         found[f"torch.{name}"] = getattr(torch, name, None)

@@ -19,7 +19,7 @@ import copy
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 from torch import nn
@@ -56,7 +56,7 @@ class ToyModel(pl.LightningModule):
 
     def __init__(self, width: int = 512, depth: int = 4) -> None:
         super().__init__()
-        layers: List[nn.Module] = [nn.Linear(64, width), nn.GELU()]
+        layers: list[nn.Module] = [nn.Linear(64, width), nn.GELU()]
         for _ in range(depth - 1):
             layers += [nn.Linear(width, width), nn.GELU()]
         self.net = nn.Sequential(*layers, nn.Linear(width, 1))
@@ -96,7 +96,7 @@ class BatchTimer(pl.Callback):
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.times: List[float] = []
+        self.times: list[float] = []
         self.batches = 0
         self.start = 0.0
 
@@ -155,7 +155,7 @@ def main() -> None:
         switches = [r for r in speedflags.ledger().history if r.action == "switch"]
         for record in switches:
             print(f"schedule: {record.reason}: {record.after}")
-        levers: Dict[str, Any] = configured.levers("train")
+        levers: dict[str, Any] = configured.levers("train")
         name = "Lightning MLP (from epoch 1, across the schedule)"
         print_speedup(name, fp32_timer.seconds, fast_timer.seconds, levers, smoke)
 

@@ -31,7 +31,8 @@ import argparse
 import importlib.util
 import math
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .._measure.output_paths import check_output
 from .._measure.timing import MAX_ROUNDS
@@ -78,7 +79,7 @@ def _between(option: str, value: int, low: int, high: int) -> None:
         raise UsageError(f"{option} {short_repr(value)}: must be from {low} to {high}")
 
 
-def _device(text: Optional[str], command: str) -> Any:
+def _device(text: str | None, command: str) -> Any:
     """``--device`` as a torch.device (None: the command's default), refused if this
     machine does not have it."""
     from .._hardware import missing_cuda, normalize_device
@@ -98,7 +99,7 @@ def _reason(exc: Exception) -> str:
     return str(exc).split("): ", 1)[-1]
 
 
-def _names(option: str, text: Optional[str], valid: Sequence[str]) -> Optional[List[str]]:
+def _names(option: str, text: str | None, valid: Sequence[str]) -> list[str] | None:
     if text is None:
         return None
     names = [name.strip() for name in text.split(",") if name.strip()]
@@ -121,7 +122,7 @@ def _never_tried(name: str) -> str:
     )
 
 
-def _output(option: str, path: Optional[str], suffixes: Optional[Sequence[str]]) -> None:
+def _output(option: str, path: str | None, suffixes: Sequence[str] | None) -> None:
     if path is None:
         return
     try:
@@ -192,7 +193,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     _tf32_consistent("bench")
 
 
-def _workloads(text: str) -> Tuple[str, ...]:
+def _workloads(text: str) -> tuple[str, ...]:
     from ..bench.cli import WORKLOAD_NAMES
 
     workloads = tuple(w.strip() for w in text.split(",") if w.strip())
@@ -206,7 +207,7 @@ def _workloads(text: str) -> Tuple[str, ...]:
     return workloads
 
 
-def _sizes(text: str) -> Tuple[int, ...]:
+def _sizes(text: str) -> tuple[int, ...]:
     shown = f"--sizes {short_repr(text)}: expected comma-separated positive integers"
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
@@ -217,7 +218,7 @@ def _sizes(text: str) -> Tuple[int, ...]:
     return values
 
 
-def _fits(workloads: Tuple[str, ...], sizes: Tuple[int, ...], device: Any) -> None:
+def _fits(workloads: tuple[str, ...], sizes: tuple[int, ...], device: Any) -> None:
     """Refuse a size whose workload would not fit in ``device``'s memory (estimated)."""
     from .._measure.workloads import WORKLOADS, memory_bytes
 
@@ -244,7 +245,7 @@ def _gib(size: int) -> str:
 # --- tune ----------------------------------------------------------------------------------
 
 
-def tunable_levers() -> List[str]:
+def tunable_levers() -> list[str]:
     """What ``tune --levers`` accepts: the levers tune tries values of, and compile."""
     return sorted([name for name in LEVER_NAMES if lever_spec(name).candidates] + [COMPILE])
 
@@ -288,7 +289,7 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     _device(args.device, "report")
 
 
-_CHECKS: Dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], None]] = {
+_CHECKS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], None]] = {
     "bench": _bench,
     "tune": _tune,
     "verify": _verify,

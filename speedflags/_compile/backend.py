@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Dict, Tuple
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
 __all__ = ["GuardedBackend", "early_backward_lowering", "inner_backend"]
 
 
-def early_backward_lowering() -> ContextManager[Any]:
+def early_backward_lowering() -> AbstractContextManager[Any]:
     """Compile a backward graph together with its forward, where the guarded backend sees it.
 
     AOT autograd otherwise compiles it lazily, inside ``loss.backward()``, after the
@@ -34,7 +36,7 @@ class GuardedBackend:
         self,
         inner: Callable[..., Any],
         on_failure: Callable[[BaseException], None],
-        signals: Tuple[type[BaseException], ...],
+        signals: tuple[type[BaseException], ...],
     ) -> None:
         self._inner = inner
         self._on_failure = on_failure
@@ -67,7 +69,7 @@ class GuardedBackend:
             reset()
 
 
-def inner_backend(options: Dict[str, Any]) -> Callable[..., Any]:
+def inner_backend(options: dict[str, Any]) -> Callable[..., Any]:
     """The backend torch.compile would build from these options (same classes, same args)."""
     backend = options.get("backend")
     if backend is None:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Iterable
 from types import CodeType, TracebackType
-from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -39,7 +39,7 @@ _CONVERT_FRAME = _DYNAMO_DIR + "convert_frame.py"
 # dynamo's record of a frame it gives up on: "WON'T CONVERT <name> <file> line <first line>";
 # the name of a resume function has spaces in PyTorch 2.1 ("<resume in train>")
 _WONT_CONVERT = re.compile(r"WON'T CONVERT (<[^>]*>|\S+) (.+?) line (\d+)")
-_Where = Tuple[str, str, int]
+_Where = tuple[str, str, int]
 
 
 def describe(exc: BaseException) -> str:
@@ -62,7 +62,7 @@ def describe(exc: BaseException) -> str:
 
 
 def _frames(exc: BaseException) -> Iterable[CodeType]:
-    tb: Optional[TracebackType] = exc.__traceback__
+    tb: TracebackType | None = exc.__traceback__
     while tb is not None:
         yield tb.tb_frame.f_code
         tb = tb.tb_next
@@ -73,7 +73,7 @@ def backward_compile_failed(exc: BaseException) -> bool:
     return any(code.co_name == "_wrapped_bw_compiler" for code in _frames(exc))  # aot_autograd's
 
 
-def compile_failure(exc: BaseException, fullgraph: bool) -> Optional[bool]:
+def compile_failure(exc: BaseException, fullgraph: bool) -> bool | None:
     """Whether ``exc`` is a compiler failure, and whether part of the call may have run.
 
     ``None``: it is not (the step's own error); ``False``: compiling failed before any of
@@ -121,8 +121,8 @@ class SuppressedErrors(logging.Filter):
     def __init__(self, thread: int) -> None:
         super().__init__()
         self.thread = thread
-        self._held: List[Tuple[Optional[_Where], str, logging.LogRecord]] = []
-        self._steps: Dict[_Where, CodeType] = {}
+        self._held: list[tuple[_Where | None, str, logging.LogRecord]] = []
+        self._steps: dict[_Where, CodeType] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         if (
@@ -147,7 +147,7 @@ class SuppressedErrors(logging.Filter):
                 self._steps[where] = code
         return bool(self._steps)
 
-    def settle(self, logger: logging.Logger) -> Optional[str]:
+    def settle(self, logger: logging.Logger) -> str | None:
         """After the call: let the compiler's records through; the first one's reason, or None."""
         if self._steps:
             recompile(self._steps.values())

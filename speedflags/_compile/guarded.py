@@ -70,8 +70,9 @@ import itertools
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -99,8 +100,8 @@ _LAZY_BACKWARD_OUTCOME = (
 )
 
 
-def _user_where() -> Optional[Tuple[str, int]]:
-    frame: Optional[FrameType] = sys._getframe(1)
+def _user_where() -> tuple[str, int] | None:
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:  # pragma: no cover - called from speedflags only
@@ -116,19 +117,19 @@ class GuardedCompile:
     ``"fallback"`` (with ``reason``) once compiling failed.
     """
 
-    def __init__(self, func: Callable[..., Any], options: Dict[str, Any], label: str) -> None:
+    def __init__(self, func: Callable[..., Any], options: dict[str, Any], label: str) -> None:
         self.func = func
         self.options = options
         self.label = label
         self.state = PENDING
-        self.reason: Optional[str] = None
+        self.reason: str | None = None
         self.levers = LeverGuard(self._make)
         self._fullgraph = bool(options.get("fullgraph", False))
         self._compile_lock = threading.Lock()
-        self._failures: List[str] = []
+        self._failures: list[str] = []
         self._serial = next(_serials)
         self._dynamo_config: Any = None
-        self._inner: Optional[Callable[..., Any]] = None
+        self._inner: Callable[..., Any] | None = None
         self._dynamo_log = logging.getLogger(_DYNAMO_LOGGER)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -210,7 +211,7 @@ class GuardedCompile:
                 "and raised",
             )
 
-    def _make(self, key: Optional[LeverState]) -> Optional[Callable[..., Any]]:
+    def _make(self, key: LeverState | None) -> Callable[..., Any] | None:
         """torch.compile the function with a backend of its own for lever state ``key``."""
         with self._compile_lock:
             if self.state is FALLBACK:

@@ -42,7 +42,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-from typing import Any, Callable, ContextManager, Dict, Optional, Set
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -73,7 +75,7 @@ def state_tag(state: LeverState) -> str:
     return f"speedflags-levers-{digest[:16]}"
 
 
-def _cache_key_with_state() -> ContextManager[Any]:
+def _cache_key_with_state() -> AbstractContextManager[Any]:
     """For one compile: inductor's caches key on the lever state in force, or are bypassed."""
     config = getattr(torch.compiler, "config", None)
     if config is not None and hasattr(config, "cache_key_tag"):
@@ -93,7 +95,7 @@ class LeverBackend:
     ``None`` in ``"recompile"`` mode, where one backend serves every state in turn.
     """
 
-    def __init__(self, inner: Callable[..., Any], key: Optional[LeverState]) -> None:
+    def __init__(self, inner: Callable[..., Any], key: LeverState | None) -> None:
         self._inner = inner
         self.key = key
         self.compiler_name = getattr(inner, "compiler_name", "backend")
@@ -125,7 +127,7 @@ class _ProcessCaches:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.state: Optional[LeverState] = None
+        self.state: LeverState | None = None
         self.graphs = -1  # dynamo's graph count when the last guarded call ended
         self.generation = 0  # how many times the cached frames were forgotten
 
@@ -218,7 +220,7 @@ class LeverGuardStats:
     def calls(self) -> int:
         return self._guard.calls
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The stats as plain values."""
         return {name: getattr(self, name) for name in ("mode", "states", "recompiles", "calls")}
 
@@ -237,20 +239,20 @@ class LeverGuard:
     then runs eagerly). :attr:`stats` is what it has done.
     """
 
-    def __init__(self, make: Callable[[Optional[LeverState]], Optional[Compiled]]) -> None:
+    def __init__(self, make: Callable[[LeverState | None], Compiled | None]) -> None:
         self.mode = guard_mode()
         self.stats = LeverGuardStats(self)
-        self.seen: Set[LeverState] = set()
+        self.seen: set[LeverState] = set()
         self.recompiles = 0
         self.calls = 0
         self._make = make
         self._states_lock = threading.Lock()
-        self._by_state: Dict[LeverState, Callable[..., Any]] = {}
-        self._single: Optional[Callable[..., Any]] = None
-        self._last: Optional[LeverState] = None
+        self._by_state: dict[LeverState, Callable[..., Any]] = {}
+        self._single: Callable[..., Any] | None = None
+        self._last: LeverState | None = None
         self._generation = 0
 
-    def select(self) -> Optional[Callable[..., Any]]:
+    def select(self) -> Callable[..., Any] | None:
         """The compiled callable for the state now (built at the state's first call)."""
         self.calls += 1
         state = lever_state()
@@ -272,7 +274,7 @@ class LeverGuard:
         if self.mode == RECOMPILE:
             _PROCESS.leave()
 
-    def _build(self, key: Optional[LeverState], state: LeverState) -> Optional[Callable[..., Any]]:
+    def _build(self, key: LeverState | None, state: LeverState) -> Callable[..., Any] | None:
         with self._states_lock:
             found = self._by_state.get(state) if key is not None else self._single
             if found is not None:

@@ -24,7 +24,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, List, Tuple
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from ..levers._base import Lever
 from ..levers.registry import REGISTRY, LeverSpec
@@ -32,15 +33,15 @@ from ..levers.registry import REGISTRY, LeverSpec
 __all__ = ["UNGUARDED", "LeverState", "describe_state", "lever_state"]
 
 #: The levers whose state dynamo does not (fully) guard, in registry order.
-UNGUARDED: Tuple[LeverSpec, ...] = tuple(spec for spec in REGISTRY if spec.dynamo_misses)
+UNGUARDED: tuple[LeverSpec, ...] = tuple(spec for spec in REGISTRY if spec.dynamo_misses)
 
-LeverState = Tuple[Hashable, ...]
+LeverState = tuple[Hashable, ...]
 
 
-def _by_domain() -> Tuple[Tuple[Callable[[], Hashable], Tuple[Tuple[str, Lever], ...]], ...]:
+def _by_domain() -> tuple[tuple[Callable[[], Hashable], tuple[tuple[str, Lever], ...]], ...]:
     # One read per piece of torch state: tf32 and matmul_precision share the fp32 precision.
-    reads: Dict[str, Callable[[], Hashable]] = {}
-    levers: Dict[str, List[Tuple[str, Lever]]] = {}
+    reads: dict[str, Callable[[], Hashable]] = {}
+    levers: dict[str, list[tuple[str, Lever]]] = {}
     for spec in UNGUARDED:
         lever = spec.lever()
         reads.setdefault(lever.domain, lever.read)
@@ -49,7 +50,7 @@ def _by_domain() -> Tuple[Tuple[Callable[[], Hashable], Tuple[Tuple[str, Lever],
 
 
 _DOMAINS = _by_domain()
-_READS: Tuple[Callable[[], Hashable], ...] = tuple(read for read, _ in _DOMAINS)
+_READS: tuple[Callable[[], Hashable], ...] = tuple(read for read, _ in _DOMAINS)
 
 
 def lever_state() -> LeverState:
@@ -57,9 +58,9 @@ def lever_state() -> LeverState:
     return tuple([read() for read in _READS])
 
 
-def describe_state(state: LeverState) -> Dict[str, Any]:
+def describe_state(state: LeverState) -> dict[str, Any]:
     """A JSON-friendly view of a :func:`lever_state`, by lever name (for ``.stats``)."""
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for (_, levers), value in zip(_DOMAINS, state, strict=True):
         for name, lever in levers:
             out[name] = lever.describe(value)

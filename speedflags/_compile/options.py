@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -13,7 +13,7 @@ from ..errors import InvalidTypeError, InvalidValueError
 __all__ = ["BACKEND_KEYS", "compile_options"]
 
 # What each torch.compile option must be (checked at decoration; torch checks the rest).
-_OPTION_TYPES: Dict[str, Tuple[Tuple[type, ...], str]] = {
+_OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "fullgraph": ((bool,), "True or False"),
     "dynamic": ((bool, type(None)), "True, False or None"),
     "mode": ((str, type(None)), "a mode name or None"),
@@ -24,7 +24,7 @@ _OPTION_TYPES: Dict[str, Tuple[Tuple[type, ...], str]] = {
 BACKEND_KEYS = ("backend", "mode", "options")
 
 
-def _compile_keys() -> Tuple[str, ...]:
+def _compile_keys() -> tuple[str, ...]:
     compile_fn = getattr(torch, "compile", None)
     if compile_fn is None:
         return ("backend", "disable", "dynamic", "fullgraph", "mode", "options")
@@ -32,8 +32,8 @@ def _compile_keys() -> Tuple[str, ...]:
 
 
 def compile_options(
-    value: object, call: str = "speedup", shown: Optional[str] = None
-) -> Optional[Dict[str, Any]]:
+    value: object, call: str = "speedup", shown: str | None = None
+) -> dict[str, Any] | None:
     """Validate a ``compile=`` argument: ``None`` for off, else the torch.compile options.
 
     Touches no torch state. Option names are checked against ``torch.compile``'s signature,
@@ -91,7 +91,7 @@ def compile_options(
     return options
 
 
-def _registered_backends() -> Optional[List[str]]:
+def _registered_backends() -> list[str] | None:
     # Importing dynamo is what torch.compile does at decoration too; where it cannot be
     # imported, the name is not checked here and the first call falls back with the reason.
     try:

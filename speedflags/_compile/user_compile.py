@@ -11,7 +11,8 @@ fixed, and so are the cache entries of the frames it compiles.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Optional, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,7 +27,7 @@ __all__ = ["guard_levers"]
 
 M = TypeVar("M", bound=Callable[..., Any])
 
-_is_compiling: Optional[Callable[[], bool]] = None
+_is_compiling: Callable[[], bool] | None = None
 
 
 def _tracing() -> bool:
@@ -113,7 +114,7 @@ def guard_levers(model: M, /, **options: Any) -> M:
     inner = inner_backend(checked)
     compile_fn: Any = torch.compile
 
-    def compiled_for(key: Optional[LeverState]) -> Any:
+    def compiled_for(key: LeverState | None) -> Any:
         return compile_fn(model, backend=LeverBackend(inner, key), **top)
 
     if isinstance(model, torch.nn.Module):
@@ -122,12 +123,12 @@ def guard_levers(model: M, /, **options: Any) -> M:
 
 
 def _guard_module(
-    model: torch.nn.Module, compiled_for: Callable[[Optional[LeverState]], Any]
+    model: torch.nn.Module, compiled_for: Callable[[LeverState | None], Any]
 ) -> torch.nn.Module:
     shell = compiled_for(None)
     own_forward = shell.forward  # the artefact of "recompile" mode
 
-    def make(key: Optional[LeverState]) -> Callable[..., Any]:
+    def make(key: LeverState | None) -> Callable[..., Any]:
         return own_forward if key is None else compiled_for(key).forward  # type: ignore[no-any-return]
 
     guard = LeverGuard(make)
@@ -148,7 +149,7 @@ def _guard_module(
 
 
 def _guard_function(
-    func: Callable[..., Any], compiled_for: Callable[[Optional[LeverState]], Any]
+    func: Callable[..., Any], compiled_for: Callable[[LeverState | None], Any]
 ) -> Callable[..., Any]:
     guard = LeverGuard(compiled_for)
 
@@ -171,6 +172,6 @@ def _is_optimized_module(model: object) -> bool:
     return type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod")
 
 
-def _shown(model: object, options: Dict[str, Any]) -> str:
+def _shown(model: object, options: dict[str, Any]) -> str:
     parts = [short_repr(model)] + [f"{k}={short_repr(v)}" for k, v in options.items()]
     return f"guard_levers({', '.join(parts)})"

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -47,7 +48,7 @@ __all__ = ["RankSnapshot", "check_ranks"]
 _dist: Any = torch.distributed
 
 
-class RankSnapshot(Dict[str, Any]):
+class RankSnapshot(dict[str, Any]):
     """The state every rank shares, as returned by :func:`check_ranks`: a ``dict``.
 
     It holds :func:`speedflags.snapshot`'s entries that every rank must share (not the
@@ -72,19 +73,19 @@ class RankSnapshot(Dict[str, Any]):
     """
 
     checked: bool
-    rank: Optional[int]
+    rank: int | None
     world_size: int
-    backend: Optional[str]
+    backend: str | None
     reason: str
 
     def __init__(
         self,
-        state: Dict[str, Any],
+        state: dict[str, Any],
         *,
         checked: bool,
-        rank: Optional[int],
+        rank: int | None,
         world_size: int,
-        backend: Optional[str],
+        backend: str | None,
         reason: str,
     ) -> None:
         super().__init__(state)
@@ -95,7 +96,7 @@ class RankSnapshot(Dict[str, Any]):
         self.reason = reason
 
 
-def _payload(state: Dict[str, Any]) -> Dict[str, Any]:
+def _payload(state: dict[str, Any]) -> dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -104,7 +105,7 @@ def _payload(state: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def _compare(payloads: Sequence[Dict[str, Any]]) -> Dict[str, Tuple[Any, ...]]:
+def _compare(payloads: Sequence[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
     states = [{"torch": {"__version__": p["torch"]}, **p["state"]} for p in payloads]
     return differences(states)
 

@@ -6,7 +6,8 @@ and the check that raises is :func:`speedflags.check_ranks`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 from .._status import snapshot
 from ..levers.guarded import GUARDED
@@ -15,7 +16,7 @@ from ..levers.guarded import GUARDED
 PER_RANK = tuple(s.name for s in GUARDED if not s.ranks_agree)
 
 
-def rank_state() -> Dict[str, Any]:
+def rank_state() -> dict[str, Any]:
     """What ranks must agree on: :func:`speedflags.snapshot`, every lever (deterministic mode
     and cuBLAS's reduced-precision reductions among them) and every guarded setting, less
     those each rank may hold its own value of (the default device, the thread count, the
@@ -43,9 +44,9 @@ class _Absent:
 ABSENT = _Absent()
 
 
-def flatten(state: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+def flatten(state: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"tf32": {"getter": v}}`` -> ``{"tf32.getter": v}`` (the keys users see)."""
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for key, value in state.items():
         name = f"{prefix}.{key}" if prefix else str(key)
         if isinstance(value, dict):
@@ -55,13 +56,13 @@ def flatten(state: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return out
 
 
-def differences(states: Sequence[Dict[str, Any]]) -> Dict[str, Tuple[Any, ...]]:
+def differences(states: Sequence[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
     """Each flattened getter whose value is not the same on every rank: its value per rank."""
     flat = [flatten(state) for state in states]
-    keys: List[str] = []
+    keys: list[str] = []
     for one in flat:
         keys += [key for key in one if key not in keys]
-    out: Dict[str, Tuple[Any, ...]] = {}
+    out: dict[str, tuple[Any, ...]] = {}
     for key in keys:
         values = tuple(one.get(key, ABSENT) for one in flat)
         if any(value != values[0] for value in values[1:]):
@@ -70,7 +71,7 @@ def differences(states: Sequence[Dict[str, Any]]) -> Dict[str, Tuple[Any, ...]]:
 
 
 def _ranges(ranks: Sequence[int]) -> str:
-    parts: List[str] = []
+    parts: list[str] = []
     start = previous = ranks[0]
     for rank in [*ranks[1:], None]:
         if rank is not None and rank == previous + 1:
@@ -84,7 +85,7 @@ def _ranges(ranks: Sequence[int]) -> str:
 
 def describe_values(values: Sequence[Any]) -> str:
     """``"False on ranks 0, 2-3; True on rank 1"``: each value once, with where it is."""
-    groups: List[Tuple[Any, List[int]]] = []
+    groups: list[tuple[Any, list[int]]] = []
     for rank, value in enumerate(values):
         for seen, ranks in groups:
             if seen == value:
@@ -95,9 +96,9 @@ def describe_values(values: Sequence[Any]) -> str:
     return "; ".join(f"{value!r} on {_ranges(ranks)}" for value, ranks in groups)
 
 
-def levers_of(diffs: Dict[str, Tuple[Any, ...]]) -> Tuple[str, ...]:
+def levers_of(diffs: dict[str, tuple[Any, ...]]) -> tuple[str, ...]:
     """The top-level names (``"tf32"``, ``"default_dtype"``, ``"torch"``) of differing getters."""
-    out: List[str] = []
+    out: list[str] = []
     for key in diffs:
         lever = key.split(".", 1)[0]
         if lever not in out:
@@ -105,7 +106,7 @@ def levers_of(diffs: Dict[str, Tuple[Any, ...]]) -> Tuple[str, ...]:
     return tuple(out)
 
 
-def verdict(diffs: Dict[str, Tuple[Any, ...]], world_size: int) -> str:
+def verdict(diffs: dict[str, tuple[Any, ...]], world_size: int) -> str:
     """One line: whether the ranks agree, and where they do not."""
     if not diffs:
         return f"consistent: all {world_size} ranks run with the same flags"

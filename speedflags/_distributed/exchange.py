@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -35,10 +36,10 @@ def _dead() -> None:
 
 # (weak reference to the default process group, this process's rank in it). Weak: holding
 # the group would keep it alive after destroy_process_group().
-_cached: Tuple[Callable[[], Any], Optional[int]] = (_dead, None)
+_cached: tuple[Callable[[], Any], int | None] = (_dead, None)
 
 
-def current_rank() -> Optional[int]:
+def current_rank() -> int | None:
     """This process's rank in the default process group; ``None`` without one.
 
     Called once per ledger frame: an attribute read and a weak-reference call while the
@@ -59,7 +60,7 @@ if AVAILABLE:
     history.set_rank_source(current_rank)
 
 
-def process_group(group: Any = None) -> Optional[Tuple[int, int, str]]:
+def process_group(group: Any = None) -> tuple[int, int, str] | None:
     """``(rank, world size, backend)`` of ``group`` (default: the default group), or None.
 
     None when there is no initialised process group or this process is not in ``group``.
@@ -83,7 +84,7 @@ def _to_json(value: Any) -> Any:
     return str(value)
 
 
-def _from_json(obj: Dict[str, Any]) -> Any:
+def _from_json(obj: dict[str, Any]) -> Any:
     if len(obj) == 1 and _UNREADABLE_KEY in obj:
         error, message = obj[_UNREADABLE_KEY]
         return Unreadable(error, message)
@@ -94,10 +95,10 @@ def _from_json(obj: Dict[str, Any]) -> Any:
 # may drop the last reference to one of them after the collective returned; freeing a tensor
 # that Python created needs the GIL, and on PyTorch 2.4 destroy_process_group() joins that
 # thread while holding the GIL: a deadlock (seen in `torchrun -m speedflags report`).
-_keepalive: Tuple[Any, ...] = ()
+_keepalive: tuple[Any, ...] = ()
 
 
-def gather(obj: Any, group: Any = None) -> List[Any]:
+def gather(obj: Any, group: Any = None) -> list[Any]:
     """Every rank's ``obj`` (JSON-friendly, :class:`Unreadable` allowed), in rank order.
 
     A collective over ``group``. Two ``all_gather`` calls: the sizes, then the JSON bytes

@@ -11,14 +11,11 @@ May import: the ledger (:mod:`speedflags._ledger`), the levers, the rank check
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import (
     TYPE_CHECKING,
     Any,
-    Callable,
-    Dict,
     NamedTuple,
-    Optional,
-    Tuple,
     TypeVar,
     overload,
 )
@@ -58,17 +55,17 @@ _LEDGER = ledger()
 class Plan(NamedTuple):
     device: str
     program: Program
-    refusals: Tuple[str, ...]
-    slow: Tuple[Tuple[Any, str], ...]
+    refusals: tuple[str, ...]
+    slow: tuple[tuple[Any, str], ...]
 
 
 def make_plan(
-    requested: Tuple[Tuple[str, Any], ...], recommend: bool, strict: bool, device: torch.device
+    requested: tuple[tuple[str, Any], ...], recommend: bool, strict: bool, device: torch.device
 ) -> Plan:
     """The plan of a spec that asked for ``requested`` (all recommended levers if
     ``recommend``), on ``device``."""
     shown_device = capabilities(device).device
-    reasons: Dict[str, str] = {}
+    reasons: dict[str, str] = {}
     skipped = []
     if recommend:
         from .._recommend import recommended  # local: loaded by the first bare spec's plan
@@ -109,7 +106,7 @@ def make_plan(
     return Plan(shown_device, Program(items, skipped), tuple(refusals), tuple(slow))
 
 
-def resolve_auto(device: torch.device) -> Tuple[Optional[torch.dtype], str]:
+def resolve_auto(device: torch.device) -> tuple[torch.dtype | None, str]:
     """What ``amp="auto"`` means on ``device``: the autocast dtype (or None), and why."""
     caps = capabilities(device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -170,7 +167,7 @@ class FastMath(FrameScope):
         *,
         device: DeviceLike = None,
         strict: bool = False,
-        label: Optional[str] = None,
+        label: str | None = None,
         check_ranks: bool = False,
         **levers: Unpack[LeverArgs],
     ) -> None:
@@ -190,7 +187,7 @@ class FastMath(FrameScope):
                 f"{type(check_ranks).__name__}"
             )
         self.ledger = _LEDGER
-        self._requested: Tuple[Tuple[str, Any], ...] = requested
+        self._requested: tuple[tuple[str, Any], ...] = requested
         self._recommend = not levers  # a bare fast_math(): the device's recommended levers
         self._device = normalize_device(device, "fast_math")
         self._strict = strict
@@ -203,8 +200,8 @@ class FastMath(FrameScope):
             shown.append("check_ranks=True")
         self._label = label if label is not None else f"fast_math({', '.join(shown)})"
         # Resolved on first entry (the device, and so the plan, never changes in a process).
-        self._plan_cache: Optional[Plan] = None
-        self._rank_check: Optional[FirstEntryCheck] = None
+        self._plan_cache: Plan | None = None
+        self._rank_check: FirstEntryCheck | None = None
         if check_ranks:
             # torch.distributed is imported only by specs that check ranks
             from .._distributed import FirstEntryCheck
@@ -214,7 +211,7 @@ class FastMath(FrameScope):
     # --- what it will do ---------------------------------------------------------------
 
     @property
-    def levers(self) -> Dict[str, Any]:
+    def levers(self) -> dict[str, Any]:
         """The requested lever values (empty for a bare ``fast_math()``: see ``recommended``)."""
         return {name: lever_spec(name).describe_value(value) for name, value in self._requested}
 
@@ -275,19 +272,19 @@ def fast_math(
     *,
     device: DeviceLike = ...,
     strict: bool = ...,
-    label: Optional[str] = ...,
+    label: str | None = ...,
     check_ranks: bool = ...,
     **levers: Unpack[LeverArgs],
 ) -> FastMath: ...
 
 
 def fast_math(
-    func: Optional[Callable[..., Any]] = None,
+    func: Callable[..., Any] | None = None,
     /,
     *,
     device: DeviceLike = None,
     strict: bool = False,
-    label: Optional[str] = None,
+    label: str | None = None,
     check_ranks: bool = False,
     **levers: Unpack[LeverArgs],
 ) -> Any:

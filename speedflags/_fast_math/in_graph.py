@@ -20,7 +20,8 @@ their arguments are validated there, with the usual errors.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Tuple, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -55,11 +56,11 @@ B = TypeVar("B", bound=Callable[..., Any])
 _LEDGER = ledger()
 AUTOCAST, NOTHING, EAGER = "autocast", "nothing", "eager"
 # (AUTOCAST, device type, dtype name or None for amp=False) | (NOTHING,) | (EAGER,)
-Form = Tuple[Any, ...]
+Form = tuple[Any, ...]
 
 # The functions that build a spec from a public call's arguments, by name: fast_math's
 # FastMath and each shorthand's builder register here, and run at trace time.
-BUILDERS: Dict[str, Callable[..., Any]] = {}
+BUILDERS: dict[str, Callable[..., Any]] = {}
 
 WHAT_TO_DO = (
     "Set it outside the compiled function (`with {label}: compiled(...)`), or use "
@@ -138,7 +139,7 @@ def _autocast(form: Form) -> Any:
 
 
 @at_trace_time
-def _built_form(builder: str, args: Tuple[Any, ...], kwargs: Tuple[Tuple[str, Any], ...]) -> Form:
+def _built_form(builder: str, args: tuple[Any, ...], kwargs: tuple[tuple[str, Any], ...]) -> Form:
     KeptOut.prepare()
     if traced_where() is None:
         # no user line traced: dynamo compiles this builder as a frame of its own, called by
@@ -151,14 +152,14 @@ def _built_form(builder: str, args: Tuple[Any, ...], kwargs: Tuple[Tuple[str, An
         raise graph_error(exc) from None
 
 
-def _build_eagerly(builder: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+def _build_eagerly(builder: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return BUILDERS[builder](*args, **kwargs)
 
 
 _BUILD = KeptOut(_build_eagerly)
 
 
-def spec_in_graph(builder: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+def spec_in_graph(builder: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``BUILDERS[builder](*args, **kwargs)`` called in traced code: a ``torch.autocast``
     (amp only), a no-op context (nothing applies here), or the spec itself, built eagerly (a
     graph break; ``with`` it runs its block eagerly). Called eagerly inside compiled code
@@ -208,7 +209,7 @@ def decorated_in_graph(spec: Any, label: str, func: Any, carried: bool = True) -
             raise graph_error(exc) from None
 
     def call_in_graph(
-        func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+        func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         if is_compiling():
             how = form()

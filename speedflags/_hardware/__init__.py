@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
@@ -39,10 +39,10 @@ __all__ = [
     "resolve_device",
 ]
 
-DeviceLike = Union[str, torch.device, None]
+DeviceLike = str | torch.device | None
 
 
-def normalize_device(value: DeviceLike, call: str = "device") -> Optional[torch.device]:
+def normalize_device(value: DeviceLike, call: str = "device") -> torch.device | None:
     """Validate a ``device=`` argument without touching any device state.
 
     Errors read ``"{call}(device='gpu'): not a device PyTorch knows; ..."``.
@@ -69,7 +69,7 @@ def normalize_device(value: DeviceLike, call: str = "device") -> Optional[torch.
     return device
 
 
-_default: Optional[torch.device] = None
+_default: torch.device | None = None
 
 
 def default_device() -> torch.device:
@@ -86,7 +86,7 @@ def resolve_device(device: DeviceLike, call: str = "device") -> torch.device:
     return default_device() if normalized is None else normalized
 
 
-def missing_cuda(device: torch.device) -> Optional[str]:
+def missing_cuda(device: torch.device) -> str | None:
     """Why ``device`` cannot be used here (no CUDA, or no GPU of that index), or None.
 
     Example:
@@ -121,7 +121,7 @@ def capabilities(device: DeviceLike = None) -> Capabilities:
         ('cpu', False)
     """
     target = resolve_device(device, "capabilities")
-    index: Optional[int] = target.index
+    index: int | None = target.index
     if target.type == "cuda" and index is None and torch.cuda.is_available():
         target = torch.device("cuda", torch.cuda.current_device())
     key = str(target)
@@ -198,7 +198,7 @@ def _no_cuda_capabilities(device: torch.device) -> Capabilities:
 def _cuda_capabilities(device: torch.device) -> Capabilities:
     if not torch.cuda.is_available():
         return _no_cuda_capabilities(device)
-    given: Optional[int] = device.index
+    given: int | None = device.index
     index = given if given is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
     name = torch.cuda.get_device_name(index)
@@ -275,7 +275,7 @@ def cudnn_available() -> bool:
     return bool(torch.backends.cudnn.is_available())  # type: ignore[no-untyped-call]
 
 
-def cudnn_version_or_none() -> Optional[int]:
+def cudnn_version_or_none() -> int | None:
     if not cudnn_available():
         return None
     version = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Tuple
+from typing import Any
 
 __all__ = ["Capabilities", "Capability"]
 
@@ -53,7 +53,7 @@ class Capabilities:
 
     device: str
     name: str
-    compute_capability: Optional[Tuple[int, int]]
+    compute_capability: tuple[int, int] | None
     tf32: Capability
     bf16: Capability
     fp16: Capability

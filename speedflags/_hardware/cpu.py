@@ -21,8 +21,9 @@ putting their answer there):
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -84,14 +85,14 @@ class KernelTrial:
     """
 
     dtype: str
-    missing: Tuple[Tuple[str, str], ...] = ()
+    missing: tuple[tuple[str, str], ...] = ()
 
     @property
     def runs(self) -> bool:
         """Whether every operation autocast and half-precision weights need ran."""
         return self.missing_one(REQUIRED) is None
 
-    def missing_one(self, operations: Tuple[str, ...]) -> Optional[Tuple[str, str]]:
+    def missing_one(self, operations: tuple[str, ...]) -> tuple[str, str] | None:
         """The first of ``operations`` that raised, with PyTorch's message, or None."""
         return next((m for m in self.missing if m[0] in operations), None)
 
@@ -112,7 +113,7 @@ def _loss(dtype: torch.dtype) -> None:
 
 
 REQUIRED = ("matmul", "linear backward")
-_OPERATIONS: Tuple[Tuple[str, Callable[[torch.dtype], None]], ...] = (
+_OPERATIONS: tuple[tuple[str, Callable[[torch.dtype], None]], ...] = (
     ("matmul", _matmul),
     ("linear backward", _linear_backward),
     ("mse_loss", _loss),
@@ -126,7 +127,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _try(dtype: torch.dtype) -> KernelTrial:
-    missing: List[Tuple[str, str]] = []
+    missing: list[tuple[str, str]] = []
     for name, operation in _OPERATIONS:
         if name not in REQUIRED and missing:
             break  # the dtype is refused already; its loss would only add a warning
@@ -144,7 +145,7 @@ def _try(dtype: torch.dtype) -> KernelTrial:
 def try_cpu_kernels(dtype: torch.dtype) -> KernelTrial:
     """Try ``dtype``'s operations now, in a thread of its own (uncached; :func:`cpu_kernels`
     keeps the answer)."""
-    found: List[KernelTrial] = []
+    found: list[KernelTrial] = []
     thread = threading.Thread(
         target=lambda: found.append(_try(dtype)), name="speedflags dtype trial", daemon=True
     )
@@ -156,7 +157,7 @@ def try_cpu_kernels(dtype: torch.dtype) -> KernelTrial:
     return found[0] if found else KernelTrial(str(dtype), (("matmul", "the trial did not end"),))
 
 
-def _cpuinfo() -> Tuple[str, frozenset[str]]:
+def _cpuinfo() -> tuple[str, frozenset[str]]:
     name, flags = "", frozenset[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
@@ -199,7 +200,7 @@ def read_cpu_features() -> CpuFeatures:
 
 # "features" -> CpuFeatures; a torch.dtype -> its KernelTrial. Tests fake a CPU by setting
 # entries (monkeypatch.setitem), then clear speedflags._hardware's answers built from them.
-_cache: Dict[Any, Any] = {}
+_cache: dict[Any, Any] = {}
 _lock = threading.RLock()  # reentrant: a signal handler asking mid-trial must not deadlock
 
 

@@ -17,16 +17,11 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from collections.abc import AsyncGenerator, Callable, Generator
+from contextlib import AbstractContextManager
 from typing import (
     TYPE_CHECKING,
     Any,
-    AsyncGenerator,
-    Callable,
-    ContextManager,
-    Dict,
-    Generator,
-    Optional,
-    Tuple,
     TypeVar,
 )
 
@@ -40,9 +35,9 @@ if TYPE_CHECKING:
     from .scope import FrameScope
 
 F = TypeVar("F", bound=Callable[..., Any])
-Where = Optional[Tuple[str, int]]
+Where = tuple[str, int] | None
 # what a plain function's wrapper does while dynamo traces it: (func, args, kwargs) -> result
-InGraph = Callable[[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]], Any]
+InGraph = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 _getframe = sys._getframe
 
 
@@ -60,9 +55,9 @@ def decorate(
     scope: FrameScope,
     what: str,
     label: str,
-    step_guard: Optional[Callable[[], ContextManager[Any]]] = None,
-    in_graph: Optional[InGraph] = None,
-    call: Optional[Callable[..., Any]] = None,
+    step_guard: Callable[[], AbstractContextManager[Any]] | None = None,
+    in_graph: InGraph | None = None,
+    call: Callable[..., Any] | None = None,
     counter: Any = None,
 ) -> F:
     """Wrap ``func`` so that each call (or each step) runs inside a frame of ``scope``,
@@ -96,7 +91,7 @@ def decorate(
         async def async_gen_wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
             where = caller_where()
             to_send: Any = None
-            to_throw: Optional[BaseException] = None
+            to_throw: BaseException | None = None
             agen = func(*args, **kwargs)
             try:
                 while True:
@@ -172,8 +167,8 @@ def own_code(wrapper: F) -> F:
 
 def _call_framed_here(
     func: Callable[..., Any],
-    args: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     scope: FrameScope,
     label: str,
 ) -> Any:
@@ -185,13 +180,13 @@ FRAMED = KeptOut(_call_framed_here)
 
 
 @at_trace_time
-def _prepared() -> Tuple[()]:
+def _prepared() -> tuple[()]:
     KeptOut.prepare()
     return ()
 
 
 def _framed_in_graph(scope: FrameScope, label: str) -> InGraph:
-    def in_graph(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    def in_graph(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if is_compiling():
             _prepared()
         else:
@@ -211,7 +206,7 @@ class _Driver:
         self,
         scope: FrameScope,
         label: str,
-        guard: Optional[Callable[[], ContextManager[Any]]],
+        guard: Callable[[], AbstractContextManager[Any]] | None,
         counter: Any,
     ) -> None:
         self.scope = scope
@@ -224,7 +219,7 @@ class _Driver:
 def _steps(it: Any, driver: _Driver, where: Where) -> Generator[Any, Any, Any]:
     """Drive a generator-like ``it`` (send/throw/close), one frame around every step."""
     to_send: Any = None
-    to_throw: Optional[BaseException] = None
+    to_throw: BaseException | None = None
     try:
         while True:
             try:

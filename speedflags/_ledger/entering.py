@@ -21,7 +21,8 @@ back meanwhile (:func:`~speedflags._ledger.interrupts.deliver_pending`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpeedflagsError
 from .history import Where
@@ -89,7 +90,7 @@ def finish_exit(ledger: FlagLedger, owner: object, where: Where = None) -> None:
             deliver_pending()
 
 
-def _last_of(frames: Tuple[Frame, ...], owner: object) -> Optional[Frame]:
+def _last_of(frames: tuple[Frame, ...], owner: object) -> Frame | None:
     # The innermost frame of ``owner``, closed or not. A function of its own: this loop inside
     # finish_exit's try would be a hole in it on Python 3.13 (tests/test_exception_table_holes.py)
     for frame in reversed(frames):
@@ -102,8 +103,8 @@ def call_framed(
     scope: FrameScope,
     label: str,
     func: Callable[..., Any],
-    args: Tuple[Any, ...],
-    kwargs: Dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     where: Where,
 ) -> Any:
     """``func(*args, **kwargs)`` inside a frame of ``scope`` labelled ``label``: what every

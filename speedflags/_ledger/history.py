@@ -16,7 +16,8 @@ import os
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,7 +27,7 @@ from ..levers._base import Lever, Unreadable
 if TYPE_CHECKING:
     from .program import Frame
 
-Where = Optional[Tuple[str, int]]
+Where = tuple[str, int] | None
 
 now = time.time
 
@@ -38,7 +39,7 @@ SET, RESTORE, ONE = 0, 1, 2
 
 # lever key ("name@domain") -> lever, so records describe states without the history holding
 # lever objects; filled as programs are compiled
-_LEVERS: Dict[str, Lever] = {}
+_LEVERS: dict[str, Lever] = {}
 
 
 def lever_key(lever: Lever) -> str:
@@ -66,17 +67,17 @@ RECORD_FIELDS = ("seq", "time", "lever", "action", "before", "after", "reason", 
                  "thread", "rank", "where")  # fmt: skip
 
 
-def _no_rank() -> Optional[int]:
+def _no_rank() -> int | None:
     return None
 
 
 # Tells the calling process's rank in a torch.distributed job (None without one);
 # speedflags._distributed installs the real source, so the ledger needs no torch.distributed.
 # Read once per frame (as history.rank_source, so that an installed source is seen).
-rank_source: Callable[[], Optional[int]] = _no_rank
+rank_source: Callable[[], int | None] = _no_rank
 
 
-def set_rank_source(source: Callable[[], Optional[int]]) -> None:
+def set_rank_source(source: Callable[[], int | None]) -> None:
     """Install the function that says the process's rank (``speedflags._distributed`` does)."""
     global rank_source
     rank_source = source
@@ -133,7 +134,7 @@ class FlagRecord:
         label: str,
         frame: int,
         thread: str,
-        rank: Optional[int],
+        rank: int | None,
         where: Where,
         lever: str,
         action: str,
@@ -147,7 +148,7 @@ class FlagRecord:
         registered = _LEVERS.get(lever)
         if registered is None:  # an event, or a lever named directly (skips, notes)
             self.lever = lever
-            self._describe: Optional[Callable[[Any], Any]] = None
+            self._describe: Callable[[Any], Any] | None = None
         else:
             self.lever = registered.name
             self._describe = registered.describe
@@ -205,7 +206,7 @@ class FlagRecord:
         )
 
 
-def expand(entry: tuple[Any, ...]) -> List[FlagRecord]:
+def expand(entry: tuple[Any, ...]) -> list[FlagRecord]:
     """The records one ring entry stands for, in ``seq`` order."""
     kind, seq, when, label, frame, thread, rank, where = entry[:8]
     if kind == ONE:
@@ -233,7 +234,7 @@ def expand(entry: tuple[Any, ...]) -> List[FlagRecord]:
 
 def records(entries: Iterable[tuple[Any, ...]], limit: int) -> tuple[FlagRecord, ...]:
     """The last ``limit`` records of ``entries`` (oldest first)."""
-    out: List[FlagRecord] = []
+    out: list[FlagRecord] = []
     for entry in entries:
         out.extend(expand(entry))
     return tuple(out[-limit:])
@@ -255,7 +256,7 @@ def json_default(value: Any) -> Any:
     return str(value)
 
 
-def to_json(history: Iterable[FlagRecord], indent: Optional[int] = None) -> str:
+def to_json(history: Iterable[FlagRecord], indent: int | None = None) -> str:
     """``history`` as JSON, with the PyTorch and speedflags versions and the process id."""
     payload = {
         "speedflags": __version__,
@@ -288,7 +289,7 @@ class History:
         self.size = size
         # each entry holds one or more records, so the ring never needs more entries than
         # records kept
-        self.entries: Deque[tuple[Any, ...]] = deque(maxlen=size)
+        self.entries: deque[tuple[Any, ...]] = deque(maxlen=size)
         self.seq = 0
 
     def __len__(self) -> int:
@@ -306,7 +307,7 @@ class History:
         label: str,
         frame_id: int,
         thread: str,
-        rank: Optional[int],
+        rank: int | None,
         where: Where,
         lever: str,
         action: str,
@@ -367,9 +368,9 @@ class History:
         self,
         frame: Frame,
         where: Where,
-        found: List[Any],
-        restored: List[Any],
-        notes: Optional[List[str]],
+        found: list[Any],
+        restored: list[Any],
+        notes: list[str] | None,
     ) -> None:
         """The ``restore`` records of ``frame``'s exit: what each lever read, and after."""
         n = len(found)

@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Any, Callable, List, Optional, Set, Tuple, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import InvalidTypeError
 
 F = TypeVar("F", bound=Callable[..., Any])
-Handler = Callable[[int, Optional[FrameType]], Any]
+Handler = Callable[[int, FrameType | None], Any]
 
-_CRITICAL: Set[CodeType] = set()
+_CRITICAL: set[CodeType] = set()
 _MAX_DEPTH = 40  # frames walked up from the interrupted one; the ledger's stacks are shallower
 # Handler calls deferred out of critical code, run by deliver_pending() (main thread only).
-PENDING: List[Tuple[Handler, int, Optional[FrameType]]] = []
+PENDING: list[tuple[Handler, int, FrameType | None]] = []
 _MAIN_THREAD = [threading.main_thread()]
 
 
@@ -47,7 +48,7 @@ def critical(func: F) -> F:
 
 
 @critical  # see signal_safe's guarded: a signal arriving during the walk waits
-def in_critical_section(frame: Optional[FrameType]) -> bool:
+def in_critical_section(frame: FrameType | None) -> bool:
     """True if the Python frame ``frame`` (a signal handler's second argument), or one of
     its callers, runs speedflags' critical code."""
     depth = 0
@@ -126,7 +127,7 @@ def signal_safe(handler: Handler) -> Handler:
         )
 
     @functools.wraps(handler)
-    def guarded(signum: int, frame: Optional[FrameType]) -> Any:
+    def guarded(signum: int, frame: FrameType | None) -> Any:
         if in_critical_section(frame):
             PENDING.append((handler, signum, frame))  # the ledger runs it once done
             return None

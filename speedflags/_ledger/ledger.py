@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from asyncio import current_task as _current_task
 from asyncio.events import _get_running_loop
-from typing import Any, List, Optional
+from typing import Any
 
 from .._short_repr import short_repr
 from . import history as _history
@@ -93,7 +93,7 @@ class FlagLedger:
         label: str = "",
         where: Where = None,
         owner: object = None,
-        device: Optional[str] = None,
+        device: str | None = None,
     ) -> Frame:
         """Apply ``levers`` as one frame and return it; :meth:`Frame.close` restores them.
 
@@ -124,7 +124,7 @@ class FlagLedger:
         afters = frame.afters
         stacks = self._stacks
         crowded = False  # a stack held entries already: look for conflicts
-        notices: Optional[List[Notice]] = None
+        notices: list[Notice] | None = None
         try:
             with self._lock:
                 _WRITING.add(tid)
@@ -219,9 +219,9 @@ class FlagLedger:
         tid = _get_ident()
         if tid in _WRITING:
             self._recovery.reentered(frame.label)
-        failures: Optional[List[Failure]] = None
-        notices: Optional[List[Notice]] = None
-        pending: Optional[BaseException] = None  # an interruption, raised once the exit is done
+        failures: list[Failure] | None = None
+        notices: list[Notice] | None = None
+        pending: BaseException | None = None  # an interruption, raised once the exit is done
         with self._lock:
             if frame.closed or frame.thread_id != tid:
                 raise self._recovery.not_closable(frame)
@@ -229,9 +229,9 @@ class FlagLedger:
             watched = None
             program = frame.program
             n = frame.applied
-            found: List[Any] = [None] * n
-            restored: List[Any] = [None] * n
-            notes: Optional[List[str]] = None
+            found: list[Any] = [None] * n
+            restored: list[Any] = [None] * n
+            notes: list[str] | None = None
             try:
                 if self._gone:
                     notices = self._recovery.drop_abandoned(where)
@@ -287,7 +287,7 @@ class FlagLedger:
         k = len(frames) - 1
         while k >= 0 and frames[k] is not frame and frames[k].closed:
             k -= 1
-        innermost: Optional[Frame] = None
+        innermost: Frame | None = None
         if k < 0 or frames[k] is not frame:
             innermost = self._table.leave_context(frames, frame)
         try:
@@ -300,7 +300,7 @@ class FlagLedger:
                     break
                 deliver_pending()
 
-    def frame(self, levers: Levers, *, label: str = "", device: Optional[str] = None) -> FrameScope:
+    def frame(self, levers: Levers, *, label: str = "", device: str | None = None) -> FrameScope:
         """``levers`` as a reusable scope on this ledger (:class:`~.scope.FrameScope`):
         ``with``, ``async with``, ``start()``/``stop()``, or ``@scope`` on a function.
 
@@ -324,7 +324,7 @@ class FlagLedger:
         with self._lock:
             self._ring.clear()
 
-    def to_json(self, indent: Optional[int] = None) -> str:
+    def to_json(self, indent: int | None = None) -> str:
         """The history as JSON, with the PyTorch and speedflags versions and the process id."""
         return _to_json(self.history, indent)
 

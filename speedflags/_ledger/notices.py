@@ -10,7 +10,8 @@ logging handler that reads the ledger or enters a block cannot deadlock on its l
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Optional, Sequence, Tuple
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 from .. import _warn
 from .._short_repr import short_repr
@@ -19,12 +20,12 @@ from ..levers._base import Lever
 from .program import Frame
 
 # (cause for warn_once, message, category; None: informational, logged once, never a warning)
-Notice = Tuple[Hashable, str, Optional[type]]
+Notice = tuple[Hashable, str, type | None]
 # (index of the lever in its frame's program, the exception its restore raised)
-Failure = Tuple[int, BaseException]
+Failure = tuple[int, BaseException]
 
 
-def speak(notices: Optional[Sequence[Notice]], error: Optional[BaseException] = None) -> None:
+def speak(notices: Sequence[Notice] | None, error: BaseException | None = None) -> None:
     """Emit ``notices`` (each once per cause), then raise ``error`` if there is one.
 
     A notice that raises (warnings as errors) does not hide ``error``: that one is raised
@@ -43,7 +44,7 @@ def speak(notices: Optional[Sequence[Notice]], error: Optional[BaseException] = 
 
 def drift(
     lever: Lever, found: Any, expected: Any, restoring: Any, frame: Frame
-) -> Tuple[str, Notice]:
+) -> tuple[str, Notice]:
     """The history note and the warning for a lever changed inside ``frame``'s block.
 
     A change PyTorch made by itself (seen by a running watch) is not the block's: it is
@@ -128,8 +129,8 @@ def _others(frame: Frame, n: int, failures: Sequence[Failure]) -> str:
 
 
 def close_error(
-    frame: Frame, innermost: Optional[Frame], failures: Sequence[Failure], states: Sequence[Any]
-) -> Optional[BaseException]:
+    frame: Frame, innermost: Frame | None, failures: Sequence[Failure], states: Sequence[Any]
+) -> BaseException | None:
     """What closing ``frame`` raises, if anything: an interrupt, an order error, a failure.
 
     ``states`` holds, per lever, what it reads after the exit.

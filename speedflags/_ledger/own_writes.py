@@ -31,15 +31,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Optional, Protocol, Set, Tuple
+from typing import Any, Protocol
 
-Where = Optional[Tuple[str, int]]
+Where = tuple[str, int] | None
 
 
 # The threads writing for speedflags right now: the ledger adds and discards its thread once
 # per section. A set of ids costs two cheap calls per section on the hot path, where a
 # counter on a threading.local costs ~10x more.
-_WRITING: Set[int] = set()
+_WRITING: set[int] = set()
 _get_ident = threading.get_ident
 
 
@@ -75,7 +75,7 @@ class Watcher(Protocol):
 
 # Set and cleared by speedflags._watch.watcher with the ledger's lock held, so that no section is
 # half-way through when watching starts or stops.
-WATCHER: Optional[Watcher] = None
+WATCHER: Watcher | None = None
 
 
 class _Idle:

@@ -10,7 +10,7 @@ only *build* warnings and errors: the ledger speaks once the lock is released
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from .._short_repr import short_repr
 from . import notices as _notices
@@ -45,16 +45,16 @@ class RarePaths:
 
     # --- entering ----------------------------------------------------------------------
 
-    def conflicts(self, frame: Frame) -> List[Notice]:
+    def conflicts(self, frame: Frame) -> list[Notice]:
         """Once ``frame`` is applied: the frames of other threads or tasks, still open,
         whose state for a domain it has just replaced with a different one."""
-        found: List[Notice] = []
+        found: list[Notice] = []
         program = frame.program
         stacks = self.frames.stacks
         for i in range(program.n):
             if i in program.prev:  # a later lever of this frame sets the same domain
                 continue
-            theirs: Dict[int, Tuple[Frame, int]] = {}
+            theirs: dict[int, tuple[Frame, int]] = {}
             for other, j in stacks[frame.key(i)]:
                 if other is frame:
                     break
@@ -67,7 +67,7 @@ class RarePaths:
 
     def abort_open(
         self, frame: Frame, exc: BaseException, where: Where, watched: Any
-    ) -> Optional[BaseException]:
+    ) -> BaseException | None:
         """Whatever failed or interrupted an open, undo all of it.
 
         Restore every lever written (each tried, and tried again if an exception interrupts
@@ -80,9 +80,9 @@ class RarePaths:
         enter) is what is returned: it must reach the program, whatever else failed.
         """
         applied = frame.applied
-        failures: List[Failure] = []
-        states: List[Any] = [None] * applied
-        interrupts: List[BaseException] = []
+        failures: list[Failure] = []
+        states: list[Any] = [None] * applied
+        interrupts: list[BaseException] = []
         try:
             try:
                 self._roll_back(frame, exc, where, applied, failures, states, interrupts)
@@ -111,9 +111,9 @@ class RarePaths:
         exc: BaseException,
         where: Where,
         applied: int,
-        failures: List[Failure],
-        states: List[Any],
-        interrupts: List[BaseException],
+        failures: list[Failure],
+        states: list[Any],
+        interrupts: list[BaseException],
     ) -> None:
         program = frame.program
         reason = f"rolled back: entering failed with {type(exc).__name__}"
@@ -150,9 +150,9 @@ class RarePaths:
         frame: Frame,
         i: int,
         found: Any,
-        notes: Optional[List[str]],
-        notices: Optional[List[Notice]],
-    ) -> Tuple[List[str], List[Notice]]:
+        notes: list[str] | None,
+        notices: list[Notice] | None,
+    ) -> tuple[list[str], list[Notice]]:
         """Lever ``i`` of ``frame`` was found changed inside its block: its record's note
         and the warning (the lists made on first use)."""
         notes = notes if notes is not None else [""] * frame.applied
@@ -167,10 +167,10 @@ class RarePaths:
         frame: Frame,
         i: int,
         where: Where,
-        restored: List[Any],
-        notes: Optional[List[str]],
-        notices: Optional[List[Notice]],
-    ) -> Tuple[List[str], List[Notice]]:
+        restored: list[Any],
+        notes: list[str] | None,
+        notices: list[Notice] | None,
+    ) -> tuple[list[str], list[Notice]]:
         """Close lever ``i`` of ``frame``, found under later frames (or off its stack: an
         interrupted exit's): its restored state, its record's note, any warning."""
         notices = notices if notices is not None else []
@@ -179,7 +179,7 @@ class RarePaths:
         notes[i] = BURIED_NOTE
         return notes, notices
 
-    def finish_lever(self, frame: Frame, i: int, where: Where, notices: List[Notice]) -> Any:
+    def finish_lever(self, frame: Frame, i: int, where: Where, notices: list[Notice]) -> Any:
         """Bring lever ``i`` of ``frame`` back, whatever part of its exit already ran: off
         its stack, and the state what the stack says should hold now."""
         lever = frame.program.levers[i]
@@ -198,7 +198,7 @@ class RarePaths:
         return lever.restore(before, current) if current != before else current
 
     def close_buried(
-        self, frame: Frame, i: int, current: Any, where: Where, notices: List[Notice]
+        self, frame: Frame, i: int, current: Any, where: Where, notices: list[Notice]
     ) -> Any:
         """Lever ``i`` of ``frame`` is under entries of frames still open: put back the state
         it found, then re-apply theirs on top of it, in their order."""

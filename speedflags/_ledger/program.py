@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Hashable, Iterable, Sequence
 from typing import (
     TYPE_CHECKING,
     Any,
-    Hashable,
-    Iterable,
-    List,
-    Optional,
-    Sequence,
-    Tuple,
     Union,
     cast,
 )
@@ -24,10 +19,10 @@ from .history import Where, format_where, lever_key
 if TYPE_CHECKING:
     from .ledger import FlagLedger
 
-LeverItem = Tuple[Lever, Any, str]  # (lever, requested value, reason to record)
+LeverItem = tuple[Lever, Any, str]  # (lever, requested value, reason to record)
 # What FlagLedger.open and FlagLedger.frame take: a Program, or (lever, value) and
 # (lever, value, reason) items
-Levers = Union["Program", Iterable[Union[Tuple[Lever, Any], Tuple[Lever, Any, str]]]]
+Levers = Union["Program", Iterable[tuple[Lever, Any] | tuple[Lever, Any, str]]]
 
 
 class Program:
@@ -59,25 +54,25 @@ class Program:
         "values",
     )
 
-    def __init__(self, items: Sequence[LeverItem], skipped: Sequence[Tuple[str, str]] = ()):
-        self.levers: Tuple[Lever, ...] = tuple(lever for lever, _, _ in items)
-        self.lever_keys: Tuple[str, ...] = tuple(lever_key(lever) for lever in self.levers)
-        self.values: Tuple[Any, ...] = tuple(value for _, value, _ in items)
-        self.reasons: Tuple[str, ...] = tuple(reason for _, _, reason in items)
-        self.domains: Tuple[str, ...] = tuple(lever.domain for lever in self.levers)
+    def __init__(self, items: Sequence[LeverItem], skipped: Sequence[tuple[str, str]] = ()):
+        self.levers: tuple[Lever, ...] = tuple(lever for lever, _, _ in items)
+        self.lever_keys: tuple[str, ...] = tuple(lever_key(lever) for lever in self.levers)
+        self.values: tuple[Any, ...] = tuple(value for _, value, _ in items)
+        self.reasons: tuple[str, ...] = tuple(reason for _, _, reason in items)
+        self.domains: tuple[str, ...] = tuple(lever.domain for lever in self.levers)
         # process-wide stacks are keyed by domain; thread-local ones by (domain, thread)
-        self.keys: Tuple[Optional[str], ...] = tuple(
+        self.keys: tuple[str | None, ...] = tuple(
             None if lever.scope == "thread" else lever.domain for lever in self.levers
         )
         # index of the previous lever of the same domain (it hands over its state), or -1
-        self.prev: Tuple[int, ...] = tuple(
+        self.prev: tuple[int, ...] = tuple(
             max((j for j in range(i) if self.domains[j] == self.domains[i]), default=-1)
             for i in range(len(self.levers))
         )
-        self.checks: Tuple[bool, ...] = tuple(
+        self.checks: tuple[bool, ...] = tuple(
             bool(getattr(lever, "checks_state", True)) for lever in self.levers
         )
-        self.skipped: Tuple[Tuple[str, str], ...] = tuple(skipped)
+        self.skipped: tuple[tuple[str, str], ...] = tuple(skipped)
         self.n = len(self.levers)
         # What open() iterates over, precomputed: (index, lever, value, prev, key, domain)
         self.rows = tuple(
@@ -96,7 +91,7 @@ class Program:
             (i, self.levers[i], self.checks[i]) for i in range(self.n) if self.prev[i] < 0
         )
         # The last state read for each of them (see FlagLedger.open)
-        self.seen: List[Any] = [None] * self.n
+        self.seen: list[Any] = [None] * self.n
 
     @classmethod
     def of(cls, levers: Levers) -> Program:
@@ -111,7 +106,7 @@ class Program:
         """
         if isinstance(levers, Program):
             return levers
-        items: List[LeverItem] = []
+        items: list[LeverItem] = []
         for item in cast(Iterable[object], levers):  # what a user passed: checked
             if not isinstance(item, tuple) or len(item) not in (2, 3):
                 raise InvalidTypeError(
@@ -166,12 +161,12 @@ class Frame:
         label: str,
         owner: object,
         where: Where,
-        device: Optional[str],
+        device: str | None,
         program: Program,
         thread_id: int,
         thread: str,
         task: object,
-        rank: Optional[int],
+        rank: int | None,
         token: int,
         ledger: FlagLedger,
     ) -> None:
@@ -189,8 +184,8 @@ class Frame:
         self.program = program
         self.rank = rank
         n = program.n
-        self.befores: List[Any] = [None] * n
-        self.afters: List[Any] = [None] * n
+        self.befores: list[Any] = [None] * n
+        self.afters: list[Any] = [None] * n
         self.applied = 0
 
     def close(self, where: Where = None) -> None:
@@ -239,7 +234,7 @@ class Frame:
         )
 
 
-def without_closed(frames: Tuple[Frame, ...]) -> Tuple[Frame, ...]:
+def without_closed(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
     """``frames`` less the closed frames at its end (those close() leaves in a context's
     tuple). A function of its own: a ``while`` loop inside the ledger's open() would be a hole
     in its ``try`` on Python 3.13 (tests/test_exception_table_holes.py)."""

@@ -15,7 +15,8 @@ import itertools
 import os
 import threading
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from collections.abc import Iterator
+from typing import Any
 
 from .._short_repr import short_repr
 from ..errors import AbandonedFrameWarning, LedgerOrderError, LedgerReentryError
@@ -40,7 +41,7 @@ class _ThreadEnd:
 
     __slots__ = ("gone", "threads", "tid", "token")
 
-    def __init__(self, gone: List[int], threads: Dict[int, int], tid: int, token: int) -> None:
+    def __init__(self, gone: list[int], threads: dict[int, int], tid: int, token: int) -> None:
         self.gone = gone
         self.threads = threads
         self.tid = tid
@@ -80,8 +81,8 @@ class Recovery:
         self.frames = frames
         self.history = history
         self.paths = paths
-        self.threads: Dict[int, int] = {}
-        self.gone: List[int] = []
+        self.threads: dict[int, int] = {}
+        self.gone: list[int] = []
         self.tokens: Iterator[int] = itertools.count(1)
         RECOVERIES.add(self)
 
@@ -123,12 +124,12 @@ class Recovery:
         i: int,
         exc: BaseException,
         where: Where,
-        found: List[Any],
-        restored: List[Any],
-        notes: Optional[List[str]],
-        failures: Optional[List[Failure]],
-        pending: Optional[BaseException],
-    ) -> Tuple[List[str], List[Failure], Optional[BaseException]]:
+        found: list[Any],
+        restored: list[Any],
+        notes: list[str] | None,
+        failures: list[Failure] | None,
+        pending: BaseException | None,
+    ) -> tuple[list[str], list[Failure], BaseException | None]:
         """Lever ``i``'s restore raised ``exc``: try once more, from what the state and the
         stacks say now. An exception that interrupted the restore (Ctrl-C) does not recur,
         and the exit then raises it once complete; a real failure fails again and is
@@ -161,9 +162,9 @@ class Recovery:
         self,
         frame: Frame,
         where: Where,
-        found: List[Any],
-        restored: List[Any],
-        notes: Optional[List[str]],
+        found: list[Any],
+        restored: list[Any],
+        notes: list[str] | None,
         watched: Any,
     ) -> None:
         """An exception interrupted a close outside its per-lever loop: complete the exit."""
@@ -200,7 +201,7 @@ class Recovery:
         self.threads[tid] = token
         return token
 
-    def drop_abandoned(self, where: Where) -> List[Notice]:
+    def drop_abandoned(self, where: Where) -> list[Notice]:
         """Under the lock: restore the frames of threads that ended (or, after a fork, that
         do not exist in this process). Interrupted, it runs again next time: frames already
         dropped are closed and skipped."""
@@ -217,8 +218,8 @@ class Recovery:
     def _abandon(self, frame: Frame, where: Where) -> Notice:
         program = frame.program
         n = frame.applied
-        found: List[Any] = [None] * n
-        restored: List[Any] = [None] * n
+        found: list[Any] = [None] * n
+        restored: list[Any] = [None] * n
         notes = [""] * n
         for i in range(n - 1, -1, -1):
             lever = program.levers[i]

@@ -13,7 +13,8 @@ scopes whose levers come from their plan.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import SpeedflagsError
 from .decorate import decorate
@@ -80,7 +81,7 @@ class FrameScope:
         *,
         ledger: FlagLedger,
         label: str = "",
-        device: Optional[str] = None,
+        device: str | None = None,
     ) -> None:
         self.ledger = ledger  # the ledger its frames open on
         self._label = label

@@ -21,15 +21,16 @@ look at other contexts of the thread).
 from __future__ import annotations
 
 import threading
+from collections.abc import Hashable
 from contextvars import ContextVar
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import Any
 
 from .._short_repr import short_repr
 from ..errors import LedgerOrderError
 from .program import Frame, without_closed
 
 _KEEP_STACKS = 64
-Stack = List[Tuple[Frame, int]]
+Stack = list[tuple[Frame, int]]
 
 
 class FrameStacks:
@@ -50,12 +51,12 @@ class FrameStacks:
     def __init__(self, lock: Any) -> None:
         self.lock = lock  # the ledger's (a threading.RLock)
         # domain -> [(frame, index)] (process scope); (domain, thread id) -> ... (thread scope)
-        self.stacks: Dict[Hashable, Stack] = {}
+        self.stacks: dict[Hashable, Stack] = {}
         # every open frame, of every thread and context, by id (so in order of entry)
-        self.open: Dict[int, Frame] = {}
+        self.open: dict[int, Frame] = {}
         # the open frames of the current context (thread or asyncio task), innermost last,
         # and on top of them maybe frames closed since (skipped; dropped by the next open)
-        self.context: ContextVar[Tuple[Frame, ...]] = ContextVar(
+        self.context: ContextVar[tuple[Frame, ...]] = ContextVar(
             f"speedflags_frames_{id(self):x}", default=()
         )
 
@@ -108,7 +109,7 @@ class FrameStacks:
 
     # --- contexts -----------------------------------------------------------------------
 
-    def find(self, owner: object) -> Optional[Frame]:
+    def find(self, owner: object) -> Frame | None:
         """The innermost open frame entered through ``owner`` in this context, else in
         another context of this thread (a fixture set up in one asyncio task and torn down
         in another, a ``with`` around a generator's ``yield`` closed by another consumer)."""
@@ -150,7 +151,7 @@ class FrameStacks:
                 frames = without_closed(frames)
         context.set(frames + (frame,))  # noqa: RUF005
 
-    def leave_context(self, frames: Tuple[Frame, ...], frame: Frame) -> Optional[Frame]:
+    def leave_context(self, frames: tuple[Frame, ...], frame: Frame) -> Frame | None:
         """``frame`` (closed now) is not this context's innermost: drop it, and frames closed
         from other contexts; return the innermost frame still open above it, if any."""
         if frame not in frames:  # entered in another context of this thread

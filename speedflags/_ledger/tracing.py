@@ -26,8 +26,9 @@ from __future__ import annotations
 import os
 import sys
 import weakref
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Set, Tuple, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-Where = Optional[Tuple[str, int]]
+Where = tuple[str, int] | None
 
 # Found once, by feature: the cheapest function dynamo folds to True while it traces.
 # torch.compiler.is_dynamo_compiling (newer PyTorch) and 2.1's torch._utils.is_compiling just
@@ -128,7 +129,7 @@ class KeptOut:
     directly when :data:`hooked`.
     """
 
-    _ALL: ClassVar[List[KeptOut]] = []
+    _ALL: ClassVar[list[KeptOut]] = []
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
@@ -156,7 +157,7 @@ def _current_tx() -> Any:
             return None
     # 2.1: the tracer is a local ("tx") of the dynamo frame that runs an at_trace_time function
     base = convert.InstructionTranslatorBase
-    frame: Optional[FrameType] = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         tx = frame.f_locals.get("tx")
         if isinstance(tx, base):
@@ -200,7 +201,7 @@ def eager_where() -> Where:
     """In a :class:`KeptOut` function: the user's ``(file, line)`` that called into speedflags
     (the innermost Python frame outside speedflags and torch: the disabled wrapper and
     dynamo's resume functions are skipped, the latter keep the user's file)."""
-    frame: Optional[FrameType] = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if _users(frame.f_code.co_filename):
             return (frame.f_code.co_filename, frame.f_lineno)
@@ -210,7 +211,7 @@ def eager_where() -> Where:
 
 # compilation -> the keys met in it (dynamo's CompileContext: one per frame compiled, the same
 # across the restarts of its trace)
-_SEEN: weakref.WeakKeyDictionary[Any, Set[Tuple[Any, ...]]] = weakref.WeakKeyDictionary()
+_SEEN: weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
 
 def first_trace(*key: Any) -> bool:
@@ -229,7 +230,7 @@ def first_trace(*key: Any) -> bool:
     return True
 
 
-_GRAPH_ERRORS: Dict[type, type] = {}
+_GRAPH_ERRORS: dict[type, type] = {}
 
 
 def graph_error(exc: SpeedflagsError) -> BaseException:

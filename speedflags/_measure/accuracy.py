@@ -9,8 +9,6 @@ the same unit, about 3e-4. ``docs/performance.md`` explains these levels.
 
 from __future__ import annotations
 
-from typing import Dict
-
 import torch
 
 __all__ = ["TOLERANCE", "relative_error"]
@@ -20,7 +18,7 @@ __all__ = ["TOLERANCE", "relative_error"]
 # largest fp32 error measured, 30x above the expected TF32/fp16 error and 10x above the
 # largest bf16 error measured; the fp32 bound stays below TF32's ~3e-4, so an "fp32" run that
 # silently used TF32 or bf16 fails.
-TOLERANCE: Dict[str, float] = {
+TOLERANCE: dict[str, float] = {
     "fp32": 1e-4,
     "tf32": 1e-2,
     "fp16": 1e-2,

@@ -10,7 +10,8 @@ disabled cuDNN or oneDNN, a kernel that refuses the inputs.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ def _tf32_hardware(device: torch.device) -> bool:
     return device.type == "cuda" and cc is not None and cc >= (8, 0) and torch.version.hip is None
 
 
-def environment_block(name: str, device: torch.device) -> Optional[str]:
+def environment_block(name: str, device: torch.device) -> str | None:
     """The environment override that alone keeps ``name`` from working here, or None.
 
     ``speedflags.capabilities`` answers "no TF32" under ``NVIDIA_TF32_OVERRIDE=0``, but the
@@ -56,7 +57,7 @@ def _nvidia_override() -> str:
     )
 
 
-def _tf32_state(inside: Dict[str, Any], node: str, what: str) -> List[str]:
+def _tf32_state(inside: dict[str, Any], node: str, what: str) -> list[str]:
     found = []
     if inside.get("tf32_consistent") is False:
         conflicts = "; ".join(inside.get("tf32_conflicts") or []) or "the two API families disagree"
@@ -66,7 +67,7 @@ def _tf32_state(inside: Dict[str, Any], node: str, what: str) -> List[str]:
     return found
 
 
-def _tf32(name: str, value: Any, obs: Observation, device: torch.device) -> List[str]:
+def _tf32(name: str, value: Any, obs: Observation, device: torch.device) -> list[str]:
     found = []
     if os.environ.get(NVIDIA_OVERRIDE) == "0":
         found.append(_nvidia_override())
@@ -74,7 +75,7 @@ def _tf32(name: str, value: Any, obs: Observation, device: torch.device) -> List
     return found
 
 
-def _conv_tf32(inside: Dict[str, Any]) -> List[str]:
+def _conv_tf32(inside: dict[str, Any]) -> list[str]:
     found = []
     if os.environ.get(NVIDIA_OVERRIDE) == "0":
         found.append(_nvidia_override())
@@ -94,7 +95,7 @@ def conv_note(obs: Observation) -> str:
     return "conv stayed fp32: " + "; ".join(causes)
 
 
-def _baseline(name: str, value: Any, obs: Observation, device: torch.device) -> List[str]:
+def _baseline(name: str, value: Any, obs: Observation, device: torch.device) -> list[str]:
     found = []
     if os.environ.get(TORCH_OVERRIDE) == "1":
         found.append(
@@ -111,7 +112,7 @@ def _baseline(name: str, value: Any, obs: Observation, device: torch.device) -> 
     return found
 
 
-def _precision(name: str, value: Any, obs: Observation, device: torch.device) -> List[str]:
+def _precision(name: str, value: Any, obs: Observation, device: torch.device) -> list[str]:
     if device.type != "cpu":
         return _tf32(name, value, obs, device)
     found = []
@@ -120,7 +121,7 @@ def _precision(name: str, value: Any, obs: Observation, device: torch.device) ->
     return found + _tf32_state(obs.inside, "onednn_matmul_bf16", "oneDNN matmul bf16")
 
 
-def _cudnn_benchmark(name: str, value: Any, obs: Observation, device: torch.device) -> List[str]:
+def _cudnn_benchmark(name: str, value: Any, obs: Observation, device: torch.device) -> list[str]:
     found = []
     if obs.inside.get("cudnn_enabled") is False:
         found.append("cuDNN is disabled (torch.backends.cudnn.enabled is False)")
@@ -131,18 +132,18 @@ def _cudnn_benchmark(name: str, value: Any, obs: Observation, device: torch.devi
     return found
 
 
-def _sdpa(name: str, value: Any, obs: Observation, device: torch.device) -> List[str]:
+def _sdpa(name: str, value: Any, obs: Observation, device: torch.device) -> list[str]:
     refusal = obs.inside.get("refusal")
     return [refusal] if refusal else []
 
 
-def _amp(name: str, value: Any, obs: Observation, device: torch.device) -> List[str]:
+def _amp(name: str, value: Any, obs: Observation, device: torch.device) -> list[str]:
     if obs.inside.get("autocast") is False:
         return ["torch.is_autocast_enabled() reads False inside the block"]
     return []
 
 
-_FINDERS: Dict[str, Callable[[str, Any, Observation, torch.device], List[str]]] = {
+_FINDERS: dict[str, Callable[[str, Any, Observation, torch.device], list[str]]] = {
     "baseline": _baseline,
     "tf32": _tf32,
     "matmul_precision": _precision,

@@ -10,8 +10,9 @@ frames restore everything on exit, Ctrl-C included.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ class Config:
 
     name: str
     levers: Mapping[str, Any] = field(default_factory=dict)
-    dtype: Optional[torch.dtype] = None
+    dtype: torch.dtype | None = None
     baseline: bool = False
 
     def describe(self) -> str:
@@ -96,7 +97,7 @@ class Config:
             else:
                 yield
 
-    def unavailable(self, device: torch.device) -> Optional[str]:
+    def unavailable(self, device: torch.device) -> str | None:
         """Why this configuration cannot be measured on ``device``, or None if it can.
 
         Skipped: a lever that would make things slower (fp16 autocast on a CPU) or that
@@ -124,7 +125,7 @@ class Config:
             return "; ".join(e.reason for e in effects)
         return None
 
-    def notes(self, device: torch.device) -> Tuple[str, ...]:
+    def notes(self, device: torch.device) -> tuple[str, ...]:
         """The levers of this configuration that have no effect on ``device``, and why."""
         return tuple(
             f"{name}: {effect.reason}"

@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Sequence, Tuple
+from typing import Any
 
 import torch
 
@@ -56,8 +57,8 @@ def arithmetic(error: float, half: str = "tf32") -> str:
 
 
 def inputs(
-    shapes: Sequence[Tuple[int, ...]], device: torch.device, dtype: torch.dtype = torch.float32
-) -> List[torch.Tensor]:
+    shapes: Sequence[tuple[int, ...]], device: torch.device, dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
     """Random normal tensors from a private generator (the process's RNG is left alone).
 
     Example:
@@ -71,7 +72,7 @@ def inputs(
     return [torch.randn(*shape, generator=gen, device=device).to(dtype) for shape in shapes]
 
 
-def aten_ops(fn: Callable[[], Any]) -> Tuple[Any, FrozenSet[str]]:
+def aten_ops(fn: Callable[[], Any]) -> tuple[Any, frozenset[str]]:
     """Run ``fn()``; return its result and the ATen operators it dispatched (``"mm"``, ...).
 
     Names are the operators' base names without namespace and overload
@@ -112,15 +113,15 @@ class Trace:
         kernels: the CUDA kernels launched, in order, repeats included.
     """
 
-    ops: FrozenSet[str]
-    kernels: Tuple[str, ...]
+    ops: frozenset[str]
+    kernels: tuple[str, ...]
 
-    def distinct_kernels(self) -> Tuple[str, ...]:
+    def distinct_kernels(self) -> tuple[str, ...]:
         """The kernel names without repeats, in order of first launch."""
         return tuple(dict.fromkeys(self.kernels))
 
 
-def cuda_trace(fn: Callable[[], Any], device: torch.device) -> Tuple[Any, Trace]:
+def cuda_trace(fn: Callable[[], Any], device: torch.device) -> tuple[Any, Trace]:
     """Run ``fn()`` under ``torch.profiler`` with CUDA activity; return its result and trace.
 
     The device is synchronised before the profiler stops, so every kernel the call launched
@@ -134,7 +135,7 @@ def cuda_trace(fn: Callable[[], Any], device: torch.device) -> Tuple[Any, Trace]
         out = fn()
         torch.cuda.synchronize(device)
     ops: set[str] = set()
-    kernels: List[str] = []
+    kernels: list[str] = []
     for event in prof.events():
         if str(getattr(event, "device_type", "")).endswith("CUDA"):
             kernels.append(str(event.name))
@@ -168,5 +169,5 @@ class Observation:
 
     in_effect: bool
     figure: str
-    measured: Dict[str, Any] = field(default_factory=dict)
-    inside: Dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
+    inside: dict[str, Any] = field(default_factory=dict)

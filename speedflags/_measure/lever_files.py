@@ -17,7 +17,8 @@ import importlib
 import json
 import math
 import os
-from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
 
 import torch
 
@@ -57,7 +58,7 @@ def plain_value(name: str, value: Any) -> Any:
     return value
 
 
-def plain_levers(checked: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
+def plain_levers(checked: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     """``check_levers`` output back in users' words, in the registry's order.
 
     Example:
@@ -114,7 +115,7 @@ def write_file(path: PathLike, data: Mapping[str, Any]) -> None:
         fh.write(text)
 
 
-def read_file(path: PathLike, call: str = "load_levers") -> Dict[str, Any]:
+def read_file(path: PathLike, call: str = "load_levers") -> dict[str, Any]:
     """The mapping a JSON, TOML or YAML file holds.
 
     Every parse failure is an ``InvalidValueError`` naming the file: a syntax error, text
@@ -161,7 +162,7 @@ def _tomllib() -> Any:
     raise ImportError("reading .toml lever files needs Python 3.11 or newer, or tomli")
 
 
-def load_levers(path: PathLike) -> Dict[str, Any]:
+def load_levers(path: PathLike) -> dict[str, Any]:
     """The ``fast_math`` keyword arguments a lever file holds, validated.
 
     Reads what :meth:`speedflags.TuneResult.save` wrote (its ``levers`` table), or a file
@@ -256,7 +257,7 @@ def to_toml(data: Mapping[str, Any]) -> str:
         speedup = 1.5
         levers = {amp = "bf16"}
     """
-    lines: List[str] = []
+    lines: list[str] = []
     tables = {k: v for k, v in data.items() if isinstance(v, Mapping)}
     arrays = {
         k: v

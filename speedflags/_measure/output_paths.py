@@ -28,7 +28,8 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any, Union
 
 from .._short_repr import short_repr
 from ..errors import InvalidValueError
@@ -38,7 +39,7 @@ __all__ = ["check_output", "make_parent_folder", "write_output"]
 PathArg = Union[str, "os.PathLike[str]"]
 
 
-def check_output(path: PathArg, option: str, suffixes: Optional[Sequence[str]] = None) -> None:
+def check_output(path: PathArg, option: str, suffixes: Sequence[str] | None = None) -> None:
     """Refuse ``path`` now if writing it after the run would fail.
 
     Args:
@@ -63,7 +64,7 @@ def check_output(path: PathArg, option: str, suffixes: Optional[Sequence[str]] =
     _check(os.path.abspath(given), shown, suffixes)
 
 
-def _check(full: str, shown: str, suffixes: Optional[Sequence[str]]) -> None:
+def _check(full: str, shown: str, suffixes: Sequence[str] | None) -> None:
     suffix = os.path.splitext(full)[1].lower()
     if suffixes is not None and suffix not in suffixes:
         raise InvalidValueError(
@@ -85,7 +86,7 @@ def _check(full: str, shown: str, suffixes: Optional[Sequence[str]]) -> None:
         raise InvalidValueError(
             f"{shown}: {short_repr(existing)} is a file, so no folder can be made under it"
         )
-    made: List[str] = []  # the folders the check makes, removed again after it
+    made: list[str] = []  # the folders the check makes, removed again after it
     try:
         _try_create(full, existing, shown, made)
     finally:
@@ -93,7 +94,7 @@ def _check(full: str, shown: str, suffixes: Optional[Sequence[str]]) -> None:
             os.rmdir(folder)
 
 
-def _try_create(full: str, existing: str, shown: str, made: List[str]) -> None:
+def _try_create(full: str, existing: str, shown: str, made: list[str]) -> None:
     # Make the file where it will be written, then remove it: the folders it needs, and the
     # file itself (its name too: a name the file system refuses fails here, not after the
     # run). Only what this makes is removed (O_EXCL: nothing that existed is touched).
@@ -125,7 +126,7 @@ def _why(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-def write_output(option: str, path: str, write: Callable[[str], Any]) -> Optional[str]:
+def write_output(option: str, path: str, write: Callable[[str], Any]) -> str | None:
     """``write(path)``; or, if it fails, why, in one line naming ``option`` and the path.
 
     The file was checked before the run (:func:`check_output`), but some places refuse

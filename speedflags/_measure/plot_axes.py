@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Union
+from typing import Any
 
 from .output_paths import make_parent_folder
 
@@ -33,7 +34,7 @@ def have_matplotlib() -> bool:
 
 @contextmanager
 def speedup_axes(
-    path: Union[str, os.PathLike[str]],
+    path: str | os.PathLike[str],
     *,
     missing: str,
     xlabel: str,

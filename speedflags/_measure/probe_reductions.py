@@ -11,7 +11,7 @@ CPU the probe does not run: the flags have no effect there.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -24,10 +24,10 @@ GEMM_SHAPE = (64, 65536, 64)  # m, k, n
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _gemms(ctx: Any, value: bool) -> Dict[str, Tuple[torch.Tensor, float]]:
+def _gemms(ctx: Any, value: bool) -> dict[str, tuple[torch.Tensor, float]]:
     m, k, n = GEMM_SHAPE
     a32, b32 = inputs([(m, k), (k, n)], ctx.device)
-    out: Dict[str, Tuple[torch.Tensor, float]] = {}
+    out: dict[str, tuple[torch.Tensor, float]] = {}
     levers = with_baseline((("reduced_precision_reduction", value),))
     with ctx.frame(levers, f"reduced_precision_reduction={value!r}"), torch.no_grad():
         for name, dtype in _DTYPES.items():
@@ -38,7 +38,7 @@ def _gemms(ctx: Any, value: bool) -> Dict[str, Tuple[torch.Tensor, float]]:
     return out
 
 
-def reduced_precision_reduction(ctx: Any, value: bool) -> Optional[Observation]:
+def reduced_precision_reduction(ctx: Any, value: bool) -> Observation | None:
     """fp16/bf16 GEMM results with the lever's value against fp32 reductions (CUDA only)."""
     if not ctx.cuda:
         return None
@@ -46,7 +46,7 @@ def reduced_precision_reduction(ctx: Any, value: bool) -> Optional[Observation]:
     control = _gemms(ctx, False)
     with ctx.frame(with_baseline((("reduced_precision_reduction", value),)), "(read)"):
         inside = {"flags": lever_spec("reduced_precision_reduction").current()}
-    measured: Dict[str, Any] = {}
+    measured: dict[str, Any] = {}
     parts = []
     differs = False
     for name in _DTYPES:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import importlib
 import itertools
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -66,8 +67,8 @@ class Context:
         self.matmul_inputs = inputs([(self.n, self.n)] * 2, device)
         a, b = self.matmul_inputs
         self.matmul_reference = a.double() @ b.double()
-        self.baseline: Optional[Observation] = None
-        self.baseline_result: Optional[torch.Tensor] = None
+        self.baseline: Observation | None = None
+        self.baseline_result: torch.Tensor | None = None
         self.deterministic = False  # two baseline matmuls gave the same bits
 
     @property
@@ -78,11 +79,11 @@ class Context:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def frame(self, levers: Dict[str, Any], what: str) -> Any:
+    def frame(self, levers: dict[str, Any], what: str) -> Any:
         """``levers`` on top of the baseline, as one ``fast_math`` frame."""
         return fast_math(**levers, device=str(self.device), label=f"speedflags verify {what}")
 
-    def matmul(self) -> Tuple[torch.Tensor, float]:
+    def matmul(self) -> tuple[torch.Tensor, float]:
         a, b = self.matmul_inputs
         with torch.no_grad():
             out = a @ b
@@ -95,7 +96,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _inside(ctx: Context) -> Dict[str, Any]:
+def _inside(ctx: Context) -> dict[str, Any]:
     """The switches a cause may hide in, read inside the frame (never raises)."""
     status = tf32_status()
     # typed Any: PyTorch 2.1's stubs lack mkldnn.enabled and the device-taking autocast getter
@@ -138,7 +139,7 @@ def baseline(ctx: Context) -> Observation:
         inside = _inside(ctx)
     ctx.baseline_result = first
     ctx.deterministic = bool(torch.equal(first, again))
-    measured: Dict[str, Any] = {"matmul_error": error, "deterministic": ctx.deterministic}
+    measured: dict[str, Any] = {"matmul_error": error, "deterministic": ctx.deterministic}
     figure = f"matmul error {error:.1e} ({arithmetic(error)})"
     in_effect = error < FP32_MAX
     if conv is not None:
@@ -155,7 +156,7 @@ def _off(ctx: Context, key: str) -> str:
     return f"; off: {value:.1e}" if isinstance(value, float) else ""
 
 
-def tf32(ctx: Context, value: bool) -> Optional[Observation]:
+def tf32(ctx: Context, value: bool) -> Observation | None:
     """cuBLAS matmul and cuDNN conv errors at TF32 level (CUDA only; None elsewhere)."""
     if not ctx.cuda:
         return None
@@ -176,13 +177,13 @@ def tf32(ctx: Context, value: bool) -> Optional[Observation]:
     return Observation(arithmetic(error) == want, figure, measured, inside)
 
 
-def matmul_precision(ctx: Context, value: str) -> Optional[Observation]:
+def matmul_precision(ctx: Context, value: str) -> Observation | None:
     """CUDA: TF32-level matmul error for "high"/"medium". CPU: the oneDNN route of "medium"."""
     with ctx.frame(with_baseline((("matmul_precision", value),)), f"matmul_precision={value!r}"):
         out, error = ctx.matmul()
         inside = _inside(ctx)
     level = arithmetic(error)
-    measured: Dict[str, Any] = {"matmul_error": error, "arithmetic": level}
+    measured: dict[str, Any] = {"matmul_error": error, "arithmetic": level}
     if ctx.cuda:
         want = "fp32" if value == "highest" else "tf32"
         figure = f"matmul error {error:.1e} ({level}{_off(ctx, 'matmul_error')})"
@@ -211,7 +212,7 @@ def matmul_precision(ctx: Context, value: str) -> Optional[Observation]:
 # --- cuDNN autotuning (CUDA) ----------------------------------------------------------------------
 
 
-def _first_and_later(ctx: Context, benchmark: bool) -> Tuple[int, int, int]:
+def _first_and_later(ctx: Context, benchmark: bool) -> tuple[int, int, int]:
     """(launches of the first call, distinct kernels of the first call, launches of the next)."""
     side = 24 + next(_shapes) % 97  # a shape cuDNN has not tuned yet in this process
     x, w = inputs([(4, 48, side, side), (48, 48, 3, 3)], ctx.device)
@@ -227,7 +228,7 @@ def _first_and_later(ctx: Context, benchmark: bool) -> Tuple[int, int, int]:
     return len(first.kernels), len(first.distinct_kernels()), len(later.kernels)
 
 
-def cudnn_benchmark(ctx: Context, value: bool) -> Optional[Observation]:
+def cudnn_benchmark(ctx: Context, value: bool) -> Observation | None:
     """The autotuner's trial runs in the first call of a new shape (CUDA only)."""
     if not ctx.cuda:
         return None
@@ -254,7 +255,7 @@ def cudnn_benchmark(ctx: Context, value: bool) -> Optional[Observation]:
 # --- SDPA -----------------------------------------------------------------------------------------
 
 
-def _sdpa_inputs(ctx: Context) -> List[torch.Tensor]:
+def _sdpa_inputs(ctx: Context) -> list[torch.Tensor]:
     dtype = torch.float32
     if ctx.cuda:
         from .._hardware import capabilities
@@ -281,8 +282,8 @@ def ran_backend(ops: Any) -> str:
 
 def sdpa(
     ctx: Context,
-    value: Tuple[str, ...],
-    tensors: Optional[List[torch.Tensor]] = None,
+    value: tuple[str, ...],
+    tensors: list[torch.Tensor] | None = None,
     **kwargs: Any,
 ) -> Observation:
     """Which kernel ran under ``sdpa=value`` (the preferred one, or the math fallback)."""
@@ -292,7 +293,7 @@ def sdpa(
         with torch.no_grad():
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
-    kernels: Tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
     with ctx.frame(with_baseline((("sdpa", value),)), f"sdpa={list(value)!r}"):
         if ctx.cuda:
             _, trace = cuda_trace(call, ctx.device)
@@ -328,7 +329,7 @@ _SDPBACKEND = {
 }
 
 
-def refusal(backend: str, tensors: Tuple[torch.Tensor, ...], kwargs: Dict[str, Any]) -> str:
+def refusal(backend: str, tensors: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> str:
     """Why the ``backend`` kernel alone refuses these inputs, in PyTorch's words ("" if it runs).
 
     PyTorch explains a refusal in warnings only when no enabled kernel can run, so the
@@ -361,7 +362,7 @@ def refusal(backend: str, tensors: Tuple[torch.Tensor, ...], kwargs: Dict[str, A
 # --- autocast -------------------------------------------------------------------------------------
 
 
-def amp(ctx: Context, value: Optional[torch.dtype]) -> Observation:
+def amp(ctx: Context, value: torch.dtype | None) -> Observation:
     """A float32 matmul's output dtype and error level under autocast."""
     with ctx.frame(with_baseline((("amp", value if value is not None else False),)), "amp"):
         out, error = ctx.matmul()
@@ -375,8 +376,8 @@ def amp(ctx: Context, value: Optional[torch.dtype]) -> Observation:
     return Observation(out.dtype == want_dtype and level == name, figure, measured, inside)
 
 
-Probe = Callable[..., Optional[Observation]]
-PROBES: Dict[str, Probe] = {
+Probe = Callable[..., Observation | None]
+PROBES: dict[str, Probe] = {
     "tf32": tf32,
     "matmul_precision": matmul_precision,
     "cudnn_benchmark": cudnn_benchmark,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +29,7 @@ from .timing import cache_bytes, rotation_sets
 __all__ = ["ConvProblem", "MatmulProblem", "MlpTrainProblem", "Problem", "Runner", "SdpaProblem"]
 
 SEED = 20261122
-Inputs = Tuple[torch.Tensor, ...]
+Inputs = tuple[torch.Tensor, ...]
 
 
 def _generator(device: torch.device) -> torch.Generator:
@@ -55,7 +57,7 @@ class Runner:
         self,
         sets: Sequence[Inputs],
         call: Callable[..., Any],
-        output: Optional[Callable[[], torch.Tensor]] = None,
+        output: Callable[[], torch.Tensor] | None = None,
     ) -> None:
         self._sets = list(sets)
         self._call = call
@@ -99,7 +101,7 @@ class Problem:
         self.size = size
         self.device = device
         self.sets = 1
-        self._reference: Optional[torch.Tensor] = None
+        self._reference: torch.Tensor | None = None
 
     @staticmethod
     def memory(size: int, device_type: str) -> int:
@@ -110,7 +112,7 @@ class Problem:
     def runner(self, config: Config) -> Runner:
         raise NotImplementedError
 
-    def skip_reason(self, config: Config) -> Optional[str]:
+    def skip_reason(self, config: Config) -> str | None:
         """Why ``config`` cannot be measured here, or None."""
         return config.unavailable(self.device)
 
@@ -130,13 +132,13 @@ class Problem:
             reference = self.reference()
         return relative_error(runner.output(), reference)
 
-    def _rotated(self, make: Callable[[], Inputs]) -> List[Inputs]:
+    def _rotated(self, make: Callable[[], Inputs]) -> list[Inputs]:
         first = make()
         self.sets = rotation_sets(_nbytes(first), cache_bytes(self.device))
         return [first] + [make() for _ in range(self.sets - 1)]
 
 
-def _cast(sets: Sequence[Inputs], dtype: Optional[torch.dtype]) -> List[Inputs]:
+def _cast(sets: Sequence[Inputs], dtype: torch.dtype | None) -> list[Inputs]:
     if dtype is None:
         return list(sets)
     return [tuple(t.to(dtype) for t in inputs) for inputs in sets]
@@ -204,7 +206,7 @@ class MlpTrainProblem(Problem):
 
     def _model(self, dtype: torch.dtype) -> nn.Sequential:
         d = self.size
-        blocks: List[nn.Module] = []
+        blocks: list[nn.Module] = []
         for i in range(self.layers):
             # Built on "meta" so that nn.Linear's own init does not draw from the global RNG.
             blocks.append(nn.Linear(d, d, device="meta"))
@@ -251,7 +253,7 @@ class MlpTrainProblem(Problem):
         # PyTorch 2.1 has no bfloat16 mse_loss on a CPU
         wide = torch.float64 if dtype == torch.float64 else torch.float32
         F.mse_loss(model(x).to(wide), y.to(wide)).backward()  # type: ignore[no-untyped-call]
-        grad: Optional[torch.Tensor] = self._first_weight(model).grad  # Any in 2.1's stubs
+        grad: torch.Tensor | None = self._first_weight(model).grad  # Any in 2.1's stubs
         assert grad is not None  # noqa: S101 - backward always fills it
         return grad
 
@@ -297,7 +299,7 @@ class SdpaProblem(Problem):
     def runner(self, config: Config) -> Runner:
         return Runner(_cast(self._sets, config.dtype), F.scaled_dot_product_attention)
 
-    def skip_reason(self, config: Config) -> Optional[str]:
+    def skip_reason(self, config: Config) -> str | None:
         reason = super().skip_reason(config)
         backends = config.levers.get("sdpa")
         if reason is not None or not backends:
@@ -323,7 +325,7 @@ class SdpaProblem(Problem):
         return out
 
 
-def _kernel_refuses(name: str, inputs: Inputs) -> Optional[str]:
+def _kernel_refuses(name: str, inputs: Inputs) -> str | None:
     alone = _kernel_alone(name)
     if alone is None:
         return f"PyTorch {torch.__version__} has no {name!r} SDPA kernel"
@@ -339,7 +341,7 @@ def _kernel_refuses(name: str, inputs: Inputs) -> Optional[str]:
     return None
 
 
-def _kernel_alone(name: str) -> Optional[ContextManager[Any]]:
+def _kernel_alone(name: str) -> AbstractContextManager[Any] | None:
     """A context that enables the ``name`` SDPA kernel alone, or None if torch has none."""
     try:
         attention: Any = importlib.import_module("torch.nn.attention")  # not in 2.1's stubs

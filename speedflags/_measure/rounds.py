@@ -7,7 +7,7 @@ the device (:func:`~speedflags._measure.timing.timer_for`).
 
 from __future__ import annotations
 
-from typing import Callable, List
+from collections.abc import Callable
 
 from .problems import Runner
 
@@ -22,7 +22,7 @@ def warm_up(runner: Runner, clock: Clock, rounds: int, seconds: float) -> float:
     The estimate is the fastest call after the first (which pays first-call costs: cuBLAS
     handles, cuDNN autotuning, allocator growth).
     """
-    times: List[float] = []
+    times: list[float] = []
     began = clock()
     while len(times) < max(rounds, 1) or (clock() - began < seconds and len(times) < 10_000):
         inputs = runner.setup()
@@ -32,7 +32,7 @@ def warm_up(runner: Runner, clock: Clock, rounds: int, seconds: float) -> float:
     return min(times[1:]) if len(times) > 1 else times[0]
 
 
-def measure_rounds(runner: Runner, clock: Clock, rounds: int, calls: int = 1) -> List[float]:
+def measure_rounds(runner: Runner, clock: Clock, rounds: int, calls: int = 1) -> list[float]:
     """Time ``rounds`` rounds of ``calls`` calls; return the time per call of each round.
 
     Every call takes the next input set, picked before the clock starts. ``clock`` must

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict
+from typing import Any
 
 import torch
 
@@ -107,7 +107,7 @@ def _onednn_enabled() -> bool:
     return bool(mkldnn.enabled)
 
 
-_cache: Dict[str, MediumRoute] = {}  # "cpu" -> the answer; tests fake it with setitem
+_cache: dict[str, MediumRoute] = {}  # "cpu" -> the answer; tests fake it with setitem
 _lock = threading.RLock()
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -230,7 +231,7 @@ class Timing:
     @classmethod
     def of(cls, passes: Sequence[Sequence[float]]) -> Timing:
         done = [list(p) for p in passes if p]
-        pooled: List[float] = [t for p in done for t in p]
+        pooled: list[float] = [t for p in done for t in p]
         return cls(tuple(pooled), tuple(statistics.median(p) for p in done))
 
     @property
@@ -242,7 +243,7 @@ class Timing:
         return statistics.median(self.times)
 
     @property
-    def quartiles(self) -> Optional[tuple[float, float]]:
+    def quartiles(self) -> tuple[float, float] | None:
         """(25th, 75th) percentile, or None with fewer than two rounds."""
         if len(self.times) < 2:
             return None

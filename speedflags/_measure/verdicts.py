@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Iterable as AnyIterable
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ from .verification import NO_EFFECT, NOT_IN_EFFECT, UNMEASURED, VERIFIED, Verdic
 
 __all__ = ["verify"]
 
-LeversArg = Union[None, str, Iterable[str], Mapping[str, Any]]
+LeversArg = str | Iterable[str] | Mapping[str, Any] | None
 
 
 def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
@@ -75,7 +76,7 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
     if target.type == "cuda":
         if not torch.cuda.is_available():
             raise InvalidValueError(f"verify(device={str(target)!r}): CUDA is not available here")
-        index: Optional[int] = target.index  # None for plain "cuda"
+        index: int | None = target.index  # None for plain "cuda"
         if index is None:
             target = torch.device("cuda", torch.cuda.current_device())
     wanted = _wanted(levers)
@@ -94,12 +95,12 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
     )
 
 
-def _wanted(levers: LeversArg) -> Dict[str, Tuple[Any, ...]]:
+def _wanted(levers: LeversArg) -> dict[str, tuple[Any, ...]]:
     choices = ", ".join(LEVER_NAMES)
     if levers is None:
         return {spec.name: spec.candidates for spec in REGISTRY}
     if isinstance(levers, str):
-        items: List[Tuple[Any, Any]] = [(levers, None)]
+        items: list[tuple[Any, Any]] = [(levers, None)]
     elif isinstance(levers, Mapping):
         items = list(levers.items())
     elif isinstance(levers, AnyIterable):
@@ -109,7 +110,7 @@ def _wanted(levers: LeversArg) -> Dict[str, Tuple[Any, ...]]:
             f"verify(levers={short_repr(levers)}): expected None, a lever name, a list of them "
             f"or a dict of name to values; names: {choices}"
         )
-    out: Dict[str, Tuple[Any, ...]] = {}
+    out: dict[str, tuple[Any, ...]] = {}
     for name, values in items:
         if not isinstance(name, str) or name not in LEVER_NAMES:
             raise InvalidValueError(
@@ -165,7 +166,7 @@ def judge(
     name: str,
     value: Any,
     unsupported: str,
-    obs: Optional[probes.Observation],
+    obs: probes.Observation | None,
     device: torch.device,
     notes: str = "",
 ) -> Verdict:
@@ -205,7 +206,7 @@ def _failure(exc: BaseException) -> str:
     return f"the probe raised {type(exc).__name__}: {first[:200]}"
 
 
-def environment(device: torch.device) -> Dict[str, Any]:
+def environment(device: torch.device) -> dict[str, Any]:
     """Where a verification ran: device name, PyTorch, CUDA, cuDNN, the TF32 overrides."""
     caps = capabilities(device)
     return {
@@ -220,7 +221,7 @@ def environment(device: torch.device) -> Dict[str, Any]:
     }
 
 
-def recorded(device: DeviceLike, levers: Mapping[str, Iterable[Any]]) -> Dict[str, str]:
+def recorded(device: DeviceLike, levers: Mapping[str, Iterable[Any]]) -> dict[str, str]:
     """The verdicts of ``levers`` on ``device``, as ``{label: summary}``, for a result file.
 
     Never raises: a verification that fails records why instead (bench and ``tune`` results

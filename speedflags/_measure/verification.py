@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 __all__ = ["NOT_IN_EFFECT", "NO_EFFECT", "UNMEASURED", "VERIFIED", "Verdict", "Verification"]
 
@@ -46,7 +46,7 @@ class Verdict:
     status: str
     figure: str = ""
     reason: str = ""
-    measured: Dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -65,7 +65,7 @@ class Verdict:
         words = [part for part in (self.figure, self.reason) if part]
         return f"{self.status}: {'; '.join(words)}" if words else self.status
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict, with ``label``."""
         out = asdict(self)
         out["label"] = self.label
@@ -101,13 +101,13 @@ class Verification:
     """
 
     device: str
-    verdicts: List[Verdict]
-    environment: Dict[str, Any] = field(default_factory=dict)
+    verdicts: list[Verdict]
+    environment: dict[str, Any] = field(default_factory=dict)
     restored: bool = True
-    elapsed_s: Optional[float] = None
+    elapsed_s: float | None = None
 
     @property
-    def failed(self) -> List[Verdict]:
+    def failed(self) -> list[Verdict]:
         """The verdicts that are neither verified nor without effect here."""
         return [v for v in self.verdicts if not v.ok]
 
@@ -130,11 +130,11 @@ class Verification:
                 return v
         raise KeyError(f"no verdict for {lever}={value!r}" if value is not None else lever)
 
-    def summaries(self) -> Dict[str, str]:
+    def summaries(self) -> dict[str, str]:
         """``{label: status and figure}`` for every lever value: what results record."""
         return {v.label: v.summary() for v in self.verdicts}
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (what :meth:`save` writes)."""
         return {
             "format": FORMAT,
@@ -158,7 +158,7 @@ class Verification:
         return render(self)
 
 
-def _rows(run: Verification) -> List[Tuple[str, str, str]]:
+def _rows(run: Verification) -> list[tuple[str, str, str]]:
     return [
         (v.label, v.status, "; ".join(p for p in (v.figure, v.reason) if p)) for v in run.verdicts
     ]

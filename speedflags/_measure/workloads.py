@@ -17,8 +17,9 @@ count, float64 reference, one :class:`~speedflags._measure.problems.Runner` per 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -50,11 +51,11 @@ class Workload:
     name: str
     title: str
     size_meaning: str
-    sizes: Mapping[str, Tuple[int, ...]]
+    sizes: Mapping[str, tuple[int, ...]]
     smoke_size: int
-    configs: Tuple[Config, ...]
+    configs: tuple[Config, ...]
     build: Callable[[int, torch.device], Problem]
-    devices: Tuple[str, ...] = ("cpu", "cuda")
+    devices: tuple[str, ...] = ("cpu", "cuda")
     why_only: str = ""
 
     def config(self, name: str) -> Config:
@@ -71,10 +72,10 @@ class Workload:
             >>> WORKLOADS["matmul"].memory(1024, "cpu") // 2**20  # MiB
             44
         """
-        estimate: Optional[Callable[[int, str], int]] = getattr(self.build, "memory", None)
+        estimate: Callable[[int, str], int] | None = getattr(self.build, "memory", None)
         return estimate(size, device_type) if estimate is not None else 0
 
-    def unavailable(self, device: torch.device) -> Optional[str]:
+    def unavailable(self, device: torch.device) -> str | None:
         """Why this workload cannot run on ``device``, or None."""
         if device.type not in self.devices:
             return f"{self.name} runs on {', '.join(self.devices)} only: {self.why_only}"
@@ -83,7 +84,7 @@ class Workload:
         return None
 
 
-def memory_bytes(device: torch.device) -> Optional[int]:
+def memory_bytes(device: torch.device) -> int | None:
     """The memory ``device`` has: the GPU's, or the machine's RAM; None where unknown.
 
     Total, not free: a size is refused only when it could never fit.
@@ -117,7 +118,7 @@ MATMUL_CONFIGS = (
     Config("pure-fp16", dtype=_FP16),
 )
 
-WORKLOADS: Dict[str, Workload] = {
+WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
         Workload(

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Iterable as AnyIterable
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ from .state import find_state
 
 __all__ = ["Row", "TuneResult", "load_levers", "run", "tune"]
 
-LeversArg = Union[None, str, Iterable[str], Mapping[str, Any]]
+LeversArg = str | Iterable[str] | Mapping[str, Any] | None
 _CHOICES = ", ".join(sorted((*LEVER_NAMES, COMPILE)))
 
 
@@ -43,7 +44,7 @@ def tune(
     fn: Callable[..., Any],
     *args: Any,
     budget: float = 1e-2,
-    seconds: Optional[float] = None,
+    seconds: float | None = None,
     levers: LeversArg = None,
     device: DeviceLike = None,
     **kwargs: Any,
@@ -121,12 +122,12 @@ def run(
     kwargs: Mapping[str, Any],
     *,
     budget: float = 1e-2,
-    seconds: Optional[float] = None,
+    seconds: float | None = None,
     levers: LeversArg = None,
     device: DeviceLike = None,
-    progress: Optional[Callable[[str], None]] = None,
-    clock: Optional[Callable[[], float]] = None,
-    plan: Optional[Plan] = None,
+    progress: Callable[[str], None] | None = None,
+    clock: Callable[[], float] | None = None,
+    plan: Plan | None = None,
 ) -> TuneResult:
     """:func:`tune` with the step's arguments given apart, a progress callback (one line
     per step), and, for tests, another clock and timing plan."""
@@ -169,12 +170,12 @@ def _positive(name: str, value: object) -> float:
     return number
 
 
-def _wanted(levers: LeversArg) -> Tuple[Optional[Dict[str, Sequence[Any]]], bool]:
+def _wanted(levers: LeversArg) -> tuple[dict[str, Sequence[Any]] | None, bool]:
     """``levers=`` as {lever: values to try} (None: all) and whether to try compile."""
     if levers is None:
         return None, True
     if isinstance(levers, str):
-        items: Iterable[Tuple[Any, Any]] = [(levers, None)]
+        items: Iterable[tuple[Any, Any]] = [(levers, None)]
     elif isinstance(levers, Mapping):
         items = levers.items()
     elif isinstance(levers, AnyIterable):
@@ -184,7 +185,7 @@ def _wanted(levers: LeversArg) -> Tuple[Optional[Dict[str, Sequence[Any]]], bool
             f"tune(levers={short_repr(levers)}): expected None, a list of lever names or a dict of "
             f"name to values; names: {_CHOICES}"
         )
-    wanted: Dict[str, Sequence[Any]] = {}
+    wanted: dict[str, Sequence[Any]] = {}
     never_tried: list[str] = []  # named alone, and the registry tries none of its values
     try_compile = False
     for name, values in items:
@@ -244,7 +245,7 @@ def _device(
     return target
 
 
-def _first_device(values: Sequence[Any], depth: int = 0) -> Optional[torch.device]:
+def _first_device(values: Sequence[Any], depth: int = 0) -> torch.device | None:
     for value in values:
         if isinstance(value, torch.Tensor):
             device: torch.device = value.device  # typed: Tensor.device is Any in 2.1's stubs

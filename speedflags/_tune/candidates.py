@@ -12,7 +12,8 @@ look faster by chance, and every candidate timed is one more chance for that.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -25,11 +26,11 @@ from .result import Row
 
 __all__ = ["Levers", "calls_of", "candidates", "combinations", "verdicts_of"]
 
-Levers = Tuple[Tuple[str, Any], ...]
+Levers = tuple[tuple[str, Any], ...]
 MAX_COMBINATIONS = 16
 
 
-def calls_of(step: Callable[[], Any]) -> Tuple[Any, Optional[FrozenSet[str]]]:
+def calls_of(step: Callable[[], Any]) -> tuple[Any, frozenset[str] | None]:
     """Run ``step()``; return its result and the names of the torch functions it called.
 
     The names are ``None`` when they cannot be recorded (a PyTorch without
@@ -62,7 +63,7 @@ def calls_of(step: Callable[[], Any]) -> Tuple[Any, Optional[FrozenSet[str]]]:
     return out, frozenset(names)
 
 
-def _calls_none(ops: Sequence[str], calls: Optional[FrozenSet[str]]) -> bool:
+def _calls_none(ops: Sequence[str], calls: frozenset[str] | None) -> bool:
     if not ops or calls is None:
         return False
     return not any(word in name for name in calls for word in ops)
@@ -70,9 +71,9 @@ def _calls_none(ops: Sequence[str], calls: Optional[FrozenSet[str]]) -> bool:
 
 def candidates(
     device: torch.device,
-    wanted: Optional[Mapping[str, Sequence[Any]]] = None,
-    calls: Optional[FrozenSet[str]] = None,
-) -> Tuple[List[Levers], List[Row]]:
+    wanted: Mapping[str, Sequence[Any]] | None = None,
+    calls: frozenset[str] | None = None,
+) -> tuple[list[Levers], list[Row]]:
     """The single-lever candidates for ``device``, and rows for those skipped, with why.
 
     ``wanted`` maps lever names to the values to try (default: every lever's registry
@@ -90,8 +91,8 @@ def candidates(
         >>> tried, skipped[1].note
         ([], 'skipped (not called): the step calls no scaled_dot_product function')
     """
-    tried: List[Levers] = []
-    skipped: List[Row] = []
+    tried: list[Levers] = []
+    skipped: list[Row] = []
     for spec in REGISTRY:
         if wanted is not None and spec.name not in wanted:
             continue
@@ -118,7 +119,7 @@ def candidates(
     return tried, skipped
 
 
-def combinations(accepted: Sequence[Tuple[Levers, float]]) -> List[Levers]:
+def combinations(accepted: Sequence[tuple[Levers, float]]) -> list[Levers]:
     """Every combination (two levers or more) of the accepted single levers.
 
     ``accepted`` pairs each single lever with its speedup; of several values of one lever
@@ -131,10 +132,10 @@ def combinations(accepted: Sequence[Tuple[Levers, float]]) -> List[Levers]:
         ...               ((("matmul_precision", "high"),), 1.1)])
         [(('matmul_precision', 'medium'), ('amp', torch.bfloat16))]
     """
-    fastest: Dict[str, Tuple[str, Any]] = {}
+    fastest: dict[str, tuple[str, Any]] = {}
     for levers, _ in sorted(accepted, key=lambda pair: -pair[1]):
         fastest.setdefault(levers[0][0], levers[0])
-    found: List[Levers] = []
+    found: list[Levers] = []
     for size in range(2, len(fastest) + 1):
         for combo in itertools.combinations(fastest.values(), size):
             try:
@@ -153,7 +154,7 @@ def can_compile() -> bool:
         return False
 
 
-def verdicts_of(device: torch.device, rows: Sequence[Row]) -> Dict[str, str]:
+def verdicts_of(device: torch.device, rows: Sequence[Row]) -> dict[str, str]:
     """Whether each lever value ``tune`` timed takes effect on ``device`` (``verify``'s
     verdicts, ``{"amp='bf16'": "verified: ..."}``); never raises.
 
@@ -165,7 +166,7 @@ def verdicts_of(device: torch.device, rows: Sequence[Row]) -> Dict[str, str]:
         >>> sorted(found), found["tf32=True"][:15]
         (['baseline (every lever off)', 'tf32=True'], 'no effect here:')
     """
-    levers: Dict[str, List[Any]] = {}
+    levers: dict[str, list[Any]] = {}
     for row in rows:
         if row.speedup is None:
             continue

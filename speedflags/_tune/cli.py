@@ -35,8 +35,9 @@ import math
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any
 
 from .._short_repr import short_repr, short_str
 from ..levers.registry import LEVER_NAMES, lever_spec
@@ -148,7 +149,7 @@ def _import_file(path: str) -> ModuleType:
     return module
 
 
-def check_target(target: str) -> Tuple[str, str]:
+def check_target(target: str) -> tuple[str, str]:
     """``FILE.py:FACTORY`` as ``(path, factory)``, the file found; nothing is imported.
 
     Raises:
@@ -164,7 +165,7 @@ def check_target(target: str) -> Tuple[str, str]:
     return path, factory
 
 
-def load_factory(target: str) -> Tuple[Callable[..., Any], Tuple[Any, ...], Dict[str, Any]]:
+def load_factory(target: str) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
     """Import ``FILE.py:FACTORY``, call the factory, and check what it returns.
 
     Raises:
@@ -213,7 +214,7 @@ def _write_outputs(args: argparse.Namespace, result: Any) -> int:
             print(f"speedflags tune: {problem}", file=sys.stderr)
             status = 2
     if args.plot:
-        points: List[int] = []
+        points: list[int] = []
         problem = write_output("--plot", args.plot, lambda path: points.append(result.plot(path)))
         if problem is None:
             print(f"tune: plot {args.plot} ({points[0]} points)", file=sys.stderr)

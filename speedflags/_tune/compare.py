@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 from .._measure.timing import Timing
 
@@ -44,7 +43,7 @@ class Plan:
     duel_max_blocks: int = 40
 
 
-def median_error(timing: Optional[Timing]) -> float:
+def median_error(timing: Timing | None) -> float:
     """The relative standard error of ``timing``'s median (``inf`` under 3 rounds).
 
     Example:
@@ -59,7 +58,7 @@ def median_error(timing: Optional[Timing]) -> float:
     return 1.253 * sigma / math.sqrt(timing.rounds) / timing.median
 
 
-def compare(fast: Optional[Timing], slow: Optional[Timing]) -> Tuple[float, float]:
+def compare(fast: Timing | None, slow: Timing | None) -> tuple[float, float]:
     """``(speedup, noise)`` of ``fast`` over ``slow``: ``slow``'s time over ``fast``'s.
 
     Paired by pass when both have the same three passes or more, else from the pooled
@@ -82,7 +81,7 @@ def compare(fast: Optional[Timing], slow: Optional[Timing]) -> Tuple[float, floa
     return slow.median / fast.median, math.hypot(median_error(fast), median_error(slow))
 
 
-def faster(fast: Optional[Timing], slow: Optional[Timing]) -> bool:
+def faster(fast: Timing | None, slow: Timing | None) -> bool:
     """Whether ``fast`` beats ``slow`` beyond the noise, and by :data:`MIN_GAIN` at least.
 
     Example:

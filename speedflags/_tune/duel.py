@@ -23,7 +23,8 @@ clear or "within noise", with both figures.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .._measure.rounds import measure_rounds, warm_up
 from .._measure.timing import Timing
@@ -40,7 +41,7 @@ TOP = 3  # candidates in a duel, besides fp32
 BLOCK = 3  # rounds per block: one median per candidate and block
 
 
-def contenders(entries: Sequence[Entry]) -> List[Entry]:
+def contenders(entries: Sequence[Entry]) -> list[Entry]:
     """The candidates to duel (fastest median first), or none when the timings are clear.
 
     Example:
@@ -89,7 +90,7 @@ def _clear(fp32: Timing, timings: Sequence[Timing]) -> bool:
 
 def rotated(
     search: Search, runners: Sequence[StepRunner], counts: Sequence[int], warm: bool = True
-) -> List[List[float]]:
+) -> list[list[float]]:
     """Time ``counts[i]`` calls of ``runners[i]``, one call each in turn, the order rotating
     every round (A B C, B C A, ...); return each runner's times.
 
@@ -98,7 +99,7 @@ def rotated(
     """
     for runner in runners if warm else ():
         warm_up(runner, search.clock, 1, 0.0)
-    times: List[List[float]] = [[] for _ in runners]
+    times: list[list[float]] = [[] for _ in runners]
     for turn in range(max(counts, default=0)):
         for i in range(len(runners)):
             index = (turn + i) % len(runners)
@@ -117,7 +118,7 @@ def duel(search: Search, fp32: Entry, top: Sequence[Entry]) -> int:
     runners = [StepRunner(search._step(entry), search) for entry in entries]
     plan = search.plan
     budget = min(plan.duel_s, 0.5 * max(search.left(), 0.0))
-    blocks: List[List[List[float]]] = [[] for _ in entries]
+    blocks: list[list[list[float]]] = [[] for _ in entries]
     spent = 0.0
     while len(blocks[0]) < plan.duel_max_blocks:
         times = rotated(search, runners, [BLOCK] * len(runners), warm=not blocks[0])
@@ -153,7 +154,7 @@ def _figure(entry: Entry) -> str:
     return f"{speedup:.2f}x ± {spread}"
 
 
-def confidence(entries: Sequence[Entry], best: Optional[Entry]) -> Tuple[str, str]:
+def confidence(entries: Sequence[Entry], best: Entry | None) -> tuple[str, str]:
     """``("clear", "")`` or ``("within noise", why)`` for the choice ``best`` among ``entries``.
 
     Within noise: the runner-up (the fastest other candidate timed, whose levers neither

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Protocol
 
 import torch
 
@@ -27,11 +28,11 @@ class Entry:
     levers: Levers
     stage: str
     compile: bool = False
-    call: Optional[Callable[..., Any]] = None
+    call: Callable[..., Any] | None = None
     row: Row = field(default_factory=lambda: Row({}))
-    timing: Optional[Timing] = None
-    against: Optional[Timing] = None  # fp32's timing in the same round
-    estimate: Optional[float] = None
+    timing: Timing | None = None
+    against: Timing | None = None  # fp32's timing in the same round
+    estimate: float | None = None
     rejected: bool = False
 
     def __post_init__(self) -> None:
@@ -59,7 +60,7 @@ class StepRunner(Runner):
         self._step = call
         self._search = search
 
-    def setup(self) -> Tuple[torch.Tensor, ...]:
+    def setup(self) -> tuple[torch.Tensor, ...]:
         self._search.state.restore()
         return ()
 

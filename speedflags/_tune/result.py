@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from .._measure.lever_files import PathLike, write_file
 from .._measure.plot_axes import speedup_axes
@@ -42,15 +42,15 @@ class Row:
         "amp='bf16'"
     """
 
-    levers: Dict[str, Any]
-    speedup: Optional[float] = None
-    error: Optional[float] = None
+    levers: dict[str, Any]
+    speedup: float | None = None
+    error: float | None = None
     accepted: bool = False
     note: str = ""
     stage: str = "lever"
     compile: bool = False
-    median_s: Optional[float] = None
-    noise: Optional[float] = None
+    median_s: float | None = None
+    noise: float | None = None
     rounds: int = 0
 
     @property
@@ -61,7 +61,7 @@ class Row:
             parts.append("compile=True")
         return ", ".join(parts)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         if out["error"] is not None and not math.isfinite(out["error"]):
             out["error"] = None  # JSON and TOML have no portable infinity; the note says why
@@ -107,29 +107,29 @@ class TuneResult:
         best: fast_math(amp='bf16')
     """
 
-    best: Dict[str, Any]
-    rows: List[Row]
+    best: dict[str, Any]
+    rows: list[Row]
     budget: float
     device: str
-    reference_s: Optional[float] = None
-    elapsed_s: Optional[float] = None
-    compile: Optional[bool] = None
+    reference_s: float | None = None
+    elapsed_s: float | None = None
+    compile: bool | None = None
     state: str = ""
     torch_version: str = ""
-    notes: List[str] = field(default_factory=list)
-    verdicts: Dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    verdicts: dict[str, str] = field(default_factory=dict)
     confidence: str = "clear"
     confidence_note: str = ""
 
     @property
-    def chosen(self) -> Optional[Row]:
+    def chosen(self) -> Row | None:
         """The row of :attr:`best` (eager), or ``None`` when fp32 stays."""
         for row in self.rows:
             if row.levers == self.best and not row.compile and row.accepted:
                 return row
         return None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly form (what :meth:`save` writes)."""
         chosen = self.chosen
         return {
@@ -218,14 +218,14 @@ def _choice(result: TuneResult) -> str:
     return "plain fp32 (no lever beats it within the budget)"
 
 
-def ms(seconds: Optional[float]) -> str:
+def ms(seconds: float | None) -> str:
     """A duration in ms (or us), three significant digits."""
     if seconds is None:
         return "-"
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
 
 
-def _cells(row: Row) -> Tuple[str, str, str, str, str]:
+def _cells(row: Row) -> tuple[str, str, str, str, str]:
     speedup = "-" if row.speedup is None else f"{row.speedup:.2f}x"
     if row.error is None:
         error = "-"

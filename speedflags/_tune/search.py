@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -71,13 +72,13 @@ class Search:
         kwargs: Mapping[str, Any],
         *,
         budget: float,
-        seconds: Optional[float],
+        seconds: float | None,
         device: torch.device,
-        wanted: Optional[Mapping[str, Sequence[Any]]] = None,
+        wanted: Mapping[str, Sequence[Any]] | None = None,
         try_compile: bool = True,
-        plan: Optional[Plan] = None,
-        clock: Optional[Callable[[], float]] = None,
-        progress: Optional[Callable[[str], None]] = None,
+        plan: Plan | None = None,
+        clock: Callable[[], float] | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs)
         self.budget, self.seconds, self.device = budget, seconds, device
@@ -86,9 +87,9 @@ class Search:
         self.say = progress or (lambda line: None)
         self.started = time.perf_counter()
         self.state = StepState(fn, self.args, self.kwargs)
-        self.reference: Optional[Outputs] = None
+        self.reference: Outputs | None = None
         self.first_s = 0.0  # the reference call's time: the estimate for an untimed candidate
-        self.notes: List[str] = []
+        self.notes: list[str] = []
 
     # --- time ---------------------------------------------------------------------------
 
@@ -171,7 +172,7 @@ class Search:
         burst of load hits all of them (:func:`~speedflags._tune.duel.rotated`).
         """
         runners = [StepRunner(self._step(entry), self) for entry in entries]
-        blocks: List[int] = []
+        blocks: list[int] = []
         for entry, runner in zip(entries, runners, strict=True):
             if entry.estimate is None:
                 entry.estimate = warm_up(
@@ -179,7 +180,7 @@ class Search:
                 )
             total = plan_rounds(entry.estimate, rounds, seconds)
             blocks.append(max(2, math.ceil(total / passes)))
-        done: List[List[List[float]]] = [[] for _ in entries]
+        done: list[list[list[float]]] = [[] for _ in entries]
         if rotate:
             passes = 0  # the one pass is taken call by call
             done = [[times] for times in rotated(self, runners, blocks)]
@@ -200,7 +201,7 @@ class Search:
         shown = ", ".join(f"{e.row.label} {e.row.speedup or 0:.2f}x" for e in entries[1:])
         self.say(f"timed {len(entries) - 1} beside fp32 ({ms(fp32.median)}): {shown}")
 
-    def _fit(self, entries: Sequence[Entry], rounds: int, passes: int) -> Optional[Tuple[int, int]]:
+    def _fit(self, entries: Sequence[Entry], rounds: int, passes: int) -> tuple[int, int] | None:
         """``(rounds, passes)`` for a long timing that fits in most of the time left.
 
         Fewer rounds first, then three passes of two rounds; ``None`` if even that does not
@@ -221,7 +222,7 @@ class Search:
 
     # --- stages ---------------------------------------------------------------------------
 
-    def _halve(self, fp32: Entry, entries: List[Entry]) -> List[Entry]:
+    def _halve(self, fp32: Entry, entries: list[Entry]) -> list[Entry]:
         """Short timing for all; the faster half (at least three) goes on, less what is slower
         than fp32.
 
@@ -247,7 +248,7 @@ class Search:
                 going.append(entry)
         return going
 
-    def _settle(self, fp32: Entry, entries: List[Entry], also: Sequence[Entry] = ()) -> None:
+    def _settle(self, fp32: Entry, entries: list[Entry], also: Sequence[Entry] = ()) -> None:
         """Long timing beside fp32 (and ``also``); set ``accepted``."""
         plan = self.plan
         timed = [fp32, *also, *entries]
@@ -266,13 +267,13 @@ class Search:
             elif entry.row.note.startswith("not faster"):
                 entry.row.note = ""
 
-    def _choose(self, entries: Sequence[Entry]) -> Optional[Entry]:
+    def _choose(self, entries: Sequence[Entry]) -> Entry | None:
         """The fastest accepted candidate, less every lever that does not earn its place."""
         accepted = [e for e in entries if e.row.accepted and not e.compile]
         if not accepted:
             return None
 
-        def rank(entry: Entry) -> Tuple[float, int]:
+        def rank(entry: Entry) -> tuple[float, int]:
             return (entry.row.speedup or 0.0, -len(entry.levers))  # a tie: fewer levers
 
         best = max(accepted, key=rank)
@@ -295,7 +296,7 @@ class Search:
                 entry.row.note = f"accepted, but {best.row.label} is chosen"
         return best
 
-    def _compile(self, fp32: Entry, best: Optional[Entry]) -> Optional[Entry]:
+    def _compile(self, fp32: Entry, best: Entry | None) -> Entry | None:
         if self.left() < COMPILE_MIN_S:
             self.notes.append(f"note: compile not tried: less than {COMPILE_MIN_S:.0f} s left")
             return None

@@ -25,7 +25,8 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.optim.optimizer import Optimizer
@@ -35,7 +36,7 @@ from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Outputs", "StepState", "error_against", "outputs"]
 
-Outputs = List[Tuple[str, torch.Tensor]]
+Outputs = list[tuple[str, torch.Tensor]]
 
 _DEPTH = 3  # how deep into containers the state search looks
 
@@ -80,7 +81,7 @@ def reference_outputs(value: Any) -> Outputs:
     return [(name, t.detach().to(torch.float64).clone()) for name, t in outputs(value)]
 
 
-def error_against(value: Any, reference: Outputs) -> Tuple[float, str]:
+def error_against(value: Any, reference: Outputs) -> tuple[float, str]:
     """The largest relative error of ``value`` against ``reference``, and why it is not finite.
 
     Returns ``(error, "")``, or ``(math.inf, reason)`` when an output is not finite or the
@@ -126,8 +127,8 @@ def check_reference(reference: Outputs) -> None:
             )
 
 
-def _stateful_types() -> Tuple[type, ...]:
-    found: List[type] = [
+def _stateful_types() -> tuple[type, ...]:
+    found: list[type] = [
         torch.nn.Module,
         Optimizer,
         torch.optim.lr_scheduler.LRScheduler,
@@ -141,9 +142,9 @@ def _stateful_types() -> Tuple[type, ...]:
 
 def _candidates(
     fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> List[Any]:
+) -> list[Any]:
     """Everything the step can reach directly: arguments, its object, closure and globals."""
-    seen: List[Any] = [fn, *args, *kwargs.values()]
+    seen: list[Any] = [fn, *args, *kwargs.values()]
     target: Any = fn
     for _ in range(_DEPTH):  # unwrap decorators and partials
         if isinstance(target, functools.partial):
@@ -167,7 +168,7 @@ def _candidates(
     return seen
 
 
-def find_state(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> List[Any]:
+def find_state(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
     """The modules, optimizers, schedulers and grad scalers the step can reach, once each.
 
     Example:
@@ -179,7 +180,7 @@ def find_state(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str,
         ['SGD', 'Linear']
     """
     kinds = _stateful_types()
-    found: Dict[int, Any] = {}
+    found: dict[int, Any] = {}
 
     def visit(obj: Any, depth: int) -> None:
         if isinstance(obj, kinds):
@@ -203,12 +204,12 @@ class _Snapshot:
         with torch.no_grad():
             self.modules = [copy.deepcopy(m.state_dict()) for m in modules]
             params = {id(p): p for m in modules for p in m.parameters()}
-            self.grads: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = [
+            self.grads: list[tuple[torch.Tensor, torch.Tensor | None]] = [
                 (p, None if p.grad is None else p.grad.detach().clone()) for p in params.values()
             ]
         self.others = [copy.deepcopy(o.state_dict()) for o in others]
         self.rng = torch.get_rng_state()
-        self.cuda_rng: Optional[List[torch.Tensor]] = None
+        self.cuda_rng: list[torch.Tensor] | None = None
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             self.cuda_rng = torch.cuda.get_rng_state_all()
 
@@ -250,7 +251,7 @@ class _Snapshot:
         return False
 
 
-def _copy_into(optimizer: Optimizer, saved: Dict[str, Any]) -> bool:
+def _copy_into(optimizer: Optimizer, saved: dict[str, Any]) -> bool:
     """Copy ``saved`` into the optimizer's own state tensors, if they have its layout.
 
     Keeping the tensors (not replacing them, as ``load_state_dict`` does) keeps a compiled

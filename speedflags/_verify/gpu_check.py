@@ -34,8 +34,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 __all__ = ["Step", "main", "plan"]
 
@@ -69,14 +70,14 @@ class Step:
     """
 
     name: str
-    argv: List[str]
+    argv: list[str]
     cap_s: float
     expect: int = 0
-    env: Dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     why_skipped: str = ""
 
 
-def plan(out: str, gpu: bool) -> List[Step]:
+def plan(out: str, gpu: bool) -> list[Step]:
     """The steps for a machine with (``gpu``) or without a CUDA GPU.
 
     Example:
@@ -118,10 +119,10 @@ def plan(out: str, gpu: bool) -> List[Step]:
     ]
 
 
-def _environment(gpu: bool) -> Dict[str, Any]:
+def _environment(gpu: bool) -> dict[str, Any]:
     import torch
 
-    env: Dict[str, Any] = {
+    env: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu_found": gpu,
         "python": f"{platform.python_version()} ({sys.executable})",
@@ -161,7 +162,7 @@ def _installed(python: str) -> bool:
     return done.returncode == 0
 
 
-def _env(extra: Dict[str, str]) -> Dict[str, str]:
+def _env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     env.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
@@ -169,9 +170,9 @@ def _env(extra: Dict[str, str]) -> Dict[str, str]:
     return env
 
 
-def _run(step: Step, out: str, python: str, left: float) -> Dict[str, Any]:
+def _run(step: Step, out: str, python: str, left: float) -> dict[str, Any]:
     log = os.path.join(out, f"{step.name}.log")
-    record: Dict[str, Any] = {"name": step.name, "log": os.path.basename(log), "seconds": 0.0}
+    record: dict[str, Any] = {"name": step.name, "log": os.path.basename(log), "seconds": 0.0}
     if step.why_skipped:
         record["status"] = f"skipped: {step.why_skipped}"
         return record
@@ -193,7 +194,7 @@ def _run(step: Step, out: str, python: str, left: float) -> Dict[str, Any]:
                 cwd=ROOT,
                 timeout=cap,
             )
-            rc: Optional[int] = done.returncode
+            rc: int | None = done.returncode
         except subprocess.TimeoutExpired:
             rc = None
     record["seconds"] = round(time.perf_counter() - started, 1)
@@ -207,7 +208,7 @@ def _run(step: Step, out: str, python: str, left: float) -> Dict[str, Any]:
     return record
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the check; return 0 when every step that ran passed."""
     parser = argparse.ArgumentParser(prog="python -m speedflags._verify.gpu_check")
     parser.add_argument("--out", required=True, help="the folder everything is written to")
@@ -234,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         env["install"] = _install(python, out)
     with open(os.path.join(out, "environment.json"), "w", encoding="utf-8") as fh:
         json.dump(env, fh, indent=2, default=str)
-    records: List[Dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     for step in plan(out, gpu):
         left = args.budget - (time.perf_counter() - started)
         record = _run(step, out, python, left)

@@ -8,12 +8,10 @@ these). Sources: the NVIDIA datasheets and architecture whitepapers, as collecte
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
-
 __all__ = ["PEAKS", "peak_for"]
 
 # (name fragments that must all appear in torch.cuda.get_device_name(), label, peaks)
-PEAKS: Tuple[Tuple[Tuple[str, ...], str, Dict[str, float]], ...] = (
+PEAKS: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (
     (("H200",), "H200 SXM", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
     (("H100", "PCIe"), "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
     (("H100",), "H100 SXM5", {"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
@@ -25,7 +23,7 @@ PEAKS: Tuple[Tuple[Tuple[str, ...], str, Dict[str, float]], ...] = (
 )
 
 
-def peak_for(device_name: str) -> Optional[Tuple[str, Dict[str, float]]]:
+def peak_for(device_name: str) -> tuple[str, dict[str, float]] | None:
     """``(label, {precision: TFLOP/s})`` for a GPU name, or None when it is not in the table.
 
     Example:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 from .._measure.accuracy import coarsest
 from .._measure.workloads import WORKLOADS
@@ -22,7 +23,7 @@ from .peaks import peak_for
 __all__ = ["lever_rows", "load", "render", "throughput_rows"]
 
 
-def load(folder: str, name: str) -> Optional[Dict[str, Any]]:
+def load(folder: str, name: str) -> dict[str, Any] | None:
     """The JSON object in ``folder/name``, or None when it is missing or unreadable."""
     try:
         with open(os.path.join(folder, name), encoding="utf-8") as fh:
@@ -40,7 +41,7 @@ def _same(name: str, a: Any, b: Any) -> bool:
         return False
 
 
-def _largest(results: List[Dict[str, Any]], workload: str, config: str) -> Optional[Dict[str, Any]]:
+def _largest(results: list[dict[str, Any]], workload: str, config: str) -> dict[str, Any] | None:
     rows = [
         r
         for r in results
@@ -49,7 +50,7 @@ def _largest(results: List[Dict[str, Any]], workload: str, config: str) -> Optio
     return max(rows, key=lambda r: r.get("size") or 0) if rows else None
 
 
-def lever_rows(verified: Dict[str, Any], bench: Optional[Dict[str, Any]]) -> List[Tuple[str, ...]]:
+def lever_rows(verified: dict[str, Any], bench: dict[str, Any] | None) -> list[tuple[str, ...]]:
     """(lever, verdict, figure, speedup where measured) per verdict.
 
     Example:
@@ -62,7 +63,7 @@ def lever_rows(verified: Dict[str, Any], bench: Optional[Dict[str, Any]]) -> Lis
         'matmul 8192: 14.20x'
     """
     results = (bench or {}).get("results") or []
-    rows: List[Tuple[str, ...]] = []
+    rows: list[tuple[str, ...]] = []
     for verdict in verified.get("verdicts") or []:
         lever, value = verdict.get("lever"), verdict.get("value")
         speedups = []
@@ -79,7 +80,7 @@ def lever_rows(verified: Dict[str, Any], bench: Optional[Dict[str, Any]]) -> Lis
     return rows
 
 
-def _precision(result: Dict[str, Any]) -> str:
+def _precision(result: dict[str, Any]) -> str:
     workload = WORKLOADS.get(result.get("workload", ""))
     found = ["fp32"]
     if workload is not None:
@@ -96,8 +97,8 @@ def _precision(result: Dict[str, Any]) -> str:
 
 
 def throughput_rows(
-    bench: Optional[Dict[str, Any]], device_name: str
-) -> List[Tuple[str, str, str, str, str]]:
+    bench: dict[str, Any] | None, device_name: str
+) -> list[tuple[str, str, str, str, str]]:
     """(group, configuration, TFLOP/s, arithmetic, share of the dense peak) per measured row.
 
     Example:
@@ -123,7 +124,7 @@ def throughput_rows(
     return rows
 
 
-def _table(head: Tuple[str, ...], rows: Sequence[Tuple[str, ...]]) -> List[str]:
+def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     return lines

@@ -35,7 +35,8 @@ import functools
 import os
 import sys
 import types
-from typing import Any, Callable, Dict, Hashable, NamedTuple, Optional, Tuple
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -76,7 +77,7 @@ class Setter(NamedTuple):
     call: bool = False
     owner: str = "torch._C"  # or "torch": a Python function of the torch module
 
-    def describe(self, args: Tuple[Any, ...], kwargs: Optional[Dict[str, Any]] = None) -> str:
+    def describe(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> str:
         """The write, in the words of the code that made it."""
         if kwargs:  # as called: the values in order, keywords named
             if not self.call:
@@ -164,7 +165,7 @@ _GUARDED_SETTERS = tuple(
     for setting in GUARDED
     for owner, name, shown, call in setting.setters
 )
-SETTERS: Dict[str, Setter] = {setter.name: setter for setter in _TABLE + _GUARDED_SETTERS}
+SETTERS: dict[str, Setter] = {setter.name: setter for setter in _TABLE + _GUARDED_SETTERS}
 
 
 _SPLITK_SETTERS = frozenset(
@@ -172,7 +173,7 @@ _SPLITK_SETTERS = frozenset(
 )
 
 
-def _dirs(*files: Optional[str]) -> Tuple[str, ...]:
+def _dirs(*files: str | None) -> tuple[str, ...]:
     found = set()
     for file in files:
         if file:
@@ -209,7 +210,7 @@ _SETTING_APIS = tuple(
 )
 
 
-def torch_writer() -> Optional[types.FrameType]:
+def torch_writer() -> types.FrameType | None:
     """The frame of torch's own code that called a setter by itself, or None.
 
     That is the first frame up the calling stack outside speedflags, when it lies in torch
@@ -217,7 +218,7 @@ def torch_writer() -> Optional[types.FrameType]:
     on a Hopper GPU moves cuDNN attention to the front of the priority order,
     pytorch/pytorch#185511), which is nobody's leak.
     """
-    frame: Optional[types.FrameType] = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None and (
         frame.f_code.co_filename.startswith(PACKAGE_DIR) or frame.f_code.co_filename in _PLUMBING
     ):
@@ -228,9 +229,9 @@ def torch_writer() -> Optional[types.FrameType]:
     return frame if file.startswith(_TORCH_DIRS) and not file.startswith(_SETTING_APIS) else None
 
 
-def writer_frame() -> Optional[types.FrameType]:
+def writer_frame() -> types.FrameType | None:
     """The first frame of the calling stack outside torch, speedflags and the plumbing."""
-    frame: Optional[types.FrameType] = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         file = frame.f_code.co_filename
         if not file.startswith(_SKIPPED_DIRS) and file not in _PLUMBING:
@@ -249,7 +250,7 @@ class Write(NamedTuple):
     thread: str
     after: Hashable  # the raw state it left
     # torch's own frame when torch wrote it by itself: (function, where)
-    by_torch: Optional[Tuple[str, Where]] = None
+    by_torch: tuple[str, Where] | None = None
 
     def sentence(self) -> str:
         """``"torch.backends.fp32_precision set to 'tf32' by enable_tf32 at f.py:12"``."""
@@ -272,7 +273,7 @@ class Domain(NamedTuple):
     thread: bool  # thread-local (autocast)
     lever: Guard  # reads it (and puts it back, for the leak check)
     name: str  # the record's lever name for a change found at a boundary (the registry's)
-    views: Tuple[Tuple[str, str, Guard], ...]  # (registry name, snapshot prefix, lever)
+    views: tuple[tuple[str, str, Guard], ...]  # (registry name, snapshot prefix, lever)
 
     def describer(self, name: str) -> Callable[[Any], Any]:
         """How the lever (or setting) called ``name`` describes this domain's state."""
@@ -282,16 +283,16 @@ class Domain(NamedTuple):
         return self.lever.describe
 
 
-def domains() -> Tuple[Domain, ...]:
+def domains() -> tuple[Domain, ...]:
     """From the registry: one entry per domain; thread levers once per autocast device type;
     then one per guarded setting."""
-    found: Dict[str, Domain] = {}
+    found: dict[str, Domain] = {}
     for spec in REGISTRY:
         device_types = AUTOCAST_DEVICE_TYPES if spec.scope == "thread" else ("cpu",)
         for device_type in device_types:
             lever = spec.lever(device_type)
             prefix = spec.name if spec.scope == "process" else f"{spec.name}.{device_type}"
-            view: Tuple[str, str, Guard] = (spec.name, prefix, lever)
+            view: tuple[str, str, Guard] = (spec.name, prefix, lever)
             old = found.get(lever.domain)
             if old is None:
                 found[lever.domain] = Domain(
@@ -307,7 +308,7 @@ def domains() -> Tuple[Domain, ...]:
     return tuple(found.values())
 
 
-def flatten(prefix: str, value: Any, out: Dict[str, Any]) -> Dict[str, Any]:
+def flatten(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
     """A described state, flat, keyed as in a snapshot: ``"tf32.torch.backends.fp32_precision"``."""
     if isinstance(value, dict):
         for key, sub in value.items():

@@ -32,7 +32,8 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import Any, Callable, Optional, Tuple, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .._ledger.history import FlagRecord
 from .._ledger.ledger import ledger
@@ -64,8 +65,8 @@ class Watch:
 
     def __init__(self) -> None:
         self.active = False
-        self._since: Optional[float] = None
-        self._until: Optional[float] = None
+        self._since: float | None = None
+        self._until: float | None = None
 
     def start(self) -> Watch:
         """Start watching (see the class); returns the watch."""
@@ -103,7 +104,7 @@ class Watch:
         return watched  # type: ignore[return-value]
 
     @property
-    def records(self) -> Tuple[FlagRecord, ...]:
+    def records(self) -> tuple[FlagRecord, ...]:
         if self._since is None:
             return ()
         since, until = self._since, self._until
@@ -141,7 +142,7 @@ def watch() -> Watch:
     return Watch()
 
 
-_FROM_ENV: Optional[Watch] = None
+_FROM_ENV: Watch | None = None
 
 
 def start_from_env() -> None:

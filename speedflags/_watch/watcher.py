@@ -34,7 +34,8 @@ import sys
 import threading
 import types
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Hashable, List, Optional, Tuple
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
@@ -91,15 +92,15 @@ class _Watcher:
         # each watched write: so one is never mistaken for the other across threads. One
         # lock, taken only with `with`, so that no interruption can leave it held.
         self._ledger_lock = ledger().lock
-        self._patches: List[Tuple[Any, str, Any]] = []
-        self._expected: Dict[str, Hashable] = {}
+        self._patches: list[tuple[Any, str, Any]] = []
+        self._expected: dict[str, Hashable] = {}
         self._local = threading.local()
-        self._boundary: Tuple[str, Where] = ("", None)
-        self.last: Dict[Tuple[str, Optional[int]], Write] = {}
-        self.mixed_by: Optional[Write] = None
-        self.by_getter: Dict[Tuple[str, Optional[int]], Tuple[Write, Any]] = {}
+        self._boundary: tuple[str, Where] = ("", None)
+        self.last: dict[tuple[str, int | None], Write] = {}
+        self.mixed_by: Write | None = None
+        self.by_getter: dict[tuple[str, int | None], tuple[Write, Any]] = {}
         self.seen = 0  # writes remembered so far
-        self.recent: Deque[Tuple[int, str, Write]] = deque(maxlen=256)  # (number, domain, write)
+        self.recent: deque[tuple[int, str, Write]] = deque(maxlen=256)  # (number, domain, write)
 
     # --- install and remove ----------------------------------------------------------------
 
@@ -136,7 +137,7 @@ class _Watcher:
                     self._patches.clear()
 
     def _install(self) -> None:
-        wrappers: Dict[int, Tuple[Any, Any]] = {}  # id(original) -> (original, wrapper)
+        wrappers: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, wrapper)
         for setter in SETTERS.values():
             owner = torch_C if setter.owner == "torch._C" else torch
             original = getattr(owner, setter.name, None)
@@ -188,11 +189,11 @@ class _Watcher:
         self,
         original: Callable[..., Any],
         setter: Setter,
-        domains: Tuple[Domain, ...],
-        args: Tuple[Any, ...],
-        kwargs: Dict[str, Any],
+        domains: tuple[Domain, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
-        found: List[Tuple[Write, Domain, Any, Any]] = []
+        found: list[tuple[Write, Domain, Any, Any]] = []
         try:
             with self._ledger_lock:
                 befores = [d.lever.read() for d in domains]
@@ -211,11 +212,11 @@ class _Watcher:
     def _learn(
         self,
         setter: Setter,
-        args: Tuple[Any, ...],
-        kwargs: Dict[str, Any],
-        domains: Tuple[Domain, ...],
-        befores: List[Any],
-    ) -> List[Tuple[Write, Domain, Any, Any]]:
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        domains: tuple[Domain, ...],
+        befores: list[Any],
+    ) -> list[tuple[Write, Domain, Any, Any]]:
         try:
             changed = _changed(domains, befores)
             if not changed:
@@ -259,17 +260,17 @@ class _Watcher:
                 if old.get(key) != new.get(key):
                     self.by_getter[(key, tid)] = (item, new.get(key))
 
-    def _expected_for(self, domain: Domain) -> Dict[str, Hashable]:
+    def _expected_for(self, domain: Domain) -> dict[str, Hashable]:
         return self._thread_expected() if domain.thread else self._expected
 
-    def _thread_expected(self) -> Dict[str, Hashable]:
+    def _thread_expected(self) -> dict[str, Hashable]:
         # the thread's own __dict__: a getattr that misses costs ~10x (an AttributeError)
-        expected: Optional[Dict[str, Hashable]] = self._local.__dict__.get("expected")
+        expected: dict[str, Hashable] | None = self._local.__dict__.get("expected")
         if expected is None:
             expected = self._local.expected = {}
         return expected
 
-    def _read(self, thread: bool) -> Dict[str, Hashable]:
+    def _read(self, thread: bool) -> dict[str, Hashable]:
         return {d.key: d.lever.read() for d in self.domains if d.thread == thread}
 
     # --- ledger boundaries (speedflags._ledger.own_writes.Watcher) ---------------------
@@ -325,11 +326,11 @@ class _Watcher:
 
     # --- who wrote it --------------------------------------------------------------------
 
-    def writes_since(self, seen: int, domain: str) -> List[Write]:
+    def writes_since(self, seen: int, domain: str) -> list[Write]:
         """The writes to ``domain`` remembered after the ``seen``-th (the most recent 256)."""
         return [item for n, key, item in list(self.recent) if n > seen and key == domain]
 
-    def culprit(self, domain: str, thread: bool, state: Any) -> Optional[Write]:
+    def culprit(self, domain: str, thread: bool, state: Any) -> Write | None:
         # Only while watching: once stopped, an unseen write may have left the same state.
         if self.count == 0:
             return None
@@ -346,13 +347,13 @@ class _Watcher:
         """For ``MixedTF32APIError``: the write that made the TF32 state mixed, if known."""
         return _note(tf32_writer(state))
 
-    def torch_write(self, lever: Guard, state: Any) -> Optional[str]:
+    def torch_write(self, lever: Guard, state: Any) -> str | None:
         """The write of ``lever``'s ``state``, in words, if PyTorch made it by itself."""
         item = self.culprit(lever.domain, lever.scope == "thread", state)
         return item.sentence() if item is not None and item.by_torch is not None else None
 
 
-_WATCHER: Optional[_Watcher] = None
+_WATCHER: _Watcher | None = None
 _WATCHER_LOCK = threading.Lock()
 
 
@@ -365,7 +366,7 @@ def _watcher() -> _Watcher:
     return _WATCHER
 
 
-def _note(item: Optional[Write]) -> str:
+def _note(item: Write | None) -> str:
     watcher = _WATCHER
     if item is not None:
         return f" Last written by: {item.sentence()}."
@@ -374,7 +375,7 @@ def _note(item: Optional[Write]) -> str:
     return f" {NOT_SEEN}"
 
 
-def tf32_writer(state: Any) -> Optional[Write]:
+def tf32_writer(state: Any) -> Write | None:
     """The write that explains the TF32 family's ``state`` (what made it mixed, if it is)."""
     watcher = _WATCHER
     if watcher is None:
@@ -385,7 +386,7 @@ def tf32_writer(state: Any) -> Optional[Write]:
     return watcher.mixed_by or last
 
 
-def _changed(domains: Tuple[Domain, ...], befores: List[Any]) -> List[Tuple[Domain, Any, Any]]:
+def _changed(domains: tuple[Domain, ...], befores: list[Any]) -> list[tuple[Domain, Any, Any]]:
     # (domain, before, after) for each domain whose state changed. Out of _learn's try: a
     # filtering comprehension there is a hole in it on Python 3.13
     # (tests/test_exception_table_holes.py).

@@ -4,7 +4,6 @@ report, and for users asking the same)."""
 from __future__ import annotations
 
 import threading
-from typing import Dict
 
 from . import watcher as _watcher_module
 from .setters import flatten
@@ -12,7 +11,7 @@ from .setters import flatten
 __all__ = ["last_writers"]
 
 
-def last_writers() -> Dict[str, str]:
+def last_writers() -> dict[str, str]:
     """Snapshot key (``"tf32.torch.backends.fp32_precision"``) -> who set its current value.
 
     Only values still current, written through Python while a watch was on; autocast keys
@@ -30,7 +29,7 @@ def last_writers() -> Dict[str, str]:
     watcher = _watcher_module._WATCHER
     if watcher is None or watcher.count == 0:
         return {}
-    out: Dict[str, str] = {}
+    out: dict[str, str] = {}
     tid = threading.get_ident()
     for domain in watcher.domains:
         for _, prefix, lever in domain.views:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, List, Tuple
+from typing import Any
 
 __all__ = ["add_parser", "command"]
 
@@ -129,7 +129,7 @@ def _show(event: Any) -> None:
     print(counter + event.message, file=sys.stderr, flush=True)
 
 
-def _compare(paths: Tuple[str, str]) -> int:
+def _compare(paths: tuple[str, str]) -> int:
     from .results import BenchRun
     from .table import render_compare
 
@@ -207,7 +207,7 @@ def _write_outputs(args: argparse.Namespace, result: Any) -> bool:
     if args.plot:
         from .plot import plot
 
-        points: List[int] = []
+        points: list[int] = []
         problem = write_output("--plot", args.plot, lambda path: points.append(plot(result, path)))
         problems.append(problem)
         if problem is None:

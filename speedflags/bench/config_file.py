@@ -36,8 +36,9 @@ import dataclasses
 import math
 import numbers
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -52,7 +53,7 @@ __all__ = ["BenchFile", "load_bench_file"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # the seed speedkit's knob names -> (lever, value translation)
-SEED_KNOBS: Dict[str, Tuple[str, Dict[Any, Any]]] = {
+SEED_KNOBS: dict[str, tuple[str, dict[Any, Any]]] = {
     "precision": ("amp", {"fp32": False, "bf16": "bf16", "fp16": "fp16"}),
     "tf32_matmul_precision": ("matmul_precision", {}),
     "sdp_backend": ("sdpa", {"mem_efficient": "efficient"}),
@@ -80,16 +81,16 @@ class BenchFile:
     """
 
     path: str
-    configs: Tuple[Config, ...]
-    workloads: Optional[Tuple[str, ...]] = None
-    sizes: Mapping[str, Mapping[str, Tuple[int, ...]]] = field(default_factory=dict)
-    device: Optional[str] = None
-    passes: Optional[int] = None
-    rounds: Optional[int] = None
-    min_time: Optional[float] = None
-    threads: Optional[int] = None
+    configs: tuple[Config, ...]
+    workloads: tuple[str, ...] | None = None
+    sizes: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    device: str | None = None
+    passes: int | None = None
+    rounds: int | None = None
+    min_time: float | None = None
+    threads: int | None = None
 
-    def sizes_for(self, workload: str, device_type: str) -> Optional[Tuple[int, ...]]:
+    def sizes_for(self, workload: str, device_type: str) -> tuple[int, ...] | None:
         """The sizes the file gives ``workload`` on ``device_type``, or None for the defaults."""
         return self.sizes.get(workload, {}).get(device_type)
 
@@ -117,7 +118,7 @@ class _Reader:
             raise self.fail(key, value, f"expected {shown} of at least {minimum:g}")
         return kind(value)
 
-    def device(self, data: Mapping[str, Any]) -> Optional[str]:
+    def device(self, data: Mapping[str, Any]) -> str | None:
         value = data.get("device")
         if value is None:
             return None
@@ -129,7 +130,7 @@ class _Reader:
             raise self.fail("device", value, "expected 'cpu', 'cuda' or 'cuda:N'")
         return str(value)
 
-    def sizes(self, key: str, value: Any) -> Tuple[int, ...]:
+    def sizes(self, key: str, value: Any) -> tuple[int, ...]:
         items = value if isinstance(value, list) else [value]
         if not items or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in items):
             raise self.fail(key, value, "expected a positive integer or a list of them")
@@ -137,7 +138,7 @@ class _Reader:
 
     def workloads(
         self, data: Mapping[str, Any]
-    ) -> Tuple[Optional[Tuple[str, ...]], Dict[str, Dict[str, Tuple[int, ...]]]]:
+    ) -> tuple[tuple[str, ...] | None, dict[str, dict[str, tuple[int, ...]]]]:
         value = data.get("workloads")
         if value is None:
             return None, {}
@@ -145,7 +146,7 @@ class _Reader:
         if not isinstance(value, (dict, list)) or not entries:
             raise self.fail("workloads", value, "expected a list of workload names or a table "
                             f"of name to sizes; workloads: {', '.join(WORKLOADS)}")  # fmt: skip
-        sizes: Dict[str, Dict[str, Tuple[int, ...]]] = {}
+        sizes: dict[str, dict[str, tuple[int, ...]]] = {}
         for name, given in entries.items():
             if name not in WORKLOADS:
                 valid = ", ".join(WORKLOADS)
@@ -176,7 +177,7 @@ class _Reader:
             entry = {}
         if not isinstance(entry, dict):
             raise self.fail(key, entry, "expected a table of levers, a 'dtype' or a lever file")
-        levers: Dict[str, Any] = {}
+        levers: dict[str, Any] = {}
         dtype = None
         for knob, value in entry.items():
             if knob == "dtype":
@@ -199,7 +200,7 @@ class _Reader:
             raise InvalidValueError(str(exc)) from None
         return Config(name, levers, dtype)
 
-    def configs(self, data: Mapping[str, Any]) -> Tuple[Config, ...]:
+    def configs(self, data: Mapping[str, Any]) -> tuple[Config, ...]:
         value = data.get("configs")
         if not isinstance(value, dict) or not value:
             raise self.fail("configs", value, "expected a table of configuration name to levers")
@@ -279,7 +280,7 @@ def describe(bench: BenchFile) -> str:
     )
 
 
-def load_for_cli(path: str) -> Tuple[Optional[BenchFile], str]:
+def load_for_cli(path: str) -> tuple[BenchFile | None, str]:
     """``(file, "")``, or ``(None, the message)`` for an error the command line reports."""
     try:
         return load_bench_file(path), ""

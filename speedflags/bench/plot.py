@@ -6,7 +6,7 @@ matplotlib is an optional extra (``pip install 'speedflags[plot]'``), imported o
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 from .._measure.plot_axes import MISSING, speedup_axes
 from .results import BenchRun, Result, describe_source
@@ -14,8 +14,8 @@ from .results import BenchRun, Result, describe_source
 __all__ = ["plot"]
 
 
-def _points(results: Sequence[Result]) -> Dict[str, List[Result]]:
-    by_workload: Dict[str, List[Result]] = {}
+def _points(results: Sequence[Result]) -> dict[str, list[Result]]:
+    by_workload: dict[str, list[Result]] = {}
     for row in results:
         if row.skipped or row.speedup is None or row.rel_error is None:
             continue

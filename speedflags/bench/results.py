@@ -15,7 +15,7 @@ import platform
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
@@ -49,32 +49,32 @@ class Result:
     config: str
     workload: str = ""
     device: str = ""
-    size: Optional[int] = None
+    size: int | None = None
     shape: str = ""
     levers: str = ""
     baseline: bool = False
-    median_s: Optional[float] = None
-    q1_s: Optional[float] = None
-    q3_s: Optional[float] = None
+    median_s: float | None = None
+    q1_s: float | None = None
+    q3_s: float | None = None
     rounds: int = 0
     calls_per_round: int = 1
-    pass_medians_s: Tuple[float, ...] = ()
-    flops: Optional[float] = None
-    rel_error: Optional[float] = None
+    pass_medians_s: tuple[float, ...] = ()
+    flops: float | None = None
+    rel_error: float | None = None
     error_of: str = ""
     input_sets: int = 1
-    skipped: Optional[str] = None
-    notes: Tuple[str, ...] = ()
-    speedup: Optional[float] = None
-    pct_of_fastest: Optional[float] = None
+    skipped: str | None = None
+    notes: tuple[str, ...] = ()
+    speedup: float | None = None
+    pct_of_fastest: float | None = None
 
     @property
-    def flop_per_s(self) -> Optional[float]:
+    def flop_per_s(self) -> float | None:
         if self.flops is None or not self.median_s:
             return None
         return self.flops / self.median_s
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["pass_medians_s"] = list(self.pass_medians_s)
         out["notes"] = list(self.notes)
@@ -82,7 +82,7 @@ class Result:
         return out
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any]) -> Result:
+    def from_dict(cls, data: dict[str, Any]) -> Result:
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}
         kwargs["pass_medians_s"] = tuple(kwargs.get("pass_medians_s") or ())
@@ -90,7 +90,7 @@ class Result:
         return cls(**kwargs)
 
 
-def _nvidia_smi(index: int) -> Dict[str, str]:
+def _nvidia_smi(index: int) -> dict[str, str]:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return {}
@@ -113,18 +113,18 @@ def gpu_available(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available()
 
 
-def gpu_state(device: torch.device) -> Dict[str, str]:
+def gpu_state(device: torch.device) -> dict[str, str]:
     """Driver version, clocks, power draw and temperature from ``nvidia-smi`` ({} if none)."""
     if not gpu_available(device):
         return {}
-    given: Optional[int] = device.index  # None for plain "cuda"
+    given: int | None = device.index  # None for plain "cuda"
     return _nvidia_smi(given if given is not None else torch.cuda.current_device())
 
 
 _CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
 
 
-def cpu_id(path: str = "/proc/cpuinfo") -> Dict[str, Any]:
+def cpu_id(path: str = "/proc/cpuinfo") -> dict[str, Any]:
     """The CPU's family, model and the ISA features that decide bf16/fp16 speed.
 
     Two CPUs with the same marketing name can differ where it matters: an AMD EPYC of
@@ -146,14 +146,14 @@ def cpu_id(path: str = "/proc/cpuinfo") -> Dict[str, Any]:
         key, _, value = line.partition(":")
         fields[key.strip()] = value.strip()
     flags = set(fields.get("flags", "").split())
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         k: fields[k] for k in ("vendor_id", "cpu family", "model", "stepping") if k in fields
     }
     out["features"] = [f for f in _CPU_FEATURES if f in flags]
     return out
 
 
-def environment(device: torch.device) -> Dict[str, Any]:
+def environment(device: torch.device) -> dict[str, Any]:
     """Where a run happens: device, versions, CPU, threads, capabilities, flag snapshot.
 
     Reads only; the flag snapshot is taken as the run starts.
@@ -167,7 +167,7 @@ def environment(device: torch.device) -> Dict[str, Any]:
     """
     caps = capabilities(device)
     state = gpu_state(device)
-    driver: Optional[str] = state.get("driver_version")
+    driver: str | None = state.get("driver_version")
     get_driver = getattr(torch_C, "_cuda_getDriverVersion", None)
     if driver is None and get_driver is not None and gpu_available(device):
         version = int(get_driver())
@@ -205,14 +205,14 @@ class BenchRun:
         flags_restored: every flag read as before the run once it ended.
     """
 
-    environment: Dict[str, Any]
-    settings: Dict[str, Any]
-    results: List[Result] = field(default_factory=list)
+    environment: dict[str, Any]
+    settings: dict[str, Any]
+    results: list[Result] = field(default_factory=list)
     interrupted: bool = False
     flags_restored: bool = True
 
-    def to_dict(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"format": FORMAT, **dataclasses.asdict(self)}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": FORMAT, **dataclasses.asdict(self)}
         # each result in its own form (with flop_per_s), and last: the long part of the file
         del out["results"]
         out["results"] = [r.to_dict() for r in self.results]

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -57,31 +57,31 @@ class Settings:
     """
 
     device: torch.device
-    workloads: Tuple[str, ...] = tuple(WORKLOADS)
-    sizes: Optional[Tuple[int, ...]] = None
+    workloads: tuple[str, ...] = tuple(WORKLOADS)
+    sizes: tuple[int, ...] | None = None
     passes: int = 3
     min_rounds: int = 5
     min_time_s: float = 0.25
     warmup_rounds: int = 2
     warmup_s: float = 0.1
     verify: bool = True
-    configs: Optional[Tuple[Config, ...]] = None
-    workload_sizes: Optional[Mapping[str, Tuple[int, ...]]] = None
+    configs: tuple[Config, ...] | None = None
+    workload_sizes: Mapping[str, tuple[int, ...]] | None = None
 
-    def to_dict(self) -> Dict[str, object]:
+    def to_dict(self) -> dict[str, object]:
         out = asdict(self)
         out["device"] = str(self.device)
         if self.configs is not None:
             out["configs"] = {c.name: c.describe() for c in self.configs}
         return out
 
-    def configs_of(self, workload: Workload) -> Tuple[Config, ...]:
+    def configs_of(self, workload: Workload) -> tuple[Config, ...]:
         """The configurations compared on ``workload``."""
         return self.configs if self.configs is not None else workload.configs
 
-    def plan(self) -> List[Tuple[Workload, Optional[int]]]:
+    def plan(self) -> list[tuple[Workload, int | None]]:
         """(workload, size) pairs in run order; size None for a workload the device lacks."""
-        pairs: List[Tuple[Workload, Optional[int]]] = []
+        pairs: list[tuple[Workload, int | None]] = []
         for name in self.workloads:
             workload = WORKLOADS[name]
             if workload.unavailable(self.device):
@@ -109,20 +109,20 @@ class Progress:
     group: str
     config: str
     message: str
-    median_s: Optional[float] = None
+    median_s: float | None = None
 
 
 @dataclass
 class _Entry:
     config: Config
-    runner: Optional[Runner] = None
+    runner: Runner | None = None
     rounds: int = 0
     calls: int = 1
-    error: Optional[float] = None
-    passes: List[List[float]] = field(default_factory=list)
+    error: float | None = None
+    passes: list[list[float]] = field(default_factory=list)
 
 
-def _group_name(workload: Workload, device: torch.device, size: Optional[int]) -> str:
+def _group_name(workload: Workload, device: torch.device, size: int | None) -> str:
     return f"{workload.name} {device}" + (f" {size}" if size is not None else "")
 
 
@@ -131,13 +131,13 @@ class _Run:
         self.settings = settings
         self.progress = progress
         self.clock = timer_for(settings.device)
-        self.results: List[Result] = []
+        self.results: list[Result] = []
         self.plan = settings.plan()
         self.step = 0
         self.steps = sum(len(settings.configs_of(w)) for w, _ in self.plan) * settings.passes
 
     def tell(
-        self, kind: str, group: str, config: str, message: str, median: Optional[float] = None
+        self, kind: str, group: str, config: str, message: str, median: float | None = None
     ) -> None:
         self.progress(Progress(kind, self.step, self.steps, group, config, message, median))
 
@@ -148,7 +148,7 @@ class _Run:
         )
         return row
 
-    def group(self, workload: Workload, size: Optional[int]) -> None:
+    def group(self, workload: Workload, size: int | None) -> None:
         device = self.settings.device
         name = _group_name(workload, device, size)
         reason = workload.unavailable(device)
@@ -159,7 +159,7 @@ class _Run:
         self.tell("group", name, "", f"{name}: preparing inputs and the float64 reference")
         problem = workload.build(size, device)
         problem.reference()
-        rows: List[Union[Result, _Entry]] = []
+        rows: list[Result | _Entry] = []
         for config in self.settings.configs_of(workload):
             why = problem.skip_reason(config)
             if why is None:
@@ -247,13 +247,13 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
 
 
-def verdicts(settings: Settings) -> Dict[str, str]:
+def verdicts(settings: Settings) -> dict[str, str]:
     """Whether each lever value the run's configurations use takes effect on the device.
 
     ``{"amp='bf16'": "verified: output bfloat16, error 2.9e-03 (bf16)", ...}`` from
     :func:`speedflags.verify` (never raises: a failed verification says why).
     """
-    levers: Dict[str, List[object]] = {}
+    levers: dict[str, list[object]] = {}
     for workload, size in settings.plan():
         if size is None:
             continue
@@ -267,7 +267,7 @@ def verdicts(settings: Settings) -> Dict[str, str]:
 
 def run(
     settings: Settings,
-    progress: Optional[Callable[[Progress], None]] = None,
+    progress: Callable[[Progress], None] | None = None,
 ) -> BenchRun:
     """Measure every configuration of the chosen workloads; stop cleanly on Ctrl-C.
 

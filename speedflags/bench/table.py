@@ -7,14 +7,14 @@ print the same columns computed the same way.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
 
 from .results import BenchRun, Result, describe_source
 
 __all__ = ["finish", "render", "render_compare"]
 
 
-def finish(results: Iterable[Result]) -> List[Result]:
+def finish(results: Iterable[Result]) -> list[Result]:
     """Fill in ``speedup`` (baseline median / median) and ``pct_of_fastest`` per group.
 
     A group without a measured baseline gets no speedup. Order is kept.
@@ -28,8 +28,8 @@ def finish(results: Iterable[Result]) -> List[Result]:
         [('fp32', 1.0, 25.0), ('amp-bf16', 4.0, 100.0)]
     """
     rows = list(results)
-    baseline: Dict[str, float] = {}
-    fastest: Dict[str, float] = {}
+    baseline: dict[str, float] = {}
+    fastest: dict[str, float] = {}
     for row in rows:
         if row.median_s is None or row.skipped:
             continue
@@ -52,7 +52,7 @@ def finish(results: Iterable[Result]) -> List[Result]:
     return out
 
 
-def _time(seconds: Optional[float]) -> str:
+def _time(seconds: float | None) -> str:
     if seconds is None:
         return "–"
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
@@ -61,7 +61,7 @@ def _time(seconds: Optional[float]) -> str:
     return f"{seconds / 1e-9:.4g} ns"
 
 
-def _rate(flop_per_s: Optional[float]) -> str:
+def _rate(flop_per_s: float | None) -> str:
     if flop_per_s is None:
         return "–"
     for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
@@ -70,19 +70,19 @@ def _rate(flop_per_s: Optional[float]) -> str:
     return f"{flop_per_s:.4g} "
 
 
-def _ratio(value: Optional[float]) -> str:
+def _ratio(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}x"
 
 
-def _pct(value: Optional[float]) -> str:
+def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value:.0f}%"
 
 
-def _error(value: Optional[float]) -> str:
+def _error(value: float | None) -> str:
     return "–" if value is None else f"{value:.1e}"
 
 
-def _grid(header: Sequence[str], lines: Sequence[Sequence[str]], left: int) -> List[str]:
+def _grid(header: Sequence[str], lines: Sequence[Sequence[str]], left: int) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *lines]) for i in range(len(header))]
 
     def fmt(cells: Sequence[str]) -> str:
@@ -116,9 +116,9 @@ def render(results: Sequence[Result]) -> str:
           matmul cpu 2048  tf32: no effect on cpu
     """
     header = ["group", "config", "median", "speedup", "FLOP/s", "% of fastest", "rel. error"]
-    lines: List[List[str]] = []
+    lines: list[list[str]] = []
     last_group = None
-    order: Dict[str, int] = {}
+    order: dict[str, int] = {}
     for row in results:
         order.setdefault(row.group, len(order))
     measured = [r for r in results if not r.skipped and r.median_s is not None]
@@ -150,11 +150,11 @@ def render(results: Sequence[Result]) -> str:
     return "\n".join(out)
 
 
-def _key(row: Result) -> Tuple[str, Optional[int], str]:
+def _key(row: Result) -> tuple[str, int | None, str]:
     return (row.workload or row.group, row.size, row.config)
 
 
-def render_compare(a: BenchRun, b: BenchRun, names: Tuple[str, str] = ("A", "B")) -> str:
+def render_compare(a: BenchRun, b: BenchRun, names: tuple[str, str] = ("A", "B")) -> str:
     """Two runs side by side, matched by workload, size and configuration.
 
     ``B/A`` is A's median over B's: above 1.00x, B is faster.

@@ -11,7 +11,8 @@ ledger frames that hold them. Nothing here imports Lightning or transformers.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -33,9 +34,9 @@ __all__ = [
     "warn_stacked_autocast",
 ]
 
-Levers = Dict[str, Any]
+Levers = dict[str, Any]
 # (epoch, the entry as given, the train levers with the entry merged over them)
-Entry = Tuple[int, Levers, Levers]
+Entry = tuple[int, Levers, Levers]
 
 
 def _check(owner: str, shown: str, levers: Mapping[str, Any]) -> None:
@@ -83,7 +84,7 @@ def _epoch(owner: str, key: object) -> int:
     return epoch
 
 
-def schedule_entries(owner: str, schedule: object, train: Levers) -> Tuple[Entry, ...]:
+def schedule_entries(owner: str, schedule: object, train: Levers) -> tuple[Entry, ...]:
     """Validate ``schedule={epoch: levers}``; each entry is merged over ``train``.
 
     An entry is a dict of ``fast_math`` arguments, or ``True``/``False``: NequIP's
@@ -97,7 +98,7 @@ def schedule_entries(owner: str, schedule: object, train: Levers) -> Tuple[Entry
             f"{owner}(schedule={short_repr(schedule)}): expected a dict of epoch -> "
             f"fast_math arguments (or True/False for TF32), got {type(schedule).__name__}"
         )
-    entries: Dict[int, Levers] = {}
+    entries: dict[int, Levers] = {}
     for key, value in schedule.items():
         epoch = _epoch(owner, key)
         if epoch in entries:
@@ -140,7 +141,7 @@ class PhaseFrames:
         self,
         owner: str,
         phases: Mapping[str, Levers],
-        schedule: Tuple[Entry, ...] = (),
+        schedule: tuple[Entry, ...] = (),
         *,
         check_ranks: bool = True,
     ) -> None:
@@ -148,10 +149,10 @@ class PhaseFrames:
         self.phases = dict(phases)
         self.schedule = schedule
         self._check_ranks = check_ranks
-        self._specs: Dict[Tuple[str, Optional[int], str], Optional[FastMath]] = {}
-        self._frames: List[Frame] = []
+        self._specs: dict[tuple[str, int | None, str], FastMath | None] = {}
+        self._frames: list[Frame] = []
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         # Pickled or copied with its trainer (DDP spawn, deepcopy): specs hold locks, and
         # frames belong to this process; both are rebuilt or reopened where it lands.
         state = dict(self.__dict__)
@@ -159,7 +160,7 @@ class PhaseFrames:
         state["_frames"] = []
         return state
 
-    def schedule_key(self, epoch: Optional[int]) -> Optional[int]:
+    def schedule_key(self, epoch: int | None) -> int | None:
         """The schedule epoch whose entry holds at ``epoch`` (``None``: none yet)."""
         found = None
         if epoch is not None:
@@ -169,7 +170,7 @@ class PhaseFrames:
                 found = key
         return found
 
-    def levers(self, phase: str, epoch: Optional[int] = None) -> Levers:
+    def levers(self, phase: str, epoch: int | None = None) -> Levers:
         """The levers ``phase`` applies (for ``train``, at ``epoch`` of the schedule)."""
         if phase == "train":
             key = self.schedule_key(epoch)
@@ -178,9 +179,7 @@ class PhaseFrames:
                     return dict(merged)
         return dict(self.phases.get(phase, {}))
 
-    def spec(
-        self, phase: str, device: torch.device, epoch: Optional[int] = None
-    ) -> Optional[FastMath]:
+    def spec(self, phase: str, device: torch.device, epoch: int | None = None) -> FastMath | None:
         """The spec for ``phase`` on ``device``, built on first use; ``None`` if no levers."""
         key = self.schedule_key(epoch) if phase == "train" else None
         cache_key = (phase, key, str(device))
@@ -200,13 +199,11 @@ class PhaseFrames:
         return spec
 
     @property
-    def open_frames(self) -> Tuple[Frame, ...]:
+    def open_frames(self) -> tuple[Frame, ...]:
         """The frames this callback holds open now, outermost first."""
         return tuple(self._frames)
 
-    def open(
-        self, phase: str, device: torch.device, epoch: Optional[int] = None
-    ) -> Optional[Frame]:
+    def open(self, phase: str, device: torch.device, epoch: int | None = None) -> Frame | None:
         """Apply ``phase``'s levers in a new frame (inside any frame already open)."""
         spec = self.spec(phase, device, epoch)
         if spec is None:
@@ -241,7 +238,7 @@ class PhaseFrames:
                     f"{self.owner}: {why}: {exc}", SpeedflagsWarning, stacklevel=user_stacklevel()
                 )
 
-    def note_switch(self, epoch: int, before: Optional[int], after: Optional[int]) -> None:
+    def note_switch(self, epoch: int, before: int | None, after: int | None) -> None:
         """Record a schedule switch in the ledger's history, as ``Schedule.step`` does."""
         ledger().note(
             "schedule",
@@ -255,7 +252,7 @@ class PhaseFrames:
         )
 
 
-def refuse_tf32_for_float64(owner: str, uses: Iterable[Tuple[str, Levers]], model: Any) -> None:
+def refuse_tf32_for_float64(owner: str, uses: Iterable[tuple[str, Levers]], model: Any) -> None:
     """Refuse ``tf32=True`` for a model with float64 parameters (NequIP's sanity check).
 
     TF32 changes only float32 matmuls and convolutions: with a float64 model it does nothing,
@@ -280,7 +277,7 @@ def refuse_tf32_for_float64(owner: str, uses: Iterable[Tuple[str, Levers]], mode
     )
 
 
-def warn_stacked_autocast(owner: str, uses: Iterable[Tuple[str, Levers]], who: str) -> None:
+def warn_stacked_autocast(owner: str, uses: Iterable[tuple[str, Levers]], who: str) -> None:
     """Warn that ``who`` (the trainer's own mixed precision) autocasts as well as ``amp``."""
     with_amp = [
         f"{argument} has amp={levers['amp']!r}" for argument, levers in uses if "amp" in levers

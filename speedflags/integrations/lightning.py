@@ -16,7 +16,7 @@ subclasses the ``Callback`` of each one installed, so either's ``Trainer`` and
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -36,7 +36,7 @@ EXTRA = "pip install 'speedflags[lightning]'"
 PHASES = ("train", "validate", "test", "predict")
 
 
-def _callback_bases() -> Tuple[type, ...]:
+def _callback_bases() -> tuple[type, ...]:
     bases = []
     for package, module in (("lightning", "lightning.pytorch"), ("pytorch_lightning", None)):
         try:
@@ -65,8 +65,8 @@ else:
     # CLI check isinstance against their own Callback, lightning.pytorch's against theirs.
     _Callback = _BASES[0] if len(_BASES) == 1 else type("_Callback", _BASES, {})
 
-PhaseArg = Optional[Dict[str, Any]]
-ScheduleArg = Optional[Dict[Union[int, str], Union[bool, Dict[str, Any], None]]]
+PhaseArg = dict[str, Any] | None
+ScheduleArg = dict[int | str, bool | dict[str, Any] | None] | None
 
 
 class SpeedFlagsCallback(_Callback):
@@ -142,13 +142,13 @@ class SpeedFlagsCallback(_Callback):
         entries = schedule_entries(owner, schedule, phases["train"])
         self._phases = PhaseFrames(owner, phases, entries, check_ranks=check_ranks)
         self._device = torch.device("cpu")
-        self._epoch: Optional[int] = None
-        self._active: Optional[int] = None  # the schedule epoch whose entry holds
+        self._epoch: int | None = None
+        self._active: int | None = None  # the schedule epoch whose entry holds
         self._warned: set[str] = set()
 
     # --- what it does -------------------------------------------------------------------
 
-    def levers(self, phase: str, epoch: Optional[int] = None) -> Dict[str, Any]:
+    def levers(self, phase: str, epoch: int | None = None) -> dict[str, Any]:
         """The ``fast_math`` arguments ``phase`` applies (``train``: at ``epoch``)."""
         if phase not in PHASES:
             raise InvalidTypeError(
@@ -157,7 +157,7 @@ class SpeedFlagsCallback(_Callback):
         return self._phases.levers(phase, epoch)
 
     @property
-    def epoch(self) -> Optional[int]:
+    def epoch(self) -> int | None:
         """The training epoch the schedule was last stepped to (``None`` before training)."""
         return self._epoch
 
@@ -174,7 +174,7 @@ class SpeedFlagsCallback(_Callback):
         self._warned.clear()
         self._device = _root_device(trainer, pl_module)
 
-    def _begin(self, trainer: Any, pl_module: Any, phases: Tuple[str, ...]) -> None:
+    def _begin(self, trainer: Any, pl_module: Any, phases: tuple[str, ...]) -> None:
         """Before a loop's first step: refuse TF32 for float64, warn about stacked autocast."""
         self._device = _root_device(trainer, pl_module)
         uses = [(p, self._phases.levers(p)) for p in phases]
@@ -188,7 +188,7 @@ class SpeedFlagsCallback(_Callback):
             who = f"Lightning's precision plugin (precision={precision!r})"
             warn_stacked_autocast("SpeedFlagsCallback", fresh, who)
 
-    def _switch(self, phase: str, epoch: Optional[int] = None) -> None:
+    def _switch(self, phase: str, epoch: int | None = None) -> None:
         self._phases.close_all()
         self._phases.open(phase, self._device, epoch)
 
@@ -242,11 +242,11 @@ class SpeedFlagsCallback(_Callback):
 
     # --- checkpoints --------------------------------------------------------------------
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The epoch the schedule reached and its active entry (saved in checkpoints)."""
         return {"epoch": self._epoch, "schedule_epoch": self._active}
 
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from a checkpoint: the next epoch switches only if its entry differs."""
         self._epoch = state_dict.get("epoch")
         self._active = state_dict.get("schedule_epoch")

@@ -29,8 +29,9 @@ from __future__ import annotations
 import functools
 import sys
 import warnings
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -104,8 +105,8 @@ class SpeedFlagsCallback(_TrainerCallback):
 
     def __init__(
         self,
-        train: Optional[Dict[str, Any]] = None,
-        evaluate: Optional[Dict[str, Any]] = None,
+        train: dict[str, Any] | None = None,
+        evaluate: dict[str, Any] | None = None,
         *,
         check_ranks: bool = True,
     ) -> None:
@@ -125,7 +126,7 @@ class SpeedFlagsCallback(_TrainerCallback):
         self._unwrapped_warned = False
         self._warned: set[str] = set()  # phases already warned about stacked autocast
 
-    def levers(self, phase: str) -> Dict[str, Any]:
+    def levers(self, phase: str) -> dict[str, Any]:
         """The ``fast_math`` arguments of ``phase`` (``"train"`` or ``"evaluate"``)."""
         if phase not in ("train", "evaluate"):
             raise InvalidTypeError(
@@ -200,7 +201,7 @@ class SpeedFlagsCallback(_TrainerCallback):
     def _find_trainer(self) -> None:
         # No hook receives the trainer, but every hook is called from its methods (through
         # its CallbackHandler): the nearest caller whose `self` holds this callback is it.
-        frame: Optional[FrameType] = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         for _ in range(8):
             if frame is None:
                 return

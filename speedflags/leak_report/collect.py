@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import pytest
 
@@ -76,11 +76,11 @@ class LeakReport:
     ``mode`` is the ``--speedflags-leaks`` value, ``path`` the JSON file or None.
     """
 
-    def __init__(self, mode: str, path: Optional[Path]) -> None:
+    def __init__(self, mode: str, path: Path | None) -> None:
         self.mode = mode
         self.path = path
-        self.findings: List[Finding] = []
-        self.by_torch: List[str] = []  # each once
+        self.findings: list[Finding] = []
+        self.by_torch: list[str] = []  # each once
         self.problem = ""  # why the file could not be written, once tried
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

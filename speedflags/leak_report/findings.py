@@ -42,17 +42,18 @@ import ast
 import inspect
 import re
 import textwrap
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["FORMAT", "def_location", "document", "finding", "setting", "summary", "write_info"]
 
 FORMAT = "speedflags-leaks/1"
-Finding = Dict[str, Any]
+Finding = dict[str, Any]
 
 
 def write_info(
-    text: str, function: str, where: Optional[Tuple[str, int]], thread: str
-) -> Dict[str, Any]:
+    text: str, function: str, where: tuple[str, int] | None, thread: str
+) -> dict[str, Any]:
     """One write, as JSON: ``file``/``line`` are null for a change found around Python.
 
     >>> write_info("x set to 1", "", None, "MainThread")["file"] is None
@@ -67,9 +68,9 @@ def setting(
     name: str,
     before: str,
     after: str,
-    writes: Sequence[Dict[str, Any]],
+    writes: Sequence[dict[str, Any]],
     problem: str = "",
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """One changed setting; ``writes`` in the order they were made (``writer`` is the last).
 
     >>> setting("sdpa", "sdpa.math", "True", "False", [])["writer"] is None
@@ -91,9 +92,9 @@ def finding(
     nodeid: str,
     path: str,
     line: int,
-    settings: List[Dict[str, Any]],
-    lines: List[str],
-    worker: Optional[str] = None,
+    settings: list[dict[str, Any]],
+    lines: list[str],
+    worker: str | None = None,
 ) -> Finding:
     """One test's leaks: its id, where its ``def`` is, the settings and the text lines.
 
@@ -109,7 +110,7 @@ def finding(
     }
 
 
-def document(findings: Sequence[Finding], mode: str) -> Dict[str, Any]:
+def document(findings: Sequence[Finding], mode: str) -> dict[str, Any]:
     """The ``--speedflags-report`` file: the format, the mode and every finding, in order.
 
     >>> document([], "fail")
@@ -118,7 +119,7 @@ def document(findings: Sequence[Finding], mode: str) -> Dict[str, Any]:
     return {"format": FORMAT, "mode": mode, "tests": list(findings)}
 
 
-def summary(findings: Sequence[Finding], mode: str) -> Tuple[str, List[str]]:
+def summary(findings: Sequence[Finding], mode: str) -> tuple[str, list[str]]:
     """The terminal summary section: its title and its lines (each test named once).
 
     >>> summary([], "fail")
@@ -128,7 +129,7 @@ def summary(findings: Sequence[Finding], mode: str) -> Tuple[str, List[str]]:
         return "speedflags: no test left torch settings changed", []
     count = len(findings)
     title = f"speedflags: {count} test{'s' if count != 1 else ''} left torch settings changed"
-    lines: List[str] = []
+    lines: list[str] = []
     for item in findings:
         where = f"{item['location']['path']}:{item['location']['line']}"
         worker = f", worker {item['worker']}" if item.get("worker") else ""
@@ -140,7 +141,7 @@ def summary(findings: Sequence[Finding], mode: str) -> Tuple[str, List[str]]:
 _DEF = re.compile(r"\s*(async\s+)?def\s")
 
 
-def def_location(function: Callable[..., Any]) -> Optional[Tuple[str, int]]:
+def def_location(function: Callable[..., Any]) -> tuple[str, int] | None:
     """The source file of ``function`` and the 1-based line of its ``def``, below its
     decorators; None without source.
 

@@ -13,7 +13,8 @@ internal (tuples) and turned into JSON-friendly values by :meth:`Lever.describe`
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Hashable, Literal, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # torch-free at run time: the pure fp32 model imports Unreadable from here
     import torch

@@ -9,8 +9,6 @@ writes instead. The rules are in ``docs/tf32_policy.md``.
 
 from __future__ import annotations
 
-from typing import Tuple
-
 from ..errors import MixedTF32APIError
 from ._base import Unreadable
 from ._fp32_model import (
@@ -32,7 +30,7 @@ from ._fp32_model import (
 )
 
 
-def _inherited_note(nodes: Tuple[str, ...], node: int) -> str:
+def _inherited_note(nodes: tuple[str, ...], node: int) -> str:
     parents = []
     parent = PARENT[node]
     while parent is not None:

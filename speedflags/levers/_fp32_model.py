@@ -35,12 +35,12 @@ Versions (tested on 2.4.1, 2.13 and 2.15):
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple, Optional, Tuple
+from typing import Any, Final, NamedTuple
 
 from ._base import Unreadable
 
 # The nine nodes of the fp32_precision tree, as (backend, op) pairs.
-NODES: Tuple[Tuple[str, str], ...] = (
+NODES: tuple[tuple[str, str], ...] = (
     ("generic", "all"),
     ("cuda", "all"),
     ("cuda", "matmul"),
@@ -52,7 +52,7 @@ NODES: Tuple[Tuple[str, str], ...] = (
     ("mkldnn", "rnn"),
 )
 GENERIC, CUDA, MATMUL, CONV, RNN, MKLDNN, MKLDNN_MATMUL, MKLDNN_CONV, MKLDNN_RNN = range(9)
-PARENT: Tuple[Optional[int], ...] = (
+PARENT: tuple[int | None, ...] = (
     None,
     GENERIC,
     CUDA,
@@ -64,7 +64,7 @@ PARENT: Tuple[Optional[int], ...] = (
     MKLDNN,
 )
 # Leaves with their parent (for leaves the parent always exists).
-LEAVES: Tuple[Tuple[int, int], ...] = (
+LEAVES: tuple[tuple[int, int], ...] = (
     (MATMUL, CUDA),
     (CONV, CUDA),
     (RNN, CUDA),
@@ -74,7 +74,7 @@ LEAVES: Tuple[Tuple[int, int], ...] = (
 )
 
 # How users see each node: the attribute that reads it.
-NODE_NAMES: Tuple[str, ...] = (
+NODE_NAMES: tuple[str, ...] = (
     "torch.backends.fp32_precision",
     "torch.backends.cudnn.fp32_precision",  # sic: this attribute is the cuda "all" node
     "torch.backends.cuda.matmul.fp32_precision",
@@ -97,7 +97,7 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 # An exact tuple of atomic values, not a NamedTuple: the ledger's bounded history holds
 # thousands of these, and the garbage collector can stop tracking exact tuples of atomic
 # values but never a tuple subclass (measured: ~23% of a frame's cost was GC traversal).
-FamilyState = Tuple[Any, Any, Any, Optional[Tuple[str, ...]]]
+FamilyState = tuple[Any, Any, Any, tuple[str, ...] | None]
 F_MATMUL: Final = 0
 F_CUDNN: Final = 1
 F_PRECISION: Final = 2
@@ -108,7 +108,7 @@ SET_CUBLAS: Final = "set_cublas"  # torch.backends.cuda.matmul.allow_tf32 = flag
 SET_PRECISION: Final = "set_precision"  # torch.set_float32_matmul_precision(precision)
 SET_CUDNN: Final = "set_cudnn"  # torch.backends.cudnn.allow_tf32 = flag
 SET_NODE: Final = "set_node"  # one fp32_precision node: (backend, op, value)
-Op = Tuple[str, Tuple[Any, ...]]
+Op = tuple[str, tuple[Any, ...]]
 
 
 def is_consistent(state: FamilyState) -> bool:
@@ -204,9 +204,9 @@ def precision_target(state: FamilyState, precision: str) -> FamilyState:
 class WritePlan(NamedTuple):
     """The setter calls that take one state to another, and what they leave behind."""
 
-    ops: Tuple[Op, ...]  # (setter name, args), in order
-    predicted: Optional[Tuple[str, ...]]  # resolved nodes after the ops; None before 2.9
-    written: Tuple[int, ...]  # nodes the ops wrote, to read back
+    ops: tuple[Op, ...]  # (setter name, args), in order
+    predicted: tuple[str, ...] | None  # resolved nodes after the ops; None before 2.9
+    written: tuple[int, ...]  # nodes the ops wrote, to read back
 
 
 def node_value(want: str, parent_resolved: str) -> str:
@@ -215,7 +215,7 @@ def node_value(want: str, parent_resolved: str) -> str:
     return "none" if parent_resolved == want else want
 
 
-def plan_write(current: FamilyState, target: FamilyState) -> Optional[WritePlan]:
+def plan_write(current: FamilyState, target: FamilyState) -> WritePlan | None:
     """Plan ``current`` -> ``target``; None when a parent node must change (no fast plan).
 
     Legacy setters go first (they keep both views in step), then the leaves are corrected

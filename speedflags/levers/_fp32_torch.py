@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Callable, Hashable, List, Optional, Tuple, Union
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 import torch._C as torch_C
@@ -68,7 +69,7 @@ def _quiet_first(name: str, fn: Callable[..., Any], *args: Any) -> Any:
             _replay_but_deprecations(caught)
 
 
-def _replay_but_deprecations(caught: List[warnings.WarningMessage]) -> None:
+def _replay_but_deprecations(caught: list[warnings.WarningMessage]) -> None:
     # A function of its own: this loop inside _quiet_first's `with` would be a hole in it on
     # Python 3.13 (tests/test_exception_table_holes.py).
     for w in caught:
@@ -112,9 +113,9 @@ _SETTERS: dict[str, Callable[..., Any]] = {
 def read_state() -> FamilyState:
     """Every getter of both families. Never raises."""
     # Inlined (no helper calls): this runs twice per frame.
-    matmul: Union[bool, Unreadable]
-    cudnn: Union[bool, Unreadable]
-    precision: Union[str, Unreadable]
+    matmul: bool | Unreadable
+    cudnn: bool | Unreadable
+    precision: str | Unreadable
     try:
         matmul = _get_cublas()
     except RuntimeError as exc:
@@ -147,7 +148,7 @@ def read_state() -> FamilyState:
 # --- writing ---------------------------------------------------------------------------------
 
 # A plan's setter calls, resolved to PyTorch's functions.
-Calls = Tuple[Tuple[Callable[..., Any], Tuple[Any, ...]], ...]
+Calls = tuple[tuple[Callable[..., Any], tuple[Any, ...]], ...]
 
 # Plans depend only on (current, target), and a training loop makes the same few transitions
 # every step, so they are computed once. The first run of a plan is checked against a read of
@@ -155,7 +156,7 @@ Calls = Tuple[Tuple[Callable[..., Any], Tuple[Any, ...]], ...]
 # setters do not change behaviour within a process), which keeps enter/exit cheap. Frames
 # still read the whole family on entry and exit, so anything else that changed is seen.
 # Bounded: cleared when full.
-_PLANS: dict[tuple[FamilyState, FamilyState], Optional[WritePlan]] = {}
+_PLANS: dict[tuple[FamilyState, FamilyState], WritePlan | None] = {}
 # (current, target) -> the plan's setter calls, once the plan has reached its target
 _TRUSTED: dict[tuple[FamilyState, FamilyState], Calls] = {}
 # lever request -> (target, setter calls): one dict lookup per lever write on the hot path
@@ -233,7 +234,7 @@ def transition(
     return after, target
 
 
-def _run(ops: Tuple[Op, ...]) -> None:
+def _run(ops: tuple[Op, ...]) -> None:
     for name, args in ops:
         if name == SET_NODE:
             _set_node(*args)

@@ -21,7 +21,8 @@ Example:
 from __future__ import annotations
 
 import enum
-from typing import Any, Dict, Literal, Optional, Sequence, TypedDict, Union, get_type_hints
+from collections.abc import Sequence
+from typing import Any, Literal, TypedDict, get_type_hints
 
 import torch
 
@@ -38,10 +39,10 @@ __all__ = [
 MatmulPrecisionArg = Literal["highest", "high", "medium"]
 SdpaName = Literal["flash", "efficient", "cudnn", "math"]
 # torch.nn.attention.SDPBackend (2.2+) and torch.backends.cuda.SDPBackend (2.1) are enums
-SdpaArg = Union[SdpaName, enum.Enum, Sequence[Union[SdpaName, enum.Enum]]]
-DeterministicArg = Union[bool, Literal["warn"]]
+SdpaArg = SdpaName | enum.Enum | Sequence[SdpaName | enum.Enum]
+DeterministicArg = bool | Literal["warn"]
 # torch.bfloat16 or torch.float16 (a type checker cannot tell dtypes apart); False: off
-AmpArg = Union[Literal["bf16", "fp16", "auto", False], torch.dtype]
+AmpArg = Literal["bf16", "fp16", "auto", False] | torch.dtype
 
 
 class LeverArgs(TypedDict, total=False):
@@ -57,21 +58,21 @@ class LeverArgs(TypedDict, total=False):
         {'matmul_precision': 'high', 'amp': 'bfloat16'}
     """
 
-    tf32: Optional[bool]
-    matmul_precision: Optional[MatmulPrecisionArg]
-    cudnn_benchmark: Optional[bool]
-    sdpa: Optional[SdpaArg]
-    deterministic: Optional[DeterministicArg]
-    reduced_precision_reduction: Optional[bool]
-    amp: Optional[AmpArg]
+    tf32: bool | None
+    matmul_precision: MatmulPrecisionArg | None
+    cudnn_benchmark: bool | None
+    sdpa: SdpaArg | None
+    deterministic: DeterministicArg | None
+    reduced_precision_reduction: bool | None
+    amp: AmpArg | None
 
 
-def lever_annotations() -> Dict[str, Any]:
+def lever_annotations() -> dict[str, Any]:
     """Each lever's keyword type, evaluated (for run-time signatures: ``help(fast_math)``).
 
     Example:
         >>> from speedflags.levers.arguments import lever_annotations
         >>> lever_annotations()["tf32"]
-        typing.Optional[bool]
+        bool | None
     """
     return get_type_hints(LeverArgs)

@@ -12,7 +12,8 @@ inside a block, keep their own autocast state.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -25,8 +26,8 @@ _BY_NAME = {"bf16": torch.bfloat16, "fp16": torch.float16}
 CHOICES = "'bf16', 'fp16', 'auto', torch.bfloat16, torch.float16 or False"
 
 # None stands for "autocast off" (amp=False); "auto" is resolved per device when entered.
-AmpValue = Union[torch.dtype, None, str]
-AutocastState = Tuple[bool, torch.dtype]
+AmpValue = torch.dtype | str | None
+AutocastState = tuple[bool, torch.dtype]
 
 
 def validate_amp(value: object) -> AmpValue:
@@ -85,7 +86,7 @@ if HAS_DEVICE_GENERIC:
     _set_enabled: Callable[[str, bool], None] = _generic[2]
     _set_dtype: Callable[[str, torch.dtype], None] = _generic[3]
 else:  # PyTorch < 2.4: the originals, resolved here once (never the attributes at call time)
-    _ACCESSORS: Dict[str, Tuple[Callable[..., Any], ...]] = {
+    _ACCESSORS: dict[str, tuple[Callable[..., Any], ...]] = {
         device_type: tuple(getattr(torch, name) for name in names)
         for device_type, names in _PER_DEVICE_NAMES.items()
     }
@@ -104,7 +105,7 @@ else:  # PyTorch < 2.4: the originals, resolved here once (never the attributes 
 
 
 CPU_FP16_MISSING = f"PyTorch {torch.__version__}'s CPU autocast runs bf16 only: it refuses fp16"
-_cpu_fp16: Optional[bool] = None
+_cpu_fp16: bool | None = None
 
 
 def cpu_autocast_takes_fp16() -> bool:
@@ -151,7 +152,7 @@ class AutocastLever(SimpleLever):
 
     # Two plain thread-local setters with no derived state: the state written is the state
     # read back, so (unlike TF32) no read-back is spent on the hot path.
-    def apply(self, value: Optional[torch.dtype], before: AutocastState) -> AutocastState:
+    def apply(self, value: torch.dtype | None, before: AutocastState) -> AutocastState:
         target = (False, before[1]) if value is None else (True, value)
         self._write(target, before)
         return target
@@ -177,10 +178,10 @@ class AutocastLever(SimpleLever):
     def describe(self, state: AutocastState) -> Any:
         return {"enabled": state[0], "dtype": _dtype_name(state[1])}
 
-    def describe_value(self, value: Optional[torch.dtype]) -> Any:
+    def describe_value(self, value: torch.dtype | None) -> Any:
         return False if value is None else _dtype_name(value)
 
-    def available(self, value: Optional[torch.dtype], device: torch.device) -> Effect:
+    def available(self, value: torch.dtype | None, device: torch.device) -> Effect:
         caps = capabilities(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             return Effect(False, f"no effect on {caps.device}: {caps.bf16.reason}")

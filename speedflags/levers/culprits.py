@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 from ._base import Guard, Lever
 
@@ -44,14 +44,14 @@ class CulpritSource(Protocol):
     def mixed_note(self, state: Any) -> str:
         """Which write made the TF32 family's ``state`` mixed (or why unknown)."""
 
-    def torch_write(self, lever: Guard, state: Any) -> Optional[str]:
+    def torch_write(self, lever: Guard, state: Any) -> str | None:
         """The write of ``lever``'s ``state`` in words, if PyTorch made it by itself."""
 
 
-_source: Optional[CulpritSource] = None
+_source: CulpritSource | None = None
 
 
-def set_source(source: Optional[CulpritSource]) -> None:
+def set_source(source: CulpritSource | None) -> None:
     """Register the running watch (``None`` when it stops). Called with the ledger's lock held."""
     global _source
     _source = source
@@ -73,21 +73,21 @@ def mixed_note(state: Any) -> str:
     return source.mixed_note(state)
 
 
-def torch_write(lever: Guard, state: Any) -> Optional[str]:
+def torch_write(lever: Guard, state: Any) -> str | None:
     """If a running watch saw PyTorch itself write ``lever``'s ``state`` (a lazy write of
     its own, reached from the user's call), that write in words; otherwise None."""
     source = _source
     return None if source is None else source.torch_write(lever, state)
 
 
-def known_torch_write(lever: Guard, before: Any, after: Any) -> Optional[str]:
+def known_torch_write(lever: Guard, before: Any, after: Any) -> str | None:
     """``before`` -> ``after`` in words if the lever knows it as a write PyTorch makes by
     itself where no watch can see it (in C++); otherwise None. Needs no watch."""
     explain = getattr(lever, "torch_write", None)
     return None if explain is None else explain(before, after)  # type: ignore[no-any-return, unused-ignore]
 
 
-def made_by_torch(lever: Guard, before: Any, after: Any) -> Optional[str]:
+def made_by_torch(lever: Guard, before: Any, after: Any) -> str | None:
     """``before`` -> ``after`` in words if PyTorch made it by itself: a running watch saw the
     write come from torch's own code, or the lever knows it as a C++ write of PyTorch's.
     What the ledger's drift check and the leak check ask; None otherwise."""

@@ -24,7 +24,7 @@ tries it (no candidates).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple, Union
+from typing import Any
 
 import torch
 import torch._C as torch_C
@@ -35,11 +35,11 @@ from ._base import Effect, SimpleLever, verified
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 WARN = "warn"
-Mode = Union[bool, str]
+Mode = bool | str
 # (use_deterministic_algorithms, warn_only, cudnn.deterministic)
-State = Tuple[bool, bool, bool]
+State = tuple[bool, bool, bool]
 
-TARGETS: Dict[Mode, State] = {
+TARGETS: dict[Mode, State] = {
     True: (True, False, True),
     WARN: (True, True, True),
     False: (False, False, False),

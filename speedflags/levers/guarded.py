@@ -28,7 +28,8 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Hashable, Optional, Tuple
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 import torch._C as torch_C
@@ -62,7 +63,7 @@ class Setting:
         get: Callable[[], Any],
         put: Callable[[Any], None],
         describe: Callable[[Any], Any] = lambda state: state,
-        setters: Tuple[Tuple[str, str, str, bool], ...] = (),
+        setters: tuple[tuple[str, str, str, bool], ...] = (),
         ranks_agree: bool = True,
     ) -> None:
         self.name = name
@@ -137,11 +138,11 @@ def _default_device() -> Any:
 _DEVICE_HOLDER: Any = torch._GLOBAL_DEVICE_CONTEXT if _DEVICE_CONTEXT_IS_THREAD_LOCAL else None  # type: ignore[attr-defined, unused-ignore]
 
 
-def _device_name(device: Any) -> Optional[str]:
+def _device_name(device: Any) -> str | None:
     return None if device is None else str(device)
 
 
-def _set_default_device(device: Optional[str]) -> None:
+def _set_default_device(device: str | None) -> None:
     set_default_device: Any = torch.set_default_device  # untyped in PyTorch 2.1's stubs
     set_default_device(device)
 
@@ -167,11 +168,11 @@ def _set_nesting(depth: int) -> None:
         current = int(_decrement())
 
 
-def _candidates() -> Tuple[Tuple[Setting, ...], Dict[str, str]]:
+def _candidates() -> tuple[tuple[Setting, ...], dict[str, str]]:
     found = []
-    skipped: Dict[str, str] = {}
+    skipped: dict[str, str] = {}
 
-    def add(needs: Tuple[str, ...], make: Callable[[], Setting], name: str) -> None:
+    def add(needs: tuple[str, ...], make: Callable[[], Setting], name: str) -> None:
         missing = [n for n in needs if not hasattr(_C, n) and not hasattr(torch, n)]
         if missing:
             skipped[name] = f"this PyTorch ({torch.__version__}) has no {', '.join(missing)}"
@@ -311,7 +312,7 @@ def setting(name: str) -> Setting:
     raise InvalidValueError(f"no guarded setting {name!r}; valid: {', '.join(GUARDED_NAMES)}")
 
 
-def guarded_snapshot() -> Dict[str, Any]:
+def guarded_snapshot() -> dict[str, Any]:
     """Every guarded setting's state now, described, by name (thread ones: the caller's).
 
     Example:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, Callable, Dict, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import InvalidValueError
 
@@ -26,7 +27,7 @@ from .registry import AUTOCAST_DEVICE_TYPES
 __all__ = ["baseline_levers", "document_levers", "lever_snapshot", "with_baseline"]
 
 
-def baseline_levers() -> Dict[str, Any]:
+def baseline_levers() -> dict[str, Any]:
     """Every lever's "off" value: plain fp32 eager (the bench and ``tune`` reference).
 
     Example:
@@ -38,7 +39,7 @@ def baseline_levers() -> Dict[str, Any]:
     return {spec.name: spec.baseline for spec in registry.REGISTRY if spec.has_baseline}
 
 
-def with_baseline(levers: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
+def with_baseline(levers: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     """``levers`` on top of every other lever's "off" value, as one ``fast_math`` call.
 
     An off value that would contradict a candidate (``tf32=False`` beside
@@ -50,7 +51,7 @@ def with_baseline(levers: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
         {'matmul_precision': 'medium', 'cudnn_benchmark': False, 'deterministic': False,
          'reduced_precision_reduction': False, 'amp': False}
     """
-    merged: Dict[str, Any] = dict(levers)
+    merged: dict[str, Any] = dict(levers)
     for name, value in baseline_levers().items():
         if name in merged:
             continue
@@ -62,12 +63,12 @@ def with_baseline(levers: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
     return {spec.name: merged[spec.name] for spec in registry.REGISTRY if spec.name in merged}
 
 
-def lever_snapshot(device_types: Sequence[str] = AUTOCAST_DEVICE_TYPES) -> Dict[str, Any]:
+def lever_snapshot(device_types: Sequence[str] = AUTOCAST_DEVICE_TYPES) -> dict[str, Any]:
     """Every lever's state now, described, by ``fast_math`` keyword. Never raises.
 
     Thread-scope levers (``amp``) are described per device type, for the calling thread.
     """
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for spec in registry.REGISTRY:
         if spec.scope == "thread":
             out[spec.name] = {dt: spec.current(dt) for dt in device_types}

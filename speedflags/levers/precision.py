@@ -25,7 +25,8 @@ three this CPU and PyTorch do, by trying. It is written exactly as
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch._ops

@@ -29,7 +29,7 @@ effect: CPU GEMMs (MKL, oneDNN) never read them.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import torch
 import torch._C as torch_C
@@ -40,9 +40,9 @@ from ._base import Effect, SimpleLever, validate_bool, verified
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 # (allow_reduced_precision, allow_splitk); allow_splitk is None where PyTorch has no split-K flag
-Pair = Tuple[bool, Optional[bool]]
+Pair = tuple[bool, bool | None]
 # (fp16, bf16, allow_fp16_accumulation or None where PyTorch lacks it)
-State = Tuple[Pair, Pair, Optional[bool]]
+State = tuple[Pair, Pair, bool | None]
 
 _MATMUL = "torch.backends.cuda.matmul."
 _DTYPES = ("fp16", "bf16")
@@ -122,7 +122,7 @@ class ReducedPrecisionReductionLever(SimpleLever):
     def describe(self, state: Any) -> Any:
         if not (isinstance(state, tuple) and len(state) == 3):
             return state
-        out: Dict[str, Any] = {}
+        out: dict[str, Any] = {}
         for dtype, (allow, splitk) in zip(_DTYPES, state[:2], strict=True):
             name = f"{_MATMUL}allow_{dtype}_reduced_precision_reduction"
             out[name] = allow

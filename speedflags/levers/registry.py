@@ -24,8 +24,9 @@ Example:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -94,15 +95,15 @@ class LeverSpec:
     summary: str
     accuracy: str
     baseline: Any = UNSET
-    candidates: Tuple[Any, ...] = ()
-    ops: Tuple[str, ...] = ()
+    candidates: tuple[Any, ...] = ()
+    ops: tuple[str, ...] = ()
     dynamo_misses: str = ""
 
     def lever(self, device_type: str = "cpu") -> DeviceLever:
         """The lever object for ``device_type`` (one shared instance per type)."""
         return self.make(device_type)
 
-    def check(self, call: str, value: object, argument: Optional[str] = None) -> Any:
+    def check(self, call: str, value: object, argument: str | None = None) -> Any:
         """``validate`` with the error saying where: ``"fast_math(amp='bf17'): ..."``."""
         shown = argument or self.name
         try:
@@ -133,7 +134,7 @@ class LeverSpec:
         return self.baseline is not UNSET
 
 
-_PROCESS_LEVERS: Dict[str, DeviceLever] = {
+_PROCESS_LEVERS: dict[str, DeviceLever] = {
     "tf32": TF32Lever(),
     "matmul_precision": MatmulPrecisionLever(),
     "cudnn_benchmark": CudnnBenchmarkLever(),
@@ -141,7 +142,7 @@ _PROCESS_LEVERS: Dict[str, DeviceLever] = {
     "deterministic": DeterministicLever(),
     "reduced_precision_reduction": ReducedPrecisionReductionLever(),
 }
-_autocast: Dict[str, AutocastLever] = {}
+_autocast: dict[str, AutocastLever] = {}
 _autocast_lock = threading.Lock()
 
 
@@ -170,7 +171,7 @@ _GEMM_OPS = ("mm", "matmul", "linear", "einsum", "lstm", "gru", "rnn", "scaled_d
 
 # Application order: TF32 before matmul precision (they share state and both are checked
 # for a mixed TF32 state first), autocast last.
-REGISTRY: Tuple[LeverSpec, ...] = (
+REGISTRY: tuple[LeverSpec, ...] = (
     LeverSpec(
         name="tf32",
         shorthand="tf32",
@@ -297,8 +298,8 @@ REGISTRY: Tuple[LeverSpec, ...] = (
     ),
 )
 
-LEVER_NAMES: Tuple[str, ...] = tuple(spec.name for spec in REGISTRY)
-_BY_NAME: Dict[str, LeverSpec] = {spec.name: spec for spec in REGISTRY}
+LEVER_NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY)
+_BY_NAME: dict[str, LeverSpec] = {spec.name: spec for spec in REGISTRY}
 PROCESS_LEVERS: Mapping[str, DeviceLever] = _PROCESS_LEVERS
 
 
@@ -324,7 +325,7 @@ def valid_names() -> str:
     return ", ".join(sorted(LEVER_NAMES))
 
 
-def check_levers(call: str, given: Mapping[str, object]) -> Tuple[Tuple[str, Any], ...]:
+def check_levers(call: str, given: Mapping[str, object]) -> tuple[tuple[str, Any], ...]:
     """Validate ``fast_math``-style lever arguments; return ``(name, value)`` in order.
 
     ``None`` means "leave unchanged" and is dropped (so is ``UNSET``, its old public

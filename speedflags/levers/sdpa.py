@@ -10,7 +10,8 @@ exact priority order (``torch.nn.attention.sdpa_kernel(..., set_priority=True)``
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch._C as torch_C
@@ -58,7 +59,7 @@ HAS_PRIORITY = hasattr(_C, "_get_sdp_priority_order") and hasattr(_C, "_set_sdp_
 _READERS = tuple(getattr(_C, _GETTERS[n]) if n in PRESENT else None for n in _ALL)
 _read_order: Any = _C._get_sdp_priority_order if HAS_PRIORITY else None
 
-SdpaState = Tuple[Tuple[Optional[bool], ...], Optional[Tuple[int, ...]]]
+SdpaState = tuple[tuple[bool | None, ...], tuple[int, ...] | None]
 
 
 class SdpaLever(SimpleLever):
@@ -73,7 +74,7 @@ class SdpaLever(SimpleLever):
     domain = "sdpa"
 
     @staticmethod
-    def validate(value: object) -> Tuple[str, ...]:
+    def validate(value: object) -> tuple[str, ...]:
         choices = ", ".join(repr(b) for b in BACKENDS)
         items: Sequence[object]
         if isinstance(value, (str, bytes)) or _is_sdpbackend(value):
@@ -108,7 +109,7 @@ class SdpaLever(SimpleLever):
         flags = tuple([None if get is None else bool(get()) for get in _READERS])
         return flags, (None if _read_order is None else tuple(_read_order()))
 
-    def apply(self, value: Tuple[str, ...], before: SdpaState) -> SdpaState:
+    def apply(self, value: tuple[str, ...], before: SdpaState) -> SdpaState:
         allowed = set(value) | {"math"}
         flags = tuple(
             (name in allowed if name in BACKENDS else old) if old is not None else None
@@ -136,7 +137,7 @@ class SdpaLever(SimpleLever):
         if target[1] is not None and target[1] != current[1]:
             _C._set_sdp_priority_order(list(target[1]))
 
-    def torch_write(self, before: SdpaState, after: SdpaState) -> Optional[str]:
+    def torch_write(self, before: SdpaState, after: SdpaState) -> str | None:
         """``before`` -> ``after`` in words if it is a change PyTorch makes by itself, in C++
         where no watch sees it: on compute capability 9.x/10.x with cuDNN > 9.1.5, the first
         SDPA call in a process moves cuDNN attention to the front of the priority order and
@@ -164,10 +165,10 @@ class SdpaLever(SimpleLever):
         )
         return out
 
-    def describe_value(self, value: Tuple[str, ...]) -> Any:
+    def describe_value(self, value: tuple[str, ...]) -> Any:
         return list(value)
 
-    def available(self, value: Tuple[str, ...], device: torch.device) -> Effect:
+    def available(self, value: tuple[str, ...], device: torch.device) -> Effect:
         caps = capabilities(device)
         support = {
             "flash": caps.flash_sdpa,
