@@ -34,6 +34,12 @@ class Recommendation:
         device: the device this is for.
         levers: ``fast_math`` arguments, e.g. ``{"tf32": True, "amp": "bf16"}``.
         reasons: lever name -> why it is in (or why nothing is recommended: key ``"*"``).
+
+    Example:
+        >>> import speedflags
+        >>> rec = speedflags.recommended("cpu")
+        >>> rec.device, set(rec.levers) <= {"amp"}, all(rec.reasons.values())
+        ('cpu', True, True)
     """
 
     device: str

@@ -68,6 +68,12 @@ class TF32Status:
             e.g. ``"torch.backends.fp32_precision set to 'tf32' by enable_tf32 at
             .../import_utils.py:756"``; ``None`` when unknown (known only for writes made
             through Python while :func:`speedflags.watch` was on).
+
+    Example:
+        >>> import speedflags
+        >>> status = speedflags.tf32_status()
+        >>> status.consistent, status.api in ("legacy", "legacy+fp32_precision")
+        (True, True)
     """
 
     api: str

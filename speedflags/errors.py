@@ -54,6 +54,14 @@ class InvalidValueError(SpeedflagsError, ValueError):
 
     Raised at construction (``fast_math(amp="bf17")``), before any torch state is touched.
     The message names the argument, shows the value with ``repr`` and lists the valid ones.
+
+    Example:
+        >>> import speedflags
+        >>> try:
+        ...     speedflags.fast_math(amp="bf17")
+        ... except speedflags.InvalidValueError as exc:
+        ...     print(str(exc).split(":")[0])
+        fast_math(amp='bf17')
     """
 
 
@@ -61,6 +69,14 @@ class InvalidTypeError(SpeedflagsError, TypeError):
     """An argument has the wrong type (``fast_math(tf32="yes")``).
 
     Raised at construction, before any torch state is touched.
+
+    Example:
+        >>> import speedflags
+        >>> try:
+        ...     speedflags.fast_math(tf32="yes")
+        ... except TypeError as exc:  # also a speedflags.InvalidTypeError
+        ...     print(type(exc).__name__)
+        InvalidTypeError
     """
 
 
@@ -70,11 +86,32 @@ class MixedTF32APIError(SpeedflagsError, RuntimeError):
     speedflags refuses to change TF32 or matmul precision from such a state, because
     PyTorch's own compile, autotune and benchmark paths read the legacy getters and crash.
     The message names the settings that disagree; :func:`speedflags.heal_tf32` is the fix.
+
+    Example:
+        >>> import speedflags
+        >>> try:
+        ...     with speedflags.fast_math(tf32=True):
+        ...         pass
+        ... except speedflags.MixedTF32APIError:
+        ...     _ = speedflags.heal_tf32()  # make the two APIs agree, then enter again
     """
 
 
 class LeverUnavailableError(SpeedflagsError, RuntimeError):
-    """With ``strict=True``: a lever would have no effect on this device (or no native speed-up)."""
+    """With ``strict=True``: a lever would have no effect on this device (or no native speed-up).
+
+    Raised on entry, before any lever is set; without ``strict`` such a lever is applied and
+    the history records why it has no effect.
+
+    Example:
+        >>> import speedflags
+        >>> try:
+        ...     with speedflags.fast_math(tf32=True, device="cpu", strict=True):
+        ...         pass
+        ... except speedflags.LeverUnavailableError as exc:
+        ...     print("no effect on cpu" in str(exc))
+        True
+    """
 
 
 class LeverInGraphError(SpeedflagsError, RuntimeError):
@@ -107,7 +144,21 @@ class LeverInGraphError(SpeedflagsError, RuntimeError):
 
 
 class LedgerOrderError(SpeedflagsError, RuntimeError):
-    """A frame was exited out of order, twice, or from a thread other than its own."""
+    """A frame was exited out of order, twice, or from a thread other than its own.
+
+    An out-of-order exit still restores the frame's levers; the error comes once it has.
+
+    Example:
+        >>> import speedflags
+        >>> from speedflags.levers import PROCESS_LEVERS
+        >>> frame = speedflags.ledger().open([(PROCESS_LEVERS["cudnn_benchmark"], True)])
+        >>> frame.close()
+        >>> try:
+        ...     frame.close()
+        ... except speedflags.LedgerOrderError:
+        ...     print("closed already")
+        closed already
+    """
 
 
 class LedgerReentryError(SpeedflagsError, RuntimeError):
@@ -131,6 +182,14 @@ class StateMismatchError(SpeedflagsError, RuntimeError):
 
     This means PyTorch behaves differently from what speedflags was built against; the
     message shows the intended and the actual state. The frame being entered is rolled back.
+
+    Example:
+        >>> import speedflags
+        >>> try:
+        ...     with speedflags.fast_math(sdpa="math", device="cpu"):
+        ...         pass
+        ... except speedflags.StateMismatchError as exc:  # a PyTorch speedflags does not know
+        ...     print(exc)
     """
 
 
@@ -140,6 +199,12 @@ class RestoreError(SpeedflagsError, RuntimeError):
     Every lever was tried. The message names the levers that failed (with their errors and
     what they read now) and the levers that were restored. ``errors`` holds each underlying
     exception, in the order the levers were applied; the first is also ``__cause__``.
+
+    Example:
+        >>> import speedflags
+        >>> error = speedflags.RestoreError("2 levers failed", [OSError("a"), OSError("b")])
+        >>> [str(e) for e in error.errors], isinstance(error, RuntimeError)
+        (['a', 'b'], True)
     """
 
     def __init__(self, message: str, errors: Sequence[BaseException] = ()) -> None:
@@ -158,6 +223,13 @@ class RankMismatchError(SpeedflagsError, RuntimeError):
         levers: the names of the levers (snapshot keys) that differ, in snapshot order.
         differences: for each differing getter (``"tf32.torch.backends.cuda.matmul.allow_tf32"``),
             its value on each rank, indexed by rank in the group.
+
+    Example:
+        >>> import speedflags
+        >>> differences = {"tf32.x": (True, False)}  # the getter's value on ranks 0 and 1
+        >>> error = speedflags.RankMismatchError("ranks differ", ["tf32"], differences)
+        >>> error.levers, error.differences["tf32.x"][1]
+        (('tf32',), False)
     """
 
     def __init__(
@@ -172,11 +244,29 @@ class RankMismatchError(SpeedflagsError, RuntimeError):
 
 
 class SpeedflagsWarning(UserWarning):
-    """Base class of the warnings speedflags emits (each cause is reported once)."""
+    """Base class of the warnings speedflags emits (each cause is reported once).
+
+    Example:
+        >>> import warnings, speedflags
+        >>> with warnings.catch_warnings():  # e.g. in a test suite: every one is an error
+        ...     warnings.simplefilter("error", speedflags.SpeedflagsWarning)
+    """
 
 
 class DriftWarning(SpeedflagsWarning):
-    """Code inside a block changed a lever the block had set; the exit restores it anyway."""
+    """Code inside a block changed a lever the block had set; the exit restores it anyway.
+
+    Example:
+        >>> import torch, warnings, speedflags
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     with speedflags.fast_math(cudnn_benchmark=True, label="drift demo"):
+        ...         torch.backends.cudnn.benchmark = False  # someone else's write
+        >>> [w.category.__name__ for w in caught if "drift demo" in str(w.message)]
+        ['DriftWarning']
+        >>> torch.backends.cudnn.benchmark  # restored to what the block found
+        False
+    """
 
 
 class AbandonedFrameWarning(SpeedflagsWarning):
@@ -211,7 +301,15 @@ class LeverConflictWarning(SpeedflagsWarning):
 
 
 class SlowPathWarning(SpeedflagsWarning):
-    """A requested lever runs slower than the default on this device (fp16 autocast on a CPU)."""
+    """A requested lever runs slower than the default on this device (fp16 autocast on a CPU).
+
+    Example:
+        >>> import warnings, speedflags
+        >>> with warnings.catch_warnings():  # a deliberate choice: no need to say it each time
+        ...     warnings.simplefilter("ignore", speedflags.SlowPathWarning)
+        ...     with speedflags.fast_math(amp="bf16", device="cpu"):
+        ...         pass
+    """
 
 
 class CompileFallbackWarning(SpeedflagsWarning):
@@ -221,4 +319,9 @@ class CompileFallbackWarning(SpeedflagsWarning):
     completes (eagerly) and later calls do not retry compiling. The event is also logged
     through the ``speedflags`` logger, recorded in the ledger's history and shown by the
     function's ``.stats``.
+
+    Example:
+        >>> import warnings, speedflags
+        >>> with warnings.catch_warnings():  # in CI: a step that stops compiling fails loudly
+        ...     warnings.simplefilter("error", speedflags.CompileFallbackWarning)
     """

@@ -49,6 +49,12 @@ class Capabilities:
             (PyTorch 2.1 has no CPU float16 matmul).
         flash_sdpa, efficient_sdpa, cudnn_sdpa: which fused attention kernels can run.
         cpu_bf16: bf16 on the host CPU, as ``bf16`` answers it for a CPU (the same answer).
+
+    Example:
+        >>> import speedflags
+        >>> caps = speedflags.capabilities("cpu")
+        >>> caps.device, bool(caps.tf32), caps.bf16 == caps.cpu_bf16
+        ('cpu', False, True)
     """
 
     device: str
