@@ -139,18 +139,18 @@ class FlagLedger:
                     seen = program.seen
                     for i, lever, check in program.reads:
                         state = lever.read()
-                        # The same state as last time: pass on the object read then. Levers key
-                        # caches on states (the TF32 family's write plans); an object seen before
-                        # hashes and compares by identity, a fresh one of 12 strings costs ~0.5 µs.
+                        # The same state as last time: pass on the object read then, checked
+                        # then. Levers key caches on states (the TF32 family's write plans); an
+                        # object seen before compares by identity, a fresh one of 12 strings
+                        # costs ~0.5 µs to hash.
                         last = seen[i]
                         if state == last:
-                            state = last
-                        else:
-                            seen[i] = state
+                            befores[i] = last
+                            continue
                         befores[i] = state
-                        if not check:  # not `if check:` last: a hole on Python 3.13 (see
-                            continue  # tests/test_exception_table_holes.py)
-                        lever.check(state)  # may refuse: nothing has changed yet
+                        if check:
+                            lever.check(state)  # may refuse: nothing has changed yet
+                        seen[i] = state  # last: only a state that passed its check is seen
                     for i, lever, value, p, key, domain in program.rows:
                         before = befores[i] = befores[i] if p < 0 else afters[p]
                         if key is None:

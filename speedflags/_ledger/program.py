@@ -87,7 +87,7 @@ class Program:
         self.reads = tuple(
             (i, self.levers[i], self.checks[i]) for i in range(self.n) if self.prev[i] < 0
         )
-        # The last state read for each of them (see FlagLedger.open)
+        # The last state read for each of them that passed its check (see FlagLedger.open)
         self.seen: List[Any] = [None] * self.n
 
     @classmethod
