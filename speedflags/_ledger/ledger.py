@@ -25,7 +25,7 @@ from .interrupts import PENDING, critical, deliver_pending
 from .notices import Failure, Notice
 from .own_writes import _WRITING
 from .paths import RarePaths
-from .program import Frame, Levers, Program
+from .program import Frame, Levers, Program, new_frame
 from .recovery import Recovery
 from .scope import FrameScope
 from .stacks import FrameStacks
@@ -116,7 +116,7 @@ class FlagLedger:
             token = self._recovery.thread_token(tid)
         loop = _get_running_loop()
         task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
-        frame = Frame(
+        frame = new_frame(
             label, owner, where, device, program, tid, _current_thread().name,
             task, _history.rank_source(), token, self,
         )  # fmt: skip
@@ -152,7 +152,10 @@ class FlagLedger:
                             lever.check(state)  # may refuse: nothing has changed yet
                         seen[i] = state  # last: only a state that passed its check is seen
                     for i, lever, value, p, key, domain in program.rows:
-                        before = befores[i] = befores[i] if p < 0 else afters[p]
+                        if p < 0:
+                            before = befores[i]
+                        else:  # the previous lever of its domain hands over the state it left
+                            before = befores[i] = afters[p]
                         if key is None:
                             key = (domain, tid)
                         stack = stacks.get(key)
@@ -240,9 +243,9 @@ class FlagLedger:
                 befores = frame.befores
                 afters = frame.afters
                 stacks = self._stacks
-                rows = program.rows
-                for k in range(n - 1, -1, -1):
-                    i, lever, _, _, key, domain = rows[k]
+                for i, lever, _, _, key, domain in (
+                    program.back if n == program.n else program.rows[n - 1 :: -1]
+                ):
                     try:
                         if key is None:
                             key = (domain, tid)
@@ -284,12 +287,7 @@ class FlagLedger:
         # ``frame`` stays in the tuple, closed, until the next open() drops it: one
         # ContextVar.set per frame instead of two (each allocates; ~0.2 µs a frame).
         frames = self._frames.get()
-        k = len(frames) - 1
-        while k >= 0 and frames[k] is not frame and frames[k].closed:
-            k -= 1
-        innermost: Optional[Frame] = None
-        if k < 0 or frames[k] is not frame:
-            innermost = self._table.leave_context(frames, frame)
+        innermost = None if frames and frames[-1] is frame else self._table.left(frames, frame)
         try:
             if notices or failures or innermost is not None or pending is not None:
                 error = _notices.close_error(frame, innermost, failures or (), restored)
