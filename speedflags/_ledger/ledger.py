@@ -31,7 +31,6 @@ __all__ = ["FlagLedger", "ledger"]
 
 DEFAULT_HISTORY_SIZE = 4096
 _get_ident = threading.get_ident
-_current_thread = threading.current_thread
 
 
 class FlagLedger:
@@ -108,14 +107,14 @@ class FlagLedger:
         tid = _get_ident()
         if tid in _WRITING:
             self._recovery.reentered(label)
-        token = self._threads.get(tid)
-        if token is None:
-            token = self._recovery.thread_token(tid)
+        known = self._threads.get(tid)  # (token, threading.Thread)
+        if known is None:
+            known = self._recovery.thread_token(tid)
         loop = _get_running_loop()
         task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
         frame = new_frame(
-            label, owner, where, device, program, tid, _current_thread().name,
-            task, _history.rank_source(), token, self,
+            label, owner, where, device, program, tid, known[1].name,
+            task, _history.rank_source(), known[0], self,
         )  # fmt: skip
         befores, afters, stacks = frame.befores, frame.afters, self._stacks
         crowded = False  # a stack held entries already: look for conflicts
