@@ -242,7 +242,7 @@ class FlagLedger:
                 if _own_writes.WATCHER is not None:
                     watched = _own_writes.enter(self, frame.label, where)
                 befores, afters, stacks = frame.befores, frame.afters, self._stacks
-                rows = program.back if n == program.n else program.rows[n - 1 :: -1]
+                rows = program.back if n == program.n else program.rows[:n][::-1]
                 for i, lever, _, _, key, domain in rows:
                     try:
                         if key is None:
