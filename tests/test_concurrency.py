@@ -274,3 +274,21 @@ def test_per_thread_stacks_do_not_pile_up() -> None:
         worker.start()
         worker.join(30)
     assert len(speedflags.ledger()._stacks) <= 80
+
+
+def test_each_frame_records_its_threads_name_at_entry_and_a_renamed_thread_its_new_one() -> None:
+    spec = fast_math(cudnn_benchmark=True, label="named")
+    names: list[str] = []
+
+    def work() -> None:
+        for name in ("first", "second"):
+            threading.current_thread().name = name  # the ledger knows the thread by now
+            with spec as frame:
+                names.append(frame.thread)
+
+    assert _in_threads(work) == []
+    with spec as frame:
+        names.append(frame.thread)
+    assert names == ["first", "second", threading.current_thread().name]
+    records = [r for r in speedflags.ledger().history if r.label == "named"][-6:]
+    assert [r.thread for r in records] == ["first"] * 2 + ["second"] * 2 + [names[2]] * 2

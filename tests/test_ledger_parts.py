@@ -21,6 +21,7 @@ import torch
 
 import speedflags
 from speedflags import DriftWarning, FlagLedger, LedgerOrderError, LeverConflictWarning
+from speedflags._ledger.program import Program
 from speedflags._ledger.scope import FrameScope
 from speedflags.errors import InvalidValueError, MixedTF32APIError
 from speedflags.levers._base import Lever, Scope
@@ -256,6 +257,25 @@ def test_a_refused_state_changes_nothing(kit: Kit) -> None:
         assert ledger.history == ()
     finally:
         undo()
+
+
+def test_a_program_checks_every_new_state_and_refuses_a_mixed_one_each_time(kit: Kit) -> None:
+    # open() passes a state equal to the last one it checked on unchecked (the hot path):
+    # a state it refused is never that one, however often it is met
+    ledger = FlagLedger()
+    program = Program.of([(kit.x, v(kit, "x"))])
+    ledger.open(program).close()  # the state at the start: checked, passed
+    undo = kit.mix()
+    try:
+        before = kit.state()
+        for _ in range(2):
+            with pytest.raises((InvalidValueError, MixedTF32APIError)):
+                ledger.open(program)
+            assert kit.state() == before and ledger.open_frames() == ()
+    finally:
+        undo()
+    ledger.open(program).close()  # consistent again: entered
+    assert [r.action for r in ledger.history] == ["set", "restore"] * 2
 
 
 def test_drift_inside_a_frame_is_restored_with_a_warning(kit: Kit) -> None:

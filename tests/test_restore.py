@@ -107,3 +107,27 @@ def test_result_of_matmul_is_bf16_inside_amp_block() -> None:
     with fast_math(amp="bf16", device="cpu"):
         assert (a @ a).dtype == torch.bfloat16
     assert (a @ a).dtype == torch.float32
+
+
+def test_blocks_entered_again_replay_writes_only_from_the_state_they_were_made_from(
+    raw_tf32: None,
+) -> None:
+    # The TF32 family's levers replay the last write made from the same state (the hot path);
+    # a state changed between blocks, or inside one, takes a write of its own.
+    spec = fast_math(tf32=True)
+    before = speedflags.snapshot()
+    inside = []
+    for _ in range(3):
+        with spec:
+            inside.append(speedflags.snapshot())
+        assert speedflags.snapshot() == before
+    assert inside[0]["tf32"]["torch.get_float32_matmul_precision()"] == "high"
+    assert inside[1:] == inside[:-1]
+    torch.set_float32_matmul_precision("medium")  # changed between blocks
+    medium = speedflags.snapshot()
+    with spec:  # tf32=True keeps a precision that allows TF32 already
+        assert speedflags.snapshot()["tf32"]["torch.get_float32_matmul_precision()"] == "medium"
+    assert speedflags.snapshot() == medium
+    with pytest.warns(speedflags.DriftWarning, match="tf32"), spec:
+        torch.backends.cuda.matmul.allow_tf32 = False  # changed inside the block
+    assert speedflags.snapshot() == medium

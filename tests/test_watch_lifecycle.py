@@ -17,6 +17,8 @@ import speedflags
 from speedflags import fast_math
 from speedflags._watch.setters import SETTERS
 from speedflags.levers import _fp32_torch as family
+from speedflags.levers.precision import FamilyLever
+from speedflags.levers.registry import lever_spec
 
 HERE = os.path.abspath(__file__)
 
@@ -68,6 +70,10 @@ def test_speedflags_caches_no_wrapper_that_would_outlive_the_watch() -> None:
                 pass
     cached = [fn for ops in family._TRUSTED.values() for fn, _ in ops]
     cached += [fn for _, ops in family._FAST.values() for fn, _ in ops]
+    for name in ("tf32", "matmul_precision"):  # the last write each lever replays
+        lever = lever_spec(name).lever("cpu")
+        assert isinstance(lever, FamilyLever)
+        cached += [fn for last in (lever._applied, lever._restored) for fn, _ in last[3]]
     assert cached
     assert not [fn for fn in cached if hasattr(fn, "__wrapped__")]
 

@@ -157,6 +157,7 @@ class FastMath(FrameScope):
         "_device",
         "_plan_cache",
         "_rank_check",
+        "_ready",
         "_recommend",
         "_requested",
         "_strict",
@@ -201,6 +202,8 @@ class FastMath(FrameScope):
         self._label = label if label is not None else f"fast_math({', '.join(shown)})"
         # Resolved on first entry (the device, and so the plan, never changes in a process).
         self._plan_cache: Plan | None = None
+        # (program, device) once a frame opened with nothing left to check on entry
+        self._ready: tuple[Program, str] | None = None
         self._rank_check: FirstEntryCheck | None = None
         if check_ranks:
             # torch.distributed is imported only by specs that check ranks
@@ -238,12 +241,17 @@ class FastMath(FrameScope):
 
     def open_frame(self, label: str, where: Where) -> Frame:
         """Open a frame with this spec's levers (and the first-entry rank check)."""
+        ready = self._ready
+        if ready is not None:  # every entry after the first: the plan alone
+            return _LEDGER.open(ready[0], label, where, self, ready[1])
         plan = self._plan()
         frame = _LEDGER.open(plan.program, label, where, self, plan.device)
         rank_check = self._rank_check
         if rank_check is not None and not rank_check.done:
             # after the levers are applied; a mismatch closes the frame before raising
             rank_check(label, lambda: frame.close(where))
+        else:
+            self._ready = (plan.program, plan.device)
         return frame
 
     def enter_in_graph(self) -> Frame:

@@ -272,7 +272,8 @@ class History:
     entries holding the most recent ``size`` records, and the last record's ``seq``.
 
     Every method is called with the ledger's lock held. The hot path (a frame's ``set``
-    entry) appends to ``entries`` itself.
+    entry, and the ``restore`` entry of a close that was not interrupted) appends to
+    ``entries`` and advances ``seq`` itself, in the layout above.
 
     Example:
         >>> from speedflags._ledger.history import History
@@ -352,18 +353,6 @@ class History:
             self.one(frame.label, frame.id, frame.thread, frame.rank, where, name, "skip",
                      reason, None, None)  # fmt: skip
 
-    def opened(self, frame: Frame, where: Where) -> None:
-        """The ``set`` records of ``frame``'s enter (and ``skip`` for what it left out)."""
-        program = frame.program
-        n = program.n
-        self.seq = seq = self.seq + n
-        self.entries.append(
-            (SET, seq - n + 1, now(), frame.label, frame.id, frame.thread, frame.rank, where,
-             program.lever_keys, program.reasons, tuple(frame.befores), tuple(frame.afters))
-        )  # fmt: skip
-        if program.skipped:
-            self.skips(frame, where)
-
     def closed(
         self,
         frame: Frame,
@@ -372,7 +361,9 @@ class History:
         restored: list[Any],
         notes: list[str] | None,
     ) -> None:
-        """The ``restore`` records of ``frame``'s exit: what each lever read, and after."""
+        """The ``restore`` records of ``frame``'s exit: what each lever read, and after. For
+        exits finished off the hot path (interrupted, abandoned); ``FlagLedger.close``
+        appends the same entry itself."""
         n = len(found)
         self.seq = seq = self.seq + n
         self.entries.append(

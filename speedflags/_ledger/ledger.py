@@ -1,11 +1,8 @@
 """The FlagLedger: every lever change goes through here, is recorded, and is undone exactly.
 
-A ledger is made of parts, each with its own state: :class:`~.stacks.FrameStacks` (the open
-frames, per domain and per context), :class:`~.history.History` (the records),
-:class:`~.paths.RarePaths` (roll-backs, buried exits, conflicts) and
-:class:`~.recovery.Recovery` (interrupted exits, threads that ended, fork). This module holds
-the hot path (open and close of a frame under one lock) and the public API; the context form
-of the frame API is :class:`~.scope.FrameScope`. ``docs/architecture.md`` ("The ledger").
+This module holds the hot path (open and close of a frame under one lock) and the public
+API; the ledger's parts, each with its own state, are listed in the package's docstring,
+and in ``docs/architecture.md`` ("The ledger").
 """
 
 from __future__ import annotations
@@ -19,13 +16,13 @@ from .._short_repr import short_repr
 from . import history as _history
 from . import notices as _notices
 from . import own_writes as _own_writes
-from .history import FlagRecord, History, Where
+from .history import RESTORE, SET, FlagRecord, History, Where
 from .history import to_json as _to_json
 from .interrupts import PENDING, critical, deliver_pending
 from .notices import Failure, Notice
 from .own_writes import _WRITING
 from .paths import RarePaths
-from .program import Frame, Levers, Program
+from .program import Frame, Levers, Program, new_frame
 from .recovery import Recovery
 from .scope import FrameScope
 from .stacks import FrameStacks
@@ -34,7 +31,6 @@ __all__ = ["FlagLedger", "ledger"]
 
 DEFAULT_HISTORY_SIZE = 4096
 _get_ident = threading.get_ident
-_current_thread = threading.current_thread
 
 
 class FlagLedger:
@@ -111,18 +107,16 @@ class FlagLedger:
         tid = _get_ident()
         if tid in _WRITING:
             self._recovery.reentered(label)
-        token = self._threads.get(tid)
-        if token is None:
-            token = self._recovery.thread_token(tid)
+        known = self._threads.get(tid)  # (token, threading.Thread)
+        if known is None:
+            known = self._recovery.thread_token(tid)
         loop = _get_running_loop()
         task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
-        frame = Frame(
-            label, owner, where, device, program, tid, _current_thread().name,
-            task, _history.rank_source(), token, self,
+        frame = new_frame(
+            label, owner, where, device, program, tid, known[1].name,
+            task, _history.rank_source(), known[0], self,
         )  # fmt: skip
-        befores = frame.befores
-        afters = frame.afters
-        stacks = self._stacks
+        befores, afters, stacks = frame.befores, frame.afters, self._stacks
         crowded = False  # a stack held entries already: look for conflicts
         notices: list[Notice] | None = None
         try:
@@ -139,20 +133,22 @@ class FlagLedger:
                     seen = program.seen
                     for i, lever, check in program.reads:
                         state = lever.read()
-                        # The same state as last time: pass on the object read then. Levers key
-                        # caches on states (the TF32 family's write plans); an object seen before
-                        # hashes and compares by identity, a fresh one of 12 strings costs ~0.5 µs.
+                        # The same state as last time: pass on the object read (and checked)
+                        # then. Levers key caches on states (the TF32 family's writes): an
+                        # object seen before is found by identity, not by hashing 12 strings.
                         last = seen[i]
                         if state == last:
-                            state = last
-                        else:
-                            seen[i] = state
+                            befores[i] = last
+                            continue
                         befores[i] = state
-                        if not check:  # not `if check:` last: a hole on Python 3.13 (see
-                            continue  # tests/test_exception_table_holes.py)
-                        lever.check(state)  # may refuse: nothing has changed yet
+                        if check:
+                            lever.check(state)  # may refuse: nothing has changed yet
+                        seen[i] = state  # last: only a state that passed its check is seen
                     for i, lever, value, p, key, domain in program.rows:
-                        before = befores[i] = befores[i] if p < 0 else afters[p]
+                        if p < 0:
+                            before = befores[i]
+                        else:  # the previous lever of its domain hands over the state it left
+                            before = befores[i] = afters[p]
                         if key is None:
                             key = (domain, tid)
                         stack = stacks.get(key)
@@ -165,7 +161,15 @@ class FlagLedger:
                         frame.applied = i + 1
                         stack.append((frame, i))
                         afters[i] = lever.apply(value, before)
-                    self._ring.opened(frame, where)
+                    # the set records: a SET entry of History's (history.py), appended here
+                    n = program.n
+                    self._ring.seq = seq = self._ring.seq + n
+                    self._entries.append(
+                        (SET, seq - n + 1, _history.now(), label, fid, frame.thread, frame.rank,
+                         where, program.lever_keys, program.reasons, tuple(befores), tuple(afters))
+                    )  # fmt: skip
+                    if program.skipped:
+                        self._ring.skips(frame, where)
                     self._open[fid] = frame
                     if crowded:
                         conflicts = self._paths.conflicts(frame)
@@ -237,12 +241,9 @@ class FlagLedger:
                     notices = self._recovery.drop_abandoned(where)
                 if _own_writes.WATCHER is not None:
                     watched = _own_writes.enter(self, frame.label, where)
-                befores = frame.befores
-                afters = frame.afters
-                stacks = self._stacks
-                rows = program.rows
-                for k in range(n - 1, -1, -1):
-                    i, lever, _, _, key, domain = rows[k]
+                befores, afters, stacks = frame.befores, frame.afters, self._stacks
+                rows = program.back if n == program.n else program.rows[:n][::-1]
+                for i, lever, _, _, key, domain in rows:
                     try:
                         if key is None:
                             key = (domain, tid)
@@ -272,7 +273,13 @@ class FlagLedger:
                 frame.closed = True
                 frame.task = None  # a frame kept by the caller must not keep its task alive
                 self._open.pop(frame.id, None)
-                self._ring.closed(frame, where, found, restored, notes)
+                # the restore records: History.closed's entry, appended here (the hot path)
+                self._ring.seq = seq = self._ring.seq + n
+                self._entries.append(
+                    (RESTORE, seq - n + 1, _history.now(), frame.label, frame.id, frame.thread,
+                     frame.rank, where, program.lever_keys[:n], tuple(notes) if notes else None,
+                     tuple(found), tuple(restored))
+                )  # fmt: skip
                 if watched is not None:
                     watched.__exit__(None, None, None)
             except BaseException as exc:  # interrupted in the bookkeeping: finish it first
@@ -280,16 +287,8 @@ class FlagLedger:
                 pending = pending or exc
             finally:
                 _WRITING.discard(tid)
-        # This context's innermost frame, past those closed already. If it is ``frame``,
-        # ``frame`` stays in the tuple, closed, until the next open() drops it: one
-        # ContextVar.set per frame instead of two (each allocates; ~0.2 µs a frame).
-        frames = self._frames.get()
-        k = len(frames) - 1
-        while k >= 0 and frames[k] is not frame and frames[k].closed:
-            k -= 1
-        innermost: Frame | None = None
-        if k < 0 or frames[k] is not frame:
-            innermost = self._table.leave_context(frames, frame)
+        frames = self._frames.get()  # frame stays there, closed: see FrameStacks.left
+        innermost = None if frames and frames[-1] is frame else self._table.left(frames, frame)
         try:
             if notices or failures or innermost is not None or pending is not None:
                 error = _notices.close_error(frame, innermost, failures or (), restored)

@@ -33,6 +33,8 @@ _get_ident = threading.get_ident
 _current_thread = threading.current_thread
 # One list per thread: the sentinels that tell each ledger the thread has ended.
 _THREAD_ENDS = threading.local()
+# What the ledger knows of a thread that opened a frame: its token, its threading.Thread
+Known = tuple[int, threading.Thread]
 
 
 class _ThreadEnd:
@@ -41,14 +43,15 @@ class _ThreadEnd:
 
     __slots__ = ("gone", "threads", "tid", "token")
 
-    def __init__(self, gone: list[int], threads: dict[int, int], tid: int, token: int) -> None:
+    def __init__(self, gone: list[int], threads: dict[int, Known], tid: int, token: int) -> None:
         self.gone = gone
         self.threads = threads
         self.tid = tid
         self.token = token
 
     def __del__(self) -> None:
-        if self.threads.get(self.tid) == self.token:
+        known = self.threads.get(self.tid)
+        if known is not None and known[0] == self.token:
             self.threads.pop(self.tid, None)
         self.gone.append(self.token)  # read under the ledger's lock at the next boundary
 
@@ -57,7 +60,8 @@ class Recovery:
     """A part of :class:`~speedflags.FlagLedger`: finishing exits that were interrupted,
     restoring the frames of threads that ended, and the ledger's state after a fork.
 
-    Its own state: ``threads`` (the ident of each thread that opened a frame -> its token)
+    Its own state: ``threads`` (the ident of each thread that opened a frame -> its token,
+    and its ``threading.Thread``, whose name each frame records)
     and ``gone`` (the tokens of those that ended: their frames are abandoned, and restored
     at the next boundary).
 
@@ -81,7 +85,7 @@ class Recovery:
         self.frames = frames
         self.history = history
         self.paths = paths
-        self.threads: dict[int, int] = {}
+        self.threads: dict[int, Known] = {}
         self.gone: list[int] = []
         self.tokens: Iterator[int] = itertools.count(1)
         RECOVERIES.add(self)
@@ -191,15 +195,16 @@ class Recovery:
 
     # --- threads that ended ---------------------------------------------------------------
 
-    def thread_token(self, tid: int) -> int:
-        """The token of thread ``tid``, new: its end is reported to this ledger."""
+    def thread_token(self, tid: int) -> Known:
+        """A new token for the calling thread ``tid`` (its end is reported to this ledger),
+        and its ``threading.Thread``."""
         token = int(next(self.tokens))
         ends = getattr(_THREAD_ENDS, "ends", None)
         if ends is None:
             ends = _THREAD_ENDS.ends = []
         ends.append(_ThreadEnd(self.gone, self.threads, tid, token))
-        self.threads[tid] = token
-        return token
+        known = self.threads[tid] = (token, _current_thread())
+        return known
 
     def drop_abandoned(self, where: Where) -> list[Notice]:
         """Under the lock: restore the frames of threads that ended (or, after a fork, that
@@ -257,11 +262,11 @@ class Recovery:
         self.lock._at_fork_reinit()
         _WRITING.clear()
         tid = _get_ident()
-        self.gone.extend(token for t, token in list(self.threads.items()) if t != tid)
-        token = self.threads.get(tid)
+        self.gone.extend(known[0] for t, known in list(self.threads.items()) if t != tid)
+        known = self.threads.get(tid)
         self.threads.clear()
-        if token is not None:
-            self.threads[tid] = token
+        if known is not None:
+            self.threads[tid] = known
 
 
 # --- fork -----------------------------------------------------------------------------------

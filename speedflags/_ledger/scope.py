@@ -136,7 +136,14 @@ class FrameScope:
                 in_graph = True
             else:
                 caller = _getframe(1)
-                close_innermost(self.ledger, self, (caller.f_code.co_filename, caller.f_lineno))
+                where = (caller.f_code.co_filename, caller.f_lineno)
+                the_ledger = self.ledger
+                frames = the_ledger._frames.get()  # close_innermost's common case, inline
+                frame = frames[-1] if frames else None
+                if frame is not None and frame.owner is self and not frame.closed:
+                    the_ledger.close(frame, where)
+                else:
+                    close_innermost(the_ledger, self, where)
         except SpeedflagsError:
             raise
         except BaseException:

@@ -151,6 +151,17 @@ class FrameStacks:
                 frames = without_closed(frames)
         context.set(frames + (frame,))  # noqa: RUF005
 
+    def left(self, frames: tuple[Frame, ...], frame: Frame) -> Frame | None:
+        """``frame`` (closed now) was left: it stays in ``frames``, this context's tuple, if it
+        is the innermost past frames closed already (the next open drops it); else it is
+        dropped (:meth:`leave_context`). The innermost frame still open above it, if any."""
+        k = len(frames) - 1
+        while k >= 0 and frames[k] is not frame and frames[k].closed:
+            k -= 1
+        if k >= 0 and frames[k] is frame:
+            return None
+        return self.leave_context(frames, frame)
+
     def leave_context(self, frames: tuple[Frame, ...], frame: Frame) -> Frame | None:
         """``frame`` (closed now) is not this context's innermost: drop it, and frames closed
         from other contexts; return the innermost frame still open above it, if any."""

@@ -151,7 +151,9 @@ class Lever(Guard, Protocol):
         ...
 
     def check(self, state: Any) -> None:
-        """Raise if no write may start from ``state`` (a mixed TF32 state). Changes nothing."""
+        """Raise if no write may start from ``state`` (a mixed TF32 state). Changes nothing,
+        and depends on ``state`` alone: the ledger does not check again a state equal to one
+        that passed."""
         ...
 
     def apply(self, value: Any, before: Any) -> Hashable:

@@ -212,26 +212,29 @@ def transition(
     current: FamilyState,
     make_target: Callable[..., FamilyState],
     *args: Any,
-) -> tuple[FamilyState, FamilyState]:
-    """Write ``make_target(*args)`` over ``current``; return ``(state after, target)``.
+) -> tuple[FamilyState, FamilyState, Calls | None]:
+    """Write ``make_target(*args)`` over ``current``; return ``(state after, target, calls)``.
 
     ``request`` must determine the target together with ``current`` (e.g.
     ``("tf32", current, True)``). Once a request has been written through a checked plan,
-    it costs one dict lookup and its setter calls.
+    it costs one dict lookup and its setter calls. A state after equal to the target is
+    the target object itself; ``calls`` are then the setter calls that reach it from
+    ``current`` (trusted: the caller may replay them for the same request), else None.
     """
     hit = _FAST.get(request)
     if hit is not None:
         target, ops = hit
         for fn, fn_args in ops:
             fn(*fn_args)
-        return target, target
+        return target, target, ops
     target = make_target(*args)
     after = write_state(target, current)
-    if after == target:
-        written = () if current == target else _TRUSTED.get((current, target))
-        if written is not None:
-            _FAST[request] = (target, written)
-    return after, target
+    if after != target:
+        return after, target, None
+    written = () if current == target else _TRUSTED.get((current, target))
+    if written is not None:
+        _FAST[request] = (target, written)
+    return target, target, written
 
 
 def _run(ops: tuple[Op, ...]) -> None:

@@ -153,15 +153,10 @@ class AutocastLever(SimpleLever):
     # Two plain thread-local setters with no derived state: the state written is the state
     # read back, so (unlike TF32) no read-back is spent on the hot path.
     def apply(self, value: torch.dtype | None, before: AutocastState) -> AutocastState:
-        target = (False, before[1]) if value is None else (True, value)
-        self._write(target, before)
-        return target
+        return self.restore((False, before[1]) if value is None else (True, value), before)
 
     def restore(self, target: AutocastState, current: AutocastState) -> AutocastState:
-        self._write(target, current)
-        return target
-
-    def _write(self, target: AutocastState, current: AutocastState) -> None:
+        # apply's write too: both bring (enabled, dtype) from current to target
         changed = False
         if target[1] is not current[1]:  # dtypes are singletons; == on them is slow
             _set_dtype(self.device_type, target[1])
@@ -174,6 +169,7 @@ class AutocastLever(SimpleLever):
             # cleared: a weight cast before an optimizer step, or to another dtype, must not
             # be reused after this write.
             torch.clear_autocast_cache()
+        return target
 
     def describe(self, state: AutocastState) -> Any:
         return {"enabled": state[0], "dtype": _dtype_name(state[1])}

@@ -36,7 +36,11 @@ from ..errors import InvalidTypeError, InvalidValueError
 from . import _fp32_model as family
 from ._base import Effect, SimpleLever, validate_bool, verified
 from ._fp32_mixed import require_consistent
-from ._fp32_torch import read_state, transition
+from ._fp32_torch import Calls, read_state, transition
+
+# (state before, value or target, state after, setter calls): a write to replay
+Replay = tuple[Any, Any, family.FamilyState, Calls]
+_NO_REPLAY: Replay = (None, None, (False, False, "", None), ())
 
 
 class FamilyLever(SimpleLever):
@@ -62,15 +66,41 @@ class FamilyLever(SimpleLever):
     def check(self, state: family.FamilyState) -> None:
         require_consistent(state, self.change)
 
+    # The last write that reached its target, per direction: (state before, value or target,
+    # state after, setter calls). A frame enters and exits from the same state objects every
+    # step (the ledger passes on a state equal to the last one read as that object), so the
+    # same write is found by identity, without hashing 12 strings or comparing them.
+    _applied = _NO_REPLAY
+    _restored = _NO_REPLAY
+
     def apply(self, value: Any, before: family.FamilyState) -> family.FamilyState:
-        after, target = transition((self.name, before, value), before, self.target, before, value)
-        return after if after is target else verified(self, "setting", target, after)
+        last = self._applied
+        if last[0] is before and last[1] is value:
+            for fn, args in last[3]:
+                fn(*args)
+            return last[2]
+        request = (self.name, before, value)
+        after, target, calls = transition(request, before, self.target, before, value)
+        if after is not target:
+            return verified(self, "setting", target, after)  # type: ignore[no-any-return]
+        if calls is not None:
+            self._applied = (before, value, target, calls)
+        return target
 
     def restore(
         self, target: family.FamilyState, current: family.FamilyState
     ) -> family.FamilyState:
-        after, wanted = transition(("restore", current, target), current, _same, target)
-        return after if after is wanted else verified(self, "restoring", target, after)
+        last = self._restored
+        if last[0] is current and last[1] is target:
+            for fn, args in last[3]:
+                fn(*args)
+            return last[2]
+        after, wanted, calls = transition(("restore", current, target), current, _same, target)
+        if after is not wanted:
+            return verified(self, "restoring", target, after)  # type: ignore[no-any-return]
+        if calls is not None:
+            self._restored = (current, target, wanted, calls)
+        return wanted
 
 
 def _same(state: family.FamilyState) -> family.FamilyState:
