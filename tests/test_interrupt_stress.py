@@ -17,6 +17,7 @@ closed; enters refused in a mixed TF32 state). Two ways in:
 from __future__ import annotations
 
 import dis
+import gc
 import importlib.util
 import json
 import signal
@@ -105,7 +106,15 @@ class AtCall:
 
 
 def traced(run: Callable[[], None], tracer: AtCall) -> Optional[BaseException]:
-    """Run once under ``tracer``; what came out of it."""
+    """Run once under ``tracer``, the garbage collector off; what came out of it.
+
+    A collection inside the run would call the finalizers of objects other tests left (a
+    ``torch.multiprocessing`` storage reference's ``__del__`` was one): an interrupt raised
+    in a finalizer is ignored by Python itself, and the count of function starts would
+    depend on when the collector runs. The random-instant stress test keeps it on.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
     sys.settrace(tracer)
     try:
         with warnings.catch_warnings():
@@ -116,6 +125,8 @@ def traced(run: Callable[[], None], tracer: AtCall) -> Optional[BaseException]:
         return exc
     finally:
         sys.settrace(None)
+        if collecting:
+            gc.enable()
     return None
 
 
