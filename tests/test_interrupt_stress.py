@@ -17,6 +17,7 @@ closed; enters refused in a mixed TF32 state). Two ways in:
 from __future__ import annotations
 
 import dis
+import gc
 import importlib.util
 import json
 import signal
@@ -106,7 +107,15 @@ class AtCall:
 
 
 def traced(run: Callable[[], None], tracer: AtCall) -> BaseException | None:
-    """Run once under ``tracer``; what came out of it."""
+    """Run once under ``tracer``, the garbage collector off; what came out of it.
+
+    A collection inside the run would call the finalizers of objects other tests left (a
+    ``torch.multiprocessing`` storage reference's ``__del__`` was one): an interrupt raised
+    in a finalizer is ignored by Python itself, and the count of function starts would
+    depend on when the collector runs. The random-instant stress test keeps it on.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
     sys.settrace(tracer)
     try:
         with warnings.catch_warnings():
@@ -117,6 +126,8 @@ def traced(run: Callable[[], None], tracer: AtCall) -> BaseException | None:
         return exc
     finally:
         sys.settrace(None)
+        if collecting:
+            gc.enable()
     return None
 
 
