@@ -207,7 +207,7 @@ class FastMath(FrameScope):
         # Resolved on first entry (the device, and so the plan, never changes in a process).
         self._plan_cache: Optional[Plan] = None
         # (program, device) once a frame opened with nothing left to check on entry
-        self._ready: Optional[Tuple[Program, str]] = None
+        self._ready: tuple[Program, str] | None = None
         self._rank_check: Optional[FirstEntryCheck] = None
         if check_ranks:
             # torch.distributed is imported only by specs that check ranks

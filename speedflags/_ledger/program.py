@@ -165,12 +165,12 @@ class Frame:
     token: int  # the thread's token in the ledger: dropped if the thread ends
     task: object  # the asyncio task that entered it, or None
     _where: Where
-    device: Optional[str]
+    device: str | None
     closed: bool
     program: Program
-    rank: Optional[int]
-    befores: List[Any]
-    afters: List[Any]
+    rank: int | None
+    befores: list[Any]
+    afters: list[Any]
     applied: int
 
     def close(self, where: Where = None) -> None:
@@ -226,12 +226,12 @@ def new_frame(
     label: str,
     owner: object,
     where: Where,
-    device: Optional[str],
+    device: str | None,
     program: Program,
     thread_id: int,
     thread: str,
     task: object,
-    rank: Optional[int],
+    rank: int | None,
     token: int,
     ledger: FlagLedger,
 ) -> Frame:

@@ -15,7 +15,7 @@ import itertools
 import os
 import threading
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 from .._short_repr import short_repr
 from ..errors import AbandonedFrameWarning, LedgerOrderError, LedgerReentryError
@@ -33,7 +33,7 @@ _current_thread = threading.current_thread
 # One list per thread: the sentinels that tell each ledger the thread has ended.
 _THREAD_ENDS = threading.local()
 # What the ledger knows of a thread that opened a frame: its token, its threading.Thread
-Known = Tuple[int, threading.Thread]
+Known = tuple[int, threading.Thread]
 
 
 class _ThreadEnd:
@@ -42,7 +42,7 @@ class _ThreadEnd:
 
     __slots__ = ("gone", "threads", "tid", "token")
 
-    def __init__(self, gone: List[int], threads: Dict[int, Known], tid: int, token: int) -> None:
+    def __init__(self, gone: list[int], threads: dict[int, Known], tid: int, token: int) -> None:
         self.gone = gone
         self.threads = threads
         self.tid = tid
@@ -84,7 +84,7 @@ class Recovery:
         self.frames = frames
         self.history = history
         self.paths = paths
-        self.threads: Dict[int, Known] = {}
+        self.threads: dict[int, Known] = {}
         self.gone: List[int] = []
         self.tokens: Iterator[int] = itertools.count(1)
         RECOVERIES.add(self)

@@ -150,7 +150,7 @@ class FrameStacks:
                 frames = without_closed(frames)
         context.set(frames + (frame,))  # noqa: RUF005
 
-    def left(self, frames: Tuple[Frame, ...], frame: Frame) -> Optional[Frame]:
+    def left(self, frames: tuple[Frame, ...], frame: Frame) -> Frame | None:
         """``frame`` (closed now) was left: it stays in ``frames``, this context's tuple, if it
         is the innermost past frames closed already (the next open drops it); else it is
         dropped (:meth:`leave_context`). The innermost frame still open above it, if any."""

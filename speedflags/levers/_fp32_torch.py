@@ -211,7 +211,7 @@ def transition(
     current: FamilyState,
     make_target: Callable[..., FamilyState],
     *args: Any,
-) -> tuple[FamilyState, FamilyState, Optional[Calls]]:
+) -> tuple[FamilyState, FamilyState, Calls | None]:
     """Write ``make_target(*args)`` over ``current``; return ``(state after, target, calls)``.
 
     ``request`` must determine the target together with ``current`` (e.g.

@@ -25,7 +25,7 @@ three this CPU and PyTorch do, by trying. It is written exactly as
 
 from __future__ import annotations
 
-from typing import Any, Callable, Tuple
+from typing import Any, Callable
 
 import torch
 import torch._ops
@@ -38,7 +38,7 @@ from ._fp32_mixed import require_consistent
 from ._fp32_torch import Calls, read_state, transition
 
 # (state before, value or target, state after, setter calls): a write to replay
-Replay = Tuple[Any, Any, family.FamilyState, Calls]
+Replay = tuple[Any, Any, family.FamilyState, Calls]
 _NO_REPLAY: Replay = (None, None, (False, False, "", None), ())
 
 
