@@ -278,7 +278,7 @@ def test_per_thread_stacks_do_not_pile_up() -> None:
 
 def test_each_frame_records_its_threads_name_at_entry_and_a_renamed_thread_its_new_one() -> None:
     spec = fast_math(cudnn_benchmark=True, label="named")
-    names: List[str] = []
+    names: list[str] = []
 
     def work() -> None:
         for name in ("first", "second"):
