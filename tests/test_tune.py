@@ -265,6 +265,9 @@ def test_bad_arguments_are_refused_before_anything_runs() -> None:
         speedflags.tune(torch.sin, torch.ones(2), levers={"amp": ["bf17"]})
     with pytest.raises(InvalidTypeError, match="a callable"):
         speedflags.tune("step", torch.ones(2))  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match=r"tune\(levers=3\): expected None, a lever name"):
+        speedflags.tune(torch.sin, torch.ones(2), levers=3)  # type: ignore[arg-type]
+    assert speedflags.tune(torch.sin, torch.ones(2), levers="tf32", seconds=5).rows  # one name
 
 
 @pytest.mark.parametrize("levers", [[], (), {}, {"compile": False}, {"amp": []}])

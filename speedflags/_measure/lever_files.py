@@ -17,7 +17,7 @@ import importlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Union
 
 import torch
@@ -28,7 +28,40 @@ from ..levers.autocast import _BY_NAME as _AMP_NAMES
 from ..levers.registry import LEVER_NAMES, check_levers, lever_spec
 from .output_paths import make_parent_folder
 
-__all__ = ["FORMATS", "YAML_MISSING", "load_levers", "plain_levers", "read_file", "write_file"]
+__all__ = [
+    "FORMATS",
+    "YAML_MISSING",
+    "LeversArg",
+    "load_levers",
+    "named_levers",
+    "plain_levers",
+    "read_file",
+    "write_file",
+]
+
+# What tune() and verify() take as levers=: a name, names, or names with the values to try.
+LeversArg = str | Iterable[str] | Mapping[str, Any] | None
+
+
+def named_levers(call: str, levers: LeversArg, choices: str) -> list[tuple[Any, Any]]:
+    """``levers=`` (not None) as ``(name, values or None)`` pairs, names not yet checked.
+
+    Example:
+        >>> from speedflags._measure.lever_files import named_levers
+        >>> named_levers("tune", ["tf32", "amp"], "tf32, amp")
+        [('tf32', None), ('amp', None)]
+    """
+    if isinstance(levers, str):
+        return [(levers, None)]
+    if isinstance(levers, Mapping):
+        return list(levers.items())
+    if isinstance(levers, Iterable):
+        return [(name, None) for name in levers]
+    raise InvalidTypeError(
+        f"{call}(levers={short_repr(levers)}): expected None, a lever name, a list of them or a "
+        f"dict of name to values; names: {choices}"
+    )
+
 
 FORMATS = (".json", ".toml", ".yaml", ".yml")
 YAML_MISSING = (

@@ -6,7 +6,6 @@ import os
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from collections.abc import Iterable as AnyIterable
 from typing import Any
 
 import torch
@@ -14,16 +13,14 @@ import torch
 from .._hardware import DeviceLike, capabilities, cudnn_version_or_none, resolve_device
 from .._short_repr import short_repr
 from .._status import snapshot
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidValueError
 from ..levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
 from . import causes, probes
-from .lever_files import plain_value
+from .lever_files import LeversArg, named_levers, plain_value
 from .route import effect_here
 from .verification import NO_EFFECT, NOT_IN_EFFECT, UNMEASURED, VERIFIED, Verdict, Verification
 
 __all__ = ["verify"]
-
-LeversArg = str | Iterable[str] | Mapping[str, Any] | None
 
 
 def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
@@ -99,17 +96,7 @@ def _wanted(levers: LeversArg) -> dict[str, tuple[Any, ...]]:
     choices = ", ".join(LEVER_NAMES)
     if levers is None:
         return {spec.name: spec.candidates for spec in REGISTRY}
-    if isinstance(levers, str):
-        items: list[tuple[Any, Any]] = [(levers, None)]
-    elif isinstance(levers, Mapping):
-        items = list(levers.items())
-    elif isinstance(levers, AnyIterable):
-        items = [(name, None) for name in levers]
-    else:
-        raise InvalidTypeError(
-            f"verify(levers={short_repr(levers)}): expected None, a lever name, a list of them "
-            f"or a dict of name to values; names: {choices}"
-        )
+    items = named_levers("verify", levers, choices)
     out: dict[str, tuple[Any, ...]] = {}
     for name, values in items:
         if not isinstance(name, str) or name not in LEVER_NAMES:

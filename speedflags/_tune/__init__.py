@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from collections.abc import Iterable as AnyIterable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .._hardware import DeviceLike, default_device, missing_cuda, normalize_device
-from .._measure.lever_files import load_levers
+from .._measure.lever_files import LeversArg, load_levers, named_levers
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ..levers.registry import LEVER_NAMES, lever_spec
@@ -36,7 +35,6 @@ from .state import find_state
 
 __all__ = ["Row", "TuneResult", "load_levers", "run", "tune"]
 
-LeversArg = str | Iterable[str] | Mapping[str, Any] | None
 _CHOICES = ", ".join(sorted((*LEVER_NAMES, COMPILE)))
 
 
@@ -174,17 +172,7 @@ def _wanted(levers: LeversArg) -> tuple[dict[str, Sequence[Any]] | None, bool]:
     """``levers=`` as {lever: values to try} (None: all) and whether to try compile."""
     if levers is None:
         return None, True
-    if isinstance(levers, str):
-        items: Iterable[tuple[Any, Any]] = [(levers, None)]
-    elif isinstance(levers, Mapping):
-        items = levers.items()
-    elif isinstance(levers, AnyIterable):
-        items = [(name, None) for name in levers]
-    else:
-        raise InvalidTypeError(
-            f"tune(levers={short_repr(levers)}): expected None, a list of lever names or a dict of "
-            f"name to values; names: {_CHOICES}"
-        )
+    items = named_levers("tune", levers, _CHOICES)
     wanted: dict[str, Sequence[Any]] = {}
     never_tried: list[str] = []  # named alone, and the registry tries none of its values
     try_compile = False
