@@ -6,6 +6,9 @@ come from the same stretch of time. The numbers in RESULTS.md ("Small transforme
 step") come from this script:
 
     .venv/bin/python benchmarks/train_step_interleaved.py [--rounds 25] [--threads N]
+
+``--device cuda`` times the same steps on a GPU (``make gpu-check`` does), each step
+synchronised before its clock stops.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import itertools
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -30,14 +33,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    batches = _batches("cpu")
-    steps = {variant: _make_step("cpu", variant) for variant in VARIANTS}
+    cuda = args.device == "cuda"
+    sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
+    batches = _batches(args.device)
+    steps = {variant: _make_step(args.device, variant) for variant in VARIANTS}
     for step in steps.values():
         for x, y in batches[:WARMUP_STEPS]:
             step(x, y)
+    sync()
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     pool = itertools.cycle(batches)
     for _ in range(args.rounds):
@@ -45,8 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             x, y = next(pool)
             start = time.perf_counter()
             step(x, y)
+            sync()
             times[variant].append(time.perf_counter() - start)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} rounds")
+    where = torch.cuda.get_device_name() if cuda else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}, {args.rounds} rounds")
     baseline = statistics.median(times[VARIANTS[0]])
     for variant in VARIANTS:
         median = statistics.median(times[variant])

@@ -20,11 +20,14 @@ def test_the_plan_runs_the_gpu_tests_first_and_the_suite_only_on_a_gpu(tmp_path:
     cpu = gpu_check.plan(str(tmp_path), gpu=False)
     gpu = gpu_check.plan(str(tmp_path), gpu=True)
     assert [s.name for s in cpu] == [s.name for s in gpu]
-    tests = [a for a in cpu[0].argv if a.startswith("tests/")]
+    tests = [a for a in gpu[1].argv if a.startswith("tests/")]
     assert tests == [
-        f"tests/test_gpu_{n}.py" for n in ("kernels", "tf32", "torch_writes", "training")
+        f"tests/test_gpu_{n}.py" for n in ("compile", "kernels", "tf32", "torch_writes", "training")
     ]
-    assert cpu[-1].why_skipped and not gpu[-1].why_skipped
+    # the untimed suite runs beside the GPU tests; verify waits for it (it measures)
+    assert [(s.name, s.alongside) for s in gpu[:2]] == [("suite", True), ("gpu-tests", False)]
+    assert next(s for s in gpu if s.name == "verify").quiet
+    assert cpu[0].why_skipped and not gpu[0].why_skipped
     override = next(s for s in gpu if s.name == "verify-tf32-override")
     assert override.env == {"NVIDIA_TF32_OVERRIDE": "0"} and override.expect == 1
     bench_cpu = next(s for s in cpu if s.name == "bench").argv
@@ -33,6 +36,27 @@ def test_the_plan_runs_the_gpu_tests_first_and_the_suite_only_on_a_gpu(tmp_path:
     written = [a.split("=", 1)[1] for s in cpu for a in s.argv if a.startswith("--junitxml=")]
     written += [s.argv[i + 1] for s in cpu for i, a in enumerate(s.argv) if a == "--json"]
     assert len(written) == 6 and all(w.startswith(str(tmp_path)) for w in written)
+
+
+def test_a_step_alongside_runs_beside_the_next_and_is_waited_for_before_a_quiet_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "slow-done"
+    slow = f"import time, pathlib; time.sleep(2); pathlib.Path({str(marker)!r}).touch()"
+    quiet = f"import pathlib, sys; sys.exit(0 if pathlib.Path({str(marker)!r}).exists() else 5)"
+    early = f"import pathlib, sys; sys.exit(0 if not pathlib.Path({str(marker)!r}).exists() else 6)"
+    steps = [
+        gpu_check.Step("slow", ["-c", slow], 60, alongside=True),
+        gpu_check.Step("beside", ["-c", early], 60),  # ran while slow still slept
+        gpu_check.Step("quiet", ["-c", quiet], 60, quiet=True),  # ran after slow ended
+    ]
+    monkeypatch.setattr(gpu_check, "plan", lambda out, gpu: steps)
+    assert gpu_check.main(["--out", str(tmp_path)]) == 0
+    recorded = json.loads((tmp_path / "steps.json").read_text())["steps"]
+    assert [(r["name"], r["status"]) for r in recorded] == [
+        ("slow", "passed"), ("beside", "passed"), ("quiet", "passed"),
+    ]  # fmt: skip
+    assert recorded[0]["seconds"] >= 2
 
 
 def test_a_step_passes_fails_or_is_skipped_by_its_exit_status(tmp_path: Path) -> None:

@@ -9,14 +9,20 @@ installed with ``pip install --no-deps --no-build-isolation -e .`` (nothing else
 Steps, most valuable first, each a subprocess with its own log and a time cap, all within
 ``--budget`` seconds (a step that no longer fits is skipped and says so):
 
-1. ``gpu-tests``: the GPU-only tests (``tests/test_gpu_*.py``; they skip without a GPU);
-2. ``verify``: ``python -m speedflags verify`` on the device, into ``verify.json``;
-3. ``verify-tf32-override``: the same for TF32 under ``NVIDIA_TF32_OVERRIDE=0`` (on a GPU it
+1. ``suite``: the whole test suite with the GPU present (on a GPU machine only; ``make
+   unit`` runs it elsewhere), started at once and run beside ``gpu-tests``: neither is timed;
+2. ``gpu-tests``: the GPU-only tests (``tests/test_gpu_*.py``; they skip without a GPU);
+3. ``verify``: ``python -m speedflags verify`` on the device, into ``verify.json`` (from here
+   on, each step has the machine to itself);
+4. ``verify-tf32-override``: the same for TF32 under ``NVIDIA_TF32_OVERRIDE=0`` (on a GPU it
    must report TF32 not in effect and exit 1);
-4. ``bench``: ``python -m speedflags bench`` on the device (matmul to 8192, SDPA per kernel,
+5. ``bench``: ``python -m speedflags bench`` on the device (matmul to 8192, SDPA per kernel,
    conv with and without cuDNN benchmark, the train step), into ``bench.json``;
-5. ``benchmarks``: the pytest-benchmark suites once, untimed;
-6. ``suite``: the whole test suite (on a GPU machine only; ``make unit`` runs it elsewhere);
+6. ``train-step``: ``benchmarks/train_step_interleaved.py`` on the device: fp32 eager,
+   ``@speedup(amp="bf16")`` and the same compiled, timed round-robin;
+7. ``overhead``: ``benchmarks/overhead_interleaved.py``: the enter+exit cost on this
+   machine's CPU against plain torch;
+8. ``benchmarks``: the pytest-benchmark suites once, untimed;
 
 then ``summary.md``: device, driver, CUDA, PyTorch, every lever's verdict and speedup, and
 TFLOP/s against the device's dense peak. Without a GPU the same steps run on the CPU, small,
@@ -36,7 +42,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 __all__ = ["Step", "main", "plan"]
 
@@ -67,6 +73,10 @@ class Step:
         expect: the exit status that counts as passing.
         env: extra environment variables.
         why_skipped: set to skip it from the start (with this reason).
+        alongside: start it at once and let the steps after it run beside it, until one
+            that is ``quiet``.
+        quiet: needs the machine to itself (it times something): every step running
+            alongside is waited for first.
     """
 
     name: str
@@ -75,6 +85,8 @@ class Step:
     expect: int = 0
     env: dict[str, str] = field(default_factory=dict)
     why_skipped: str = ""
+    alongside: bool = False
+    quiet: bool = False
 
 
 def plan(out: str, gpu: bool) -> list[Step]:
@@ -82,9 +94,10 @@ def plan(out: str, gpu: bool) -> list[Step]:
 
     Example:
         >>> from speedflags._verify.gpu_check import plan
-        >>> [s.name for s in plan("out", gpu=False)]
-        ['gpu-tests', 'verify', 'verify-tf32-override', 'bench', 'benchmarks', 'suite']
-        >>> plan("out", gpu=True)[2].expect
+        >>> [s.name for s in plan("out", gpu=False)]  # doctest: +NORMALIZE_WHITESPACE
+        ['suite', 'gpu-tests', 'verify', 'verify-tf32-override', 'bench', 'train-step',
+         'overhead', 'benchmarks']
+        >>> plan("out", gpu=True)[3].expect
         1
     """
     device = "cuda" if gpu else "cpu"
@@ -95,12 +108,23 @@ def plan(out: str, gpu: bool) -> list[Step]:
     )
     verify = ["-m", "speedflags", "verify", "--device", device]
     bench = ["-m", "speedflags", "bench", "--device", device, "--json", f"{out}/bench.json"]
-    if not gpu:  # the same command, small: the dry run proves the path, not the speed
+    train = ["benchmarks/train_step_interleaved.py", "--device", device, "--rounds", "30"]
+    overhead = ["benchmarks/overhead_interleaved.py", "--rounds", "20", "--calls", "1000"]
+    if not gpu:  # the same commands, small: the dry run proves the path, not the speed
         bench += ["--sizes", "96", "--passes", "1", "--min-time", "0.02"]
+        train[-1] = "2"
+        overhead[-3:] = ["2", "--calls", "100"]
     suite_skip = "" if gpu else "no GPU: `make unit` runs the CPU suite"
     return [
-        Step("gpu-tests", [*PYTEST, "-rs", f"--junitxml={out}/gpu-tests.xml", *gpu_tests], 240),
-        Step("verify", [*verify, "--json", f"{out}/verify.json"], 90),
+        Step(
+            "suite",
+            [*PYTEST, "tests", "-m", "not cuda", f"--junitxml={out}/suite.xml"],
+            300,
+            why_skipped=suite_skip,
+            alongside=True,
+        ),
+        Step("gpu-tests", [*PYTEST, "-rs", f"--junitxml={out}/gpu-tests.xml", *gpu_tests], 300),
+        Step("verify", [*verify, "--json", f"{out}/verify.json"], 90, quiet=True),
         Step(
             "verify-tf32-override",
             [*verify, "--levers", "tf32", "--json", f"{out}/verify-tf32-override.json"],
@@ -109,13 +133,9 @@ def plan(out: str, gpu: bool) -> list[Step]:
             env={"NVIDIA_TF32_OVERRIDE": "0"},
         ),
         Step("bench", bench, 240),
-        Step("benchmarks", [*BENCHMARKS, f"--junitxml={out}/benchmarks.xml"], 300),
-        Step(
-            "suite",
-            [*PYTEST, "tests", "-m", "not cuda", f"--junitxml={out}/suite.xml"],
-            300,
-            why_skipped=suite_skip,
-        ),
+        Step("train-step", train, 90),
+        Step("overhead", overhead, 60),
+        Step("benchmarks", [*BENCHMARKS, f"--junitxml={out}/benchmarks.xml"], 240),
     ]
 
 
@@ -170,7 +190,40 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _run(step: Step, out: str, python: str, left: float) -> dict[str, Any]:
+@dataclass
+class _Launched:
+    """A step's process, started; :meth:`finish` waits for it within its cap."""
+
+    step: Step
+    record: dict[str, Any]
+    process: subprocess.Popen[bytes]
+    log: IO[str]
+    cap: float
+    started: float
+
+    def finish(self) -> dict[str, Any]:
+        left = self.cap - (time.perf_counter() - self.started)
+        try:
+            rc: int | None = self.process.wait(timeout=max(left, 0.1))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            rc = None
+        self.log.close()
+        record, expect = self.record, self.step.expect
+        record["seconds"] = round(time.perf_counter() - self.started, 1)
+        record["rc"] = rc
+        if rc is None:
+            record["status"] = f"TIMED OUT after {self.cap:.0f} s"
+        elif rc == expect:
+            record["status"] = "passed" if rc == 0 else f"passed (exit {rc}, as expected)"
+        else:
+            record["status"] = f"FAILED (exit {rc}, expected {expect})"
+        return record
+
+
+def _launch(step: Step, out: str, python: str, left: float) -> _Launched | dict[str, Any]:
+    """Start ``step``; or, when it is not to run, its record saying why."""
     log = os.path.join(out, f"{step.name}.log")
     record: dict[str, Any] = {"name": step.name, "log": os.path.basename(log), "seconds": 0.0}
     if step.why_skipped:
@@ -181,31 +234,19 @@ def _run(step: Step, out: str, python: str, left: float) -> dict[str, Any]:
         record["status"] = "skipped: out of time"
         return record
     command = [python, *step.argv]
-    started = time.perf_counter()
-    with open(log, "w", encoding="utf-8") as fh:
-        fh.write("$ " + " ".join(command) + "\n\n")
-        fh.flush()
-        try:
-            done = subprocess.run(  # noqa: S603 - our own interpreter and arguments
-                command,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=_env(step.env),
-                cwd=ROOT,
-                timeout=cap,
-            )
-            rc: int | None = done.returncode
-        except subprocess.TimeoutExpired:
-            rc = None
-    record["seconds"] = round(time.perf_counter() - started, 1)
-    record["rc"] = rc
-    if rc is None:
-        record["status"] = f"TIMED OUT after {cap:.0f} s"
-    elif rc == step.expect:
-        record["status"] = "passed" if rc == 0 else f"passed (exit {rc}, as expected)"
-    else:
-        record["status"] = f"FAILED (exit {rc}, expected {step.expect})"
-    return record
+    fh = open(log, "w", encoding="utf-8")  # noqa: SIM115 - closed by _Launched.finish
+    fh.write("$ " + " ".join(command) + "\n\n")
+    fh.flush()
+    process = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
+        command, stdout=fh, stderr=subprocess.STDOUT, env=_env(step.env), cwd=ROOT
+    )
+    return _Launched(step, record, process, fh, cap, time.perf_counter())
+
+
+def _run(step: Step, out: str, python: str, left: float) -> dict[str, Any]:
+    """Run ``step`` to its end (or its cap); its record."""
+    launched = _launch(step, out, python, left)
+    return launched.finish() if isinstance(launched, _Launched) else launched
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -235,14 +276,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         env["install"] = _install(python, out)
     with open(os.path.join(out, "environment.json"), "w", encoding="utf-8") as fh:
         json.dump(env, fh, indent=2, default=str)
-    records: list[dict[str, Any]] = []
-    for step in plan(out, gpu):
-        left = args.budget - (time.perf_counter() - started)
-        record = _run(step, out, python, left)
-        records.append(record)
-        print(f"  {step.name}: {record['status']} ({record['seconds']:.0f} s)", flush=True)
+    records: dict[str, dict[str, Any]] = {}
+    beside: list[_Launched] = []
+
+    def done(record: dict[str, Any]) -> None:
+        records[record["name"]] = record
+        print(f"  {record['name']}: {record['status']} ({record['seconds']:.0f} s)", flush=True)
         with open(os.path.join(out, "steps.json"), "w", encoding="utf-8") as fh:
-            json.dump({"steps": records}, fh, indent=2)
+            json.dump({"steps": list(records.values())}, fh, indent=2)
+
+    steps = plan(out, gpu)
+    for step in steps:
+        if step.quiet:
+            while beside:
+                done(beside.pop(0).finish())
+        left = args.budget - (time.perf_counter() - started)
+        launched = _launch(step, out, python, left)
+        if not isinstance(launched, _Launched):
+            done(launched)
+        elif step.alongside:
+            records[step.name] = {"name": step.name, "status": "running"}
+            beside.append(launched)
+        else:
+            done(launched.finish())
+    while beside:
+        done(beside.pop(0).finish())
+    records = {s.name: records[s.name] for s in steps}  # the plan's order in steps.json
+    with open(os.path.join(out, "steps.json"), "w", encoding="utf-8") as fh:
+        json.dump({"steps": list(records.values())}, fh, indent=2)
     from .summary import render
 
     text = render(out)
@@ -250,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fh.write(text)
     print(text)
     elapsed = time.perf_counter() - started
-    failed = [r["name"] for r in records if r["status"].startswith(("FAILED", "TIMED OUT"))]
+    failed = [n for n, r in records.items() if r["status"].startswith(("FAILED", "TIMED OUT"))]
     verdict = f"failed: {', '.join(failed)}" if failed else "every step that ran passed"
     where = "" if gpu else " (no GPU found: CPU parts only)"
     print(f"speedflags gpu-check: {verdict}{where}; {elapsed:.0f} s; everything is in {out}")
