@@ -91,7 +91,7 @@ def test_the_same_change_by_the_block_is_still_drift() -> None:
 # --- the same write made in C++ (pytorch/pytorch#185511), where no watch can see it -------
 
 HAS_PRIORITY = hasattr(C, "_get_sdp_priority_order")
-CUDNN, MATH = 3, 0  # torch.nn.attention.SDPBackend codes
+MATH, FLASH, EFFICIENT, CUDNN = 0, 1, 2, 3  # torch.nn.attention.SDPBackend codes
 needs_priority = pytest.mark.skipif(not HAS_PRIORITY, reason="no SDPA priority order here")
 # the setter itself, never a watch's wrapper (the plugin may watch the whole session before
 # this module is imported): a call stands for PyTorch's C++ write, which no watch sees
@@ -100,8 +100,10 @@ _set_order_in_cpp = getattr(_set_order, "__wrapped__", _set_order)
 
 
 def _cudnn_first() -> None:
-    order = [code for code in C._get_sdp_priority_order() if code != CUDNN]
-    _set_order_in_cpp([CUDNN, *order])
+    # what priority_order() in sdp_utils.cpp writes at the first CUDA SDPA call: its default
+    # over the first four places, whatever was there
+    rest = C._get_sdp_priority_order()[4:]
+    _set_order_in_cpp([CUDNN, FLASH, EFFICIENT, MATH, *rest])
 
 
 @needs_priority
@@ -122,7 +124,7 @@ def test_cudnn_moved_first_on_hopper_is_torchs_own_write_without_a_watch(
     # (named by the lever alone, or, when a watch runs — the suite's own plugin —, by the
     # record the watch made of it at the block's closing boundary)
     assert "by PyTorch itself, not by the block: " in message
-    assert "PyTorch's first SDPA call on this GPU moved cuDNN attention to the front" in message
+    assert "PyTorch's first SDPA call on this GPU wrote its cuDNN-first default" in message
     assert "pytorch/pytorch#185511" in message
 
 
@@ -149,3 +151,40 @@ def test_a_watch_records_the_cpp_move_as_torchs_at_the_next_boundary(
         _set_order_in_cpp(before)
     (record,) = [r for r in seen.records if r.lever == "sdpa"]
     assert record.reason.startswith("changed by PyTorch itself, around Python: PyTorch's first")
+
+
+@needs_priority
+def test_the_write_over_a_cudnn_first_preference_is_torchs_too(
+    fake_gpu: Callable[..., None], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Mocked GPU, as above. Seen on an H200 (PyTorch 2.11): under sdpa="cudnn" the order is
+    # cudnn, math, flash, ...; PyTorch's write makes it cudnn, flash, efficient, math.
+    fake_gpu((9, 0))
+    caplog.set_level(logging.INFO, logger="speedflags")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with speedflags.fast_math(sdpa="cudnn", device="cpu"):
+            assert C._get_sdp_priority_order()[:2] == [CUDNN, MATH]
+            _cudnn_first()
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "speedflags"]
+    assert "by PyTorch itself, not by the block: " in message
+
+
+@needs_priority
+def test_another_reordering_on_hopper_is_still_drift(fake_gpu: Callable[..., None]) -> None:
+    fake_gpu((9, 0))  # Mocked GPU, as above
+    with pytest.warns(DriftWarning, match="sdpa was changed inside"):
+        with speedflags.fast_math(sdpa=("flash", "efficient", "math"), device="cpu"):
+            rest = C._get_sdp_priority_order()[4:]
+            _set_order_in_cpp([CUDNN, MATH, FLASH, EFFICIENT, *rest])  # not PyTorch's write
+
+
+def test_without_cuda_in_use_reading_the_sdpa_lever_never_touches_cuda() -> None:
+    from speedflags.levers import sdpa
+
+    speedflags.snapshot()  # reads every lever, sdpa's first
+    if not torch.cuda.is_available():
+        assert sdpa._torch_write_pending is False  # settled for good: no CUDA, no such write
+        assert not torch.cuda.is_initialized()  # type: ignore[no-untyped-call, unused-ignore]
+    elif not torch.cuda.is_initialized():  # type: ignore[no-untyped-call, unused-ignore]
+        assert sdpa._torch_write_pending is sdpa.HAS_PRIORITY  # waits for CUDA to be in use

@@ -166,6 +166,22 @@ def test_a_kernel_that_refuses_the_inputs_is_not_in_effect_with_pytorchs_reason(
     assert not Verification("cpu", [verdict]).ok
 
 
+def test_a_permission_the_library_did_not_take_is_no_effect_not_a_failure() -> None:
+    # The observation an H200 gave (PyTorch 2.11): the flags allowed reduced-precision
+    # reductions, cuBLAS kept fp32 ones, the results were bit-identical.
+    figure = "64x65536 @ 65536x64: fp16 error 2.1e-04 (fp32 reductions: 2.1e-04, bit-identical)"
+    why = "a permission cuBLAS did not take"
+    taken = probes.Observation(False, figure, unused=why)
+    verdict = judge("reduced_precision_reduction", True, "", taken, torch.device("cuda"))
+    assert (verdict.status, verdict.reason, verdict.figure) == ("no effect here", why, figure)
+    assert Verification("cuda:0", [verdict]).ok
+    # without that reason (the flags did not read as asked), the same figure is a failure
+    refused = probes.Observation(False, figure)
+    verdict = judge("reduced_precision_reduction", True, "", refused, torch.device("cuda"))
+    assert verdict.status == "requested but not in effect"
+    assert not Verification("cuda:0", [verdict]).ok
+
+
 def test_a_probe_that_raises_is_reported_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(ctx: probes.Context, value: object) -> None:
         raise RuntimeError("no such kernel\ndetails")

@@ -165,9 +165,13 @@ class Observation:
         measured: the numbers behind it.
         inside: what the flags read inside the frame (``tf32_status``, cuDNN and oneDNN
             switches), for finding a cause.
+        unused: for a lever that only *allows* something (``reduced_precision_reduction``):
+            why the device's library did not take the permission though the flags read as
+            asked. Set, a measurement without effect is "no effect here", not a failure.
     """
 
     in_effect: bool
     figure: str
     measured: dict[str, Any] = field(default_factory=dict)
     inside: dict[str, Any] = field(default_factory=dict)
+    unused: str = ""

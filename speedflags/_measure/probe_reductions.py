@@ -5,8 +5,10 @@ A GEMM with a small output and a long reduction (64 x 64, k = 65536) is the shap
 splits along k; with reduced-precision reductions allowed the split's partial sums may be
 added in fp16/bf16, which changes the result's bits and its error against float64. The
 flags only *allow* it: cuBLAS's heuristics choose, so a GPU and cuBLAS that pick no such
-kernel for this shape show no difference (reported as not in effect, with that reason). On a
-CPU the probe does not run: the flags have no effect there.
+kernel for this shape show no difference: with the flags reading as asked, that is "no
+effect here" with that reason (measured on an H200 with PyTorch 2.11: cuBLAS kept fp32
+reductions, bit-identical results), and "requested but not in effect" only when the flags do
+not read as asked. On a CPU the probe does not run: the flags have no effect there.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 
 from ..levers.lever_sets import with_baseline
+from ..levers.reductions import read_state
 from ..levers.registry import lever_spec
 from .evidence import Observation, inputs, relative_error
 
@@ -46,6 +49,7 @@ def reduced_precision_reduction(ctx: Any, value: bool) -> Observation | None:
     control = _gemms(ctx, False)
     with ctx.frame(with_baseline((("reduced_precision_reduction", value),)), "(read)"):
         inside = {"flags": lever_spec("reduced_precision_reduction").current()}
+        fp16, bf16, _ = read_state()
     measured: dict[str, Any] = {}
     parts = []
     differs = False
@@ -62,7 +66,13 @@ def reduced_precision_reduction(ctx: Any, value: bool) -> Observation | None:
         )
     m, k, n = GEMM_SHAPE
     figure = f"{m}x{k} @ {k}x{n}: " + "; ".join(parts)
+    unused = ""
     if value and not differs:
         figure += "; cuBLAS chose no reduced-precision reduction for this shape"
+        if fp16[0] and bf16[0]:  # allowed, and cuBLAS did not take it
+            unused = (
+                "a permission cuBLAS did not take: with reduced-precision reductions allowed "
+                f"it kept fp32 reductions for this {m}x{k} @ {k}x{n} GEMM on this GPU"
+            )
     # False is the control itself: in effect when the fp32-reduction results are reproduced
-    return Observation(differs if value else True, figure, measured, inside)
+    return Observation(differs if value else True, figure, measured, inside, unused)

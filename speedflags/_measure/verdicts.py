@@ -183,6 +183,8 @@ def judge(
         if name == "tf32":
             extra.append(causes.conv_note(obs))
         return Verdict(name, shown, VERIFIED, figure, "; ".join(e for e in extra if e), measured)
+    if obs.unused:  # a permission the library did not take: nothing failed
+        return Verdict(name, shown, NO_EFFECT, figure, obs.unused, measured)
     return Verdict(
         name, shown, NOT_IN_EFFECT, figure, causes.find(name, value, obs, device), measured
     )

@@ -215,7 +215,7 @@ def torch_writer() -> types.FrameType | None:
 
     That is the first frame up the calling stack outside speedflags, when it lies in torch
     but not in one of torch's setting APIs: a write PyTorch makes lazily (the first SDPA call
-    on a Hopper GPU moves cuDNN attention to the front of the priority order,
+    on a Hopper GPU writes PyTorch's cuDNN-first default priority order,
     pytorch/pytorch#185511), which is nobody's leak.
     """
     frame: types.FrameType | None = sys._getframe(1)

@@ -59,6 +59,40 @@ HAS_PRIORITY = hasattr(_C, "_get_sdp_priority_order") and hasattr(_C, "_set_sdp_
 _READERS = tuple(getattr(_C, _GETTERS[n]) if n in PRESENT else None for n in _ALL)
 _read_order: Any = _C._get_sdp_priority_order if HAS_PRIORITY else None
 
+# PyTorch's one write of its own (pytorch/pytorch#185511): on compute capability 9.x/10.x
+# with cuDNN newer than 9.15, the first CUDA SDPA call of a process writes its cuDNN-first
+# default over the first four places of the priority order, whatever was there
+# (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, ``priority_order``).
+_TORCH_FIRST_CALL_ORDER = tuple(_CODES[n] for n in ("cudnn", "flash", "efficient", "math"))
+_torch_write_pending = HAS_PRIORITY
+
+
+def _settle_torch_first_call() -> None:
+    """Have PyTorch make that write now, before a block reads the state it will restore.
+
+    Made inside a block, it would override the block's preference from its first SDPA call
+    on, and the block's exit, restoring the order it found, would take PyTorch's cuDNN-first
+    default from the rest of the process. ``torch._fused_sdp_choice`` runs the kernel
+    selection, which makes the write, without running attention. Only once CUDA is
+    initialised: no CUDA SDPA call can have run before, and speedflags never initialises
+    CUDA itself.
+    """
+    global _torch_write_pending
+    if not torch.cuda.is_available():
+        _torch_write_pending = False
+        return
+    if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call, unused-ignore]
+        return
+    _torch_write_pending = False
+    if torch.cuda.get_device_capability()[0] not in (9, 10):
+        return
+    q = torch.zeros(1, 1, 8, 64, device="cuda", dtype=torch.float16)
+    try:
+        torch._fused_sdp_choice(q, q, q)
+    except RuntimeError:  # every kernel disabled: the selection (and the write) ran all the same
+        pass
+
+
 SdpaState = tuple[tuple[bool | None, ...], tuple[int, ...] | None]
 
 
@@ -106,6 +140,8 @@ class SdpaLever(SimpleLever):
         return tuple(names)
 
     def read(self) -> SdpaState:
+        if _torch_write_pending:
+            _settle_torch_first_call()
         flags = tuple([None if get is None else bool(get()) for get in _READERS])
         return flags, (None if _read_order is None else tuple(_read_order()))
 
@@ -138,21 +174,22 @@ class SdpaLever(SimpleLever):
             _C._set_sdp_priority_order(list(target[1]))
 
     def torch_write(self, before: SdpaState, after: SdpaState) -> str | None:
-        """``before`` -> ``after`` in words if it is a change PyTorch makes by itself, in C++
-        where no watch sees it: on compute capability 9.x/10.x with cuDNN > 9.1.5, the first
-        SDPA call in a process moves cuDNN attention to the front of the priority order and
-        keeps the others' order (pytorch/pytorch#185511). Otherwise None."""
-        cudnn = _CODES["cudnn"]
+        """``before`` -> ``after`` in words if it is the change PyTorch makes by itself, in
+        C++ where no watch sees it: on compute capability 9.x/10.x with cuDNN > 9.15, the
+        first SDPA call in a process writes cuDNN, flash, efficient, math over the first four
+        places of the priority order (pytorch/pytorch#185511). Otherwise None. (Usually made
+        before any block: see ``_settle_torch_first_call``.)"""
         old, new = before[1], after[1]
-        if before[0] != after[0] or old is None or new is None or not new or new[0] != cudnn:
+        if before[0] != after[0] or old is None or new is None or old == new:
             return None
-        if old[:1] == (cudnn,) or tuple(c for c in old if c != cudnn) != new[1:]:
+        width = len(_TORCH_FIRST_CALL_ORDER)
+        if new[:width] != _TORCH_FIRST_CALL_ORDER or new[width:] != old[width:]:
             return None
         if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in (9, 10):
             return None
         return (
-            "PyTorch's first SDPA call on this GPU moved cuDNN attention to the front of the "
-            "priority order (pytorch/pytorch#185511)"
+            "PyTorch's first SDPA call on this GPU wrote its cuDNN-first default priority "
+            "order (pytorch/pytorch#185511)"
         )
 
     def describe(self, state: SdpaState) -> Any:
