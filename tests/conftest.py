@@ -32,6 +32,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "speedflags"))
 
 C: Any = torch._C
 HAS_NEW_API = hasattr(torch.backends, "fp32_precision")
+
+if torch.cuda.is_available():
+    # On a GPU machine CUDA is in use from the start, and PyTorch's one-time first-call
+    # write of the SDPA priority order (pytorch/pytorch#185511) is made now, as the sdpa
+    # lever makes it before its first frame: the pristine state below is read after it, not
+    # changed inside whichever test first sets sdpa.
+    from speedflags.levers import sdpa as _sdpa_lever
+
+    torch.cuda.init()
+    _sdpa_lever._settle_torch_first_call()
 needs_new_api = pytest.mark.skipif(
     not HAS_NEW_API,
     reason=f"PyTorch {torch.__version__} has no fp32_precision API (added in 2.9)",

@@ -61,7 +61,7 @@ BLOCK_FIRST_CALL = textwrap.dedent(
     import warnings, torch, torch.nn.functional as F, speedflags
     from torch.profiler import profile
     q = torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.float16)  # CUDA in use
-    warnings.simplefilter("error")  # a DriftWarning fails the run
+    warnings.simplefilter("error", speedflags.DriftWarning)  # a DriftWarning fails the run
     with speedflags.fast_math(sdpa=("flash", "cudnn"), device="cuda"):
         with profile() as prof:
             F.scaled_dot_product_attention(q, q, q)

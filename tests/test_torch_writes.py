@@ -179,10 +179,28 @@ def test_another_reordering_on_hopper_is_still_drift(fake_gpu: Callable[..., Non
             _set_order_in_cpp([CUDNN, MATH, FLASH, EFFICIENT, *rest])  # not PyTorch's write
 
 
-def test_without_cuda_in_use_reading_the_sdpa_lever_never_touches_cuda() -> None:
+def test_a_frame_setting_sdpa_settles_pytorchs_pending_write_and_reading_never_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Mocked: the write itself needs a Hopper GPU; here a recorder stands for it.
     from speedflags.levers import sdpa
 
-    speedflags.snapshot()  # reads every lever, sdpa's first
+    calls: list[object] = []
+    monkeypatch.setattr(sdpa, "_torch_write_pending", True)
+    monkeypatch.setattr(sdpa, "_settle_torch_first_call", lambda: calls.append(sdpa.SdpaLever))
+    speedflags.snapshot()
+    with speedflags.fast_math(cudnn_benchmark=True, device="cpu"):
+        pass
+    assert calls == []  # observing, and frames without the sdpa lever, leave it pending
+    with speedflags.fast_math(sdpa="math", device="cpu"):
+        assert calls == [sdpa.SdpaLever]  # made before the frame read the order it restores
+
+
+def test_without_cuda_in_use_the_pending_write_is_never_made() -> None:
+    from speedflags.levers import sdpa
+
+    with speedflags.fast_math(sdpa="math", device="cpu"):
+        pass
     if not torch.cuda.is_available():
         assert sdpa._torch_write_pending is False  # settled for good: no CUDA, no such write
         assert not torch.cuda.is_initialized()  # type: ignore[no-untyped-call, unused-ignore]

@@ -15,18 +15,26 @@ from speedflags._verify.peaks import peak_for
 from speedflags.bench.runner import Settings
 from speedflags.bench.runner import run as bench
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def test_the_plan_runs_the_gpu_tests_first_and_the_suite_only_on_a_gpu(tmp_path: Path) -> None:
     cpu = gpu_check.plan(str(tmp_path), gpu=False)
     gpu = gpu_check.plan(str(tmp_path), gpu=True)
     assert [s.name for s in cpu] == [s.name for s in gpu]
-    tests = [a for a in gpu[1].argv if a.startswith("tests/")]
+    by_name = {s.name: s for s in gpu}
+    tests = [a for a in by_name["gpu-tests"].argv if a.startswith("tests/")]
     assert tests == [
         f"tests/test_gpu_{n}.py" for n in ("compile", "kernels", "tf32", "torch_writes", "training")
     ]
-    # the untimed suite runs beside the GPU tests; verify waits for it (it measures)
-    assert [(s.name, s.alongside) for s in gpu[:2]] == [("suite", True), ("gpu-tests", False)]
-    assert next(s for s in gpu if s.name == "verify").quiet
+    # the untimed suite runs beside the GPU tests, in shards; verify waits for it (it measures)
+    shards = [s for s in gpu if s.name.startswith("suite-")]
+    assert [s.name for s in gpu[: len(shards) + 1]] == [*(s.name for s in shards), "gpu-tests"]
+    assert all(s.alongside for s in shards) and not by_name["gpu-tests"].alongside
+    assert by_name["verify"].quiet
+    sharded = [a for s in shards for a in s.argv if a.startswith("tests/")]
+    every = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    assert sorted(sharded) == [f for f in every if not f.startswith("tests/test_gpu_")]
     assert cpu[0].why_skipped and not gpu[0].why_skipped
     override = next(s for s in gpu if s.name == "verify-tf32-override")
     assert override.env == {"NVIDIA_TF32_OVERRIDE": "0"} and override.expect == 1
@@ -35,7 +43,7 @@ def test_the_plan_runs_the_gpu_tests_first_and_the_suite_only_on_a_gpu(tmp_path:
     assert "--sizes" not in next(s for s in gpu if s.name == "bench").argv  # default sizes
     written = [a.split("=", 1)[1] for s in cpu for a in s.argv if a.startswith("--junitxml=")]
     written += [s.argv[i + 1] for s in cpu for i, a in enumerate(s.argv) if a == "--json"]
-    assert len(written) == 6 and all(w.startswith(str(tmp_path)) for w in written)
+    assert len(written) == 5 + len(shards) and all(w.startswith(str(tmp_path)) for w in written)
 
 
 def test_a_step_alongside_runs_beside_the_next_and_is_waited_for_before_a_quiet_one(
@@ -51,6 +59,7 @@ def test_a_step_alongside_runs_beside_the_next_and_is_waited_for_before_a_quiet_
         gpu_check.Step("quiet", ["-c", quiet], 60, quiet=True),  # ran after slow ended
     ]
     monkeypatch.setattr(gpu_check, "plan", lambda out, gpu: steps)
+    monkeypatch.setattr(gpu_check, "_installed", lambda python: True)  # never pip install
     assert gpu_check.main(["--out", str(tmp_path)]) == 0
     recorded = json.loads((tmp_path / "steps.json").read_text())["steps"]
     assert [(r["name"], r["status"]) for r in recorded] == [
@@ -102,6 +111,8 @@ def test_throughput_against_the_dense_peak_of_the_arithmetic() -> None:
     results = {"results": [
         {"workload": "matmul", "config": "fp32", "group": "matmul cuda:0 8192", "flop_per_s": 5e13},
         {"workload": "matmul", "config": "tf32", "group": "matmul cuda:0 8192", "flop_per_s": 4e14},
+        {"workload": "matmul", "config": "precision-medium", "group": "matmul cuda:0 8192",
+         "device": "cuda", "flop_per_s": 3.3e14},
         {"workload": "sdpa", "config": "flash", "group": "sdpa cuda:0 4096", "flop_per_s": 5e14,
          "shape": "q, k, v (4, 16, 4096, 128) bfloat16"},
         {"workload": "matmul", "config": "amp-fp16", "group": "g", "skipped": "no"},
@@ -110,6 +121,7 @@ def test_throughput_against_the_dense_peak_of_the_arithmetic() -> None:
     assert rows == [
         ("matmul cuda:0 8192", "fp32", "50", "fp32", "75% of 66.9"),
         ("matmul cuda:0 8192", "tf32", "400", "tf32", "81% of 494.7"),
+        ("matmul cuda:0 8192", "precision-medium", "330", "tf32", "67% of 494.7"),
         ("sdpa cuda:0 4096", "flash", "500", "bf16", "51% of 989.4"),
     ]
 

@@ -158,7 +158,10 @@ def try_cpu_kernels(dtype: torch.dtype) -> KernelTrial:
 
 
 def _cpuinfo() -> tuple[str, frozenset[str]]:
-    name, flags = "", frozenset[str]()
+    # frozenset(), not frozenset[str](): dynamo 2.11 fails on calling a generic alias when
+    # the first capabilities() of a process is asked inside torch.compile
+    name = ""
+    flags: frozenset[str] = frozenset()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             lines = fh.readlines()

@@ -131,8 +131,8 @@ class FlagLedger:
                         watched = _own_writes.enter(self, label, where)
                     self._last_id = fid = frame.id = self._last_id + 1
                     seen = program.seen
-                    for i, lever, check in program.reads:
-                        state = lever.read()
+                    for i, lever, check, read in program.reads:
+                        state = read()
                         # The same state as last time: pass on the object read (and checked)
                         # then. Levers key caches on states (the TF32 family's writes): an
                         # object seen before is found by identity, not by hashing 12 strings.

@@ -89,9 +89,13 @@ class Program:
         )
         # What close() iterates over: the rows in reverse order
         self.back = self.rows[::-1]
-        # The levers whose state must be read (first of their domain), and whether to check it
+        # The levers whose state must be read (first of their domain), whether to check it,
+        # and how a frame reads it: ``frame_read`` where a lever has one (sdpa: it lets
+        # PyTorch make a pending write of its own first), else ``read``
         self.reads = tuple(
-            (i, self.levers[i], self.checks[i]) for i in range(self.n) if self.prev[i] < 0
+            (i, lever, self.checks[i], getattr(lever, "frame_read", lever.read))
+            for i, lever in enumerate(self.levers)
+            if self.prev[i] < 0
         )
         # The last state read for each of them that passed its check (see FlagLedger.open)
         self.seen: list[Any] = [None] * self.n

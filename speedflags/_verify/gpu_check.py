@@ -9,8 +9,9 @@ installed with ``pip install --no-deps --no-build-isolation -e .`` (nothing else
 Steps, most valuable first, each a subprocess with its own log and a time cap, all within
 ``--budget`` seconds (a step that no longer fits is skipped and says so):
 
-1. ``suite``: the whole test suite with the GPU present (on a GPU machine only; ``make
-   unit`` runs it elsewhere), started at once and run beside ``gpu-tests``: neither is timed;
+1. ``suite-1`` to ``suite-8``: the whole test suite with the GPU present, in eight processes
+   of a share of its files each (on a GPU machine only; ``make unit`` runs it elsewhere),
+   started at once and run beside ``gpu-tests``: none of them is timed;
 2. ``gpu-tests``: the GPU-only tests (``tests/test_gpu_*.py``; they skip without a GPU);
 3. ``verify``: ``python -m speedflags verify`` on the device, into ``verify.json`` (from here
    on, each step has the machine to itself);
@@ -50,6 +51,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # the benchmarks as `make test` runs them (no leak check: the plain-torch overhead baseline
 # writes flags on purpose)
 BENCHMARKS = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "benchmarks", "--benchmark-disable"]
+# The CPU suite took about 1,000 s in one process on the 16-core H200 machine (beside the GPU
+# tests): in 8 processes of a share each it ends within the 300 s a step may take.
+SUITE_SHARDS = 8
 PYTEST = [
     "-m",
     "pytest",
@@ -94,10 +98,10 @@ def plan(out: str, gpu: bool) -> list[Step]:
 
     Example:
         >>> from speedflags._verify.gpu_check import plan
-        >>> [s.name for s in plan("out", gpu=False)]  # doctest: +NORMALIZE_WHITESPACE
-        ['suite', 'gpu-tests', 'verify', 'verify-tf32-override', 'bench', 'train-step',
+        >>> [s.name for s in plan("out", gpu=False)][-8:]  # doctest: +NORMALIZE_WHITESPACE
+        ['suite-8', 'gpu-tests', 'verify', 'verify-tf32-override', 'bench', 'train-step',
          'overhead', 'benchmarks']
-        >>> plan("out", gpu=True)[3].expect
+        >>> next(s for s in plan("out", gpu=True) if s.name == "verify-tf32-override").expect
         1
     """
     device = "cuda" if gpu else "cpu"
@@ -115,14 +119,19 @@ def plan(out: str, gpu: bool) -> list[Step]:
         train[-1] = "2"
         overhead[-3:] = ["2", "--calls", "100"]
     suite_skip = "" if gpu else "no GPU: `make unit` runs the CPU suite"
-    return [
+    suite = [
         Step(
-            "suite",
-            [*PYTEST, "tests", "-m", "not cuda", f"--junitxml={out}/suite.xml"],
+            f"suite-{i + 1}",
+            [*PYTEST, "-m", "not cuda", f"--junitxml={out}/suite-{i + 1}.xml", *files],
             300,
+            env={"OMP_NUM_THREADS": "2"},
             why_skipped=suite_skip,
             alongside=True,
-        ),
+        )
+        for i, files in enumerate(suite_shards())
+    ]
+    return [
+        *suite,
         Step("gpu-tests", [*PYTEST, "-rs", f"--junitxml={out}/gpu-tests.xml", *gpu_tests], 300),
         Step("verify", [*verify, "--json", f"{out}/verify.json"], 90, quiet=True),
         Step(
@@ -137,6 +146,24 @@ def plan(out: str, gpu: bool) -> list[Step]:
         Step("overhead", overhead, 60),
         Step("benchmarks", [*BENCHMARKS, f"--junitxml={out}/benchmarks.xml"], 240),
     ]
+
+
+def suite_shards(count: int = SUITE_SHARDS) -> list[list[str]]:
+    """The CPU suite's files (``tests/test_*.py`` less the GPU ones) in ``count`` groups,
+    dealt in turn: each group runs as a process of its own beside the others.
+
+    Example:
+        >>> from speedflags._verify.gpu_check import suite_shards
+        >>> shards = suite_shards(3)
+        >>> len(shards), "tests/test_gpu_kernels.py" in sum(shards, [])
+        (3, False)
+    """
+    files = sorted(
+        os.path.join("tests", name)
+        for name in os.listdir(os.path.join(ROOT, "tests"))
+        if name.startswith("test_") and name.endswith(".py") and not name.startswith("test_gpu_")
+    )
+    return [files[i::count] for i in range(count)]
 
 
 def _environment(gpu: bool) -> dict[str, Any]:

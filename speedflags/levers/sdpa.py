@@ -68,7 +68,7 @@ _torch_write_pending = HAS_PRIORITY
 
 
 def _settle_torch_first_call() -> None:
-    """Have PyTorch make that write now, before a block reads the state it will restore.
+    """Have PyTorch make that write now, before a frame reads the state it will restore.
 
     Made inside a block, it would override the block's preference from its first SDPA call
     on, and the block's exit, restoring the order it found, would take PyTorch's cuDNN-first
@@ -83,10 +83,12 @@ def _settle_torch_first_call() -> None:
         return
     if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call, unused-ignore]
         return
+    if torch.cuda.is_current_stream_capturing():  # nothing allocated in a CUDA graph capture
+        return
     _torch_write_pending = False
     if torch.cuda.get_device_capability()[0] not in (9, 10):
         return
-    q = torch.zeros(1, 1, 8, 64, device="cuda", dtype=torch.float16)
+    q = torch.empty(1, 1, 8, 64, device="cuda", dtype=torch.float16)  # metadata only
     try:
         torch._fused_sdp_choice(q, q, q)
     except RuntimeError:  # every kernel disabled: the selection (and the write) ran all the same
@@ -139,9 +141,15 @@ class SdpaLever(SimpleLever):
             names.append(name)
         return tuple(names)
 
-    def read(self) -> SdpaState:
+    def frame_read(self) -> SdpaState:
+        """:meth:`read`, for a frame about to set the lever: PyTorch's pending first-call
+        write is made first (once CUDA is in use), so the frame finds and restores the order
+        PyTorch would keep. Only frames do this: reading the state never writes it."""
         if _torch_write_pending:
             _settle_torch_first_call()
+        return self.read()
+
+    def read(self) -> SdpaState:
         flags = tuple([None if get is None else bool(get()) for get in _READERS])
         return flags, (None if _read_order is None else tuple(_read_order()))
 
