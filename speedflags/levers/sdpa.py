@@ -83,7 +83,8 @@ def _settle_torch_first_call() -> None:
         return
     if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call, unused-ignore]
         return
-    if torch.cuda.is_current_stream_capturing():  # nothing allocated in a CUDA graph capture
+    # nothing is allocated while a CUDA graph is being captured: the next frame will do it
+    if torch.cuda.is_current_stream_capturing():  # type: ignore[no-untyped-call, unused-ignore]
         return
     _torch_write_pending = False
     if torch.cuda.get_device_capability()[0] not in (9, 10):
