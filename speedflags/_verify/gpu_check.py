@@ -105,11 +105,7 @@ def plan(out: str, gpu: bool) -> list[Step]:
         1
     """
     device = "cuda" if gpu else "cpu"
-    gpu_tests = sorted(
-        os.path.join("tests", name)
-        for name in os.listdir(os.path.join(ROOT, "tests"))
-        if name.startswith("test_gpu_") and name.endswith(".py")
-    )
+    gpu_tests = _test_files(gpu_only=True)
     verify = ["-m", "speedflags", "verify", "--device", device]
     bench = ["-m", "speedflags", "bench", "--device", device, "--json", f"{out}/bench.json"]
     train = ["benchmarks/train_step_interleaved.py", "--device", device, "--rounds", "30"]
@@ -158,12 +154,19 @@ def suite_shards(count: int = SUITE_SHARDS) -> list[list[str]]:
         >>> len(shards), "tests/test_gpu_kernels.py" in sum(shards, [])
         (3, False)
     """
-    files = sorted(
+    files = _test_files(gpu_only=False)
+    return [files[i::count] for i in range(count)]
+
+
+def _test_files(gpu_only: bool) -> list[str]:
+    """``tests/test_gpu_*.py`` (``gpu_only``), or every other ``tests/test_*.py``, sorted."""
+    return sorted(
         os.path.join("tests", name)
         for name in os.listdir(os.path.join(ROOT, "tests"))
-        if name.startswith("test_") and name.endswith(".py") and not name.startswith("test_gpu_")
+        if name.startswith("test_")
+        and name.endswith(".py")
+        and name.startswith("test_gpu_") is gpu_only
     )
-    return [files[i::count] for i in range(count)]
 
 
 def _environment(gpu: bool) -> dict[str, Any]:

@@ -83,15 +83,10 @@ def lever_rows(verified: dict[str, Any], bench: dict[str, Any] | None) -> list[t
 def _precision(result: dict[str, Any]) -> str:
     workload = WORKLOADS.get(result.get("workload", ""))
     found = ["fp32"]
-    if str(result.get("device", "")).startswith("cuda") and result.get("config") == (
-        "precision-medium"
-    ):
-        # cuBLAS runs 'medium' float32 GEMMs in TF32, as 'high' (an H200, PyTorch 2.11:
-        # error 2.9e-4, TF32's, at TF32 speed): its share is of the TF32 peak
-        return "tf32"
+    device_type = str(result.get("device", "cpu")).split(":")[0]
     if workload is not None:
         try:
-            found.append(workload.config(result.get("config", "")).precision)
+            found.append(workload.config(result.get("config", "")).arithmetic(device_type))
         except KeyError:
             pass
     shape = str(result.get("shape", ""))
