@@ -3,7 +3,7 @@
 The ledger's record of a block traced into a graph; the shorthands; bad arguments and
 ``strict=True`` met while tracing; a spec built outside the compiled function; specs with
 nothing to apply; ``@speedup`` steps called from compiled code; the dynamo primitives
-(``speedflags._ledger.tracing``) and what they rely on; and a frozen ``Linear`` compiled
+(``speedflags._tracing``) and what they rely on; and a frozen ``Linear`` compiled
 with max-autotune inside a TF32 block, on both TF32 API families (issue 29, item 5).
 """
 
@@ -30,7 +30,7 @@ from speedflags import (
     fast_math,
     speedup,
 )
-from speedflags._ledger import tracing
+from speedflags import _tracing as tracing
 
 
 @pytest.fixture(autouse=True)

@@ -42,7 +42,7 @@ CRITICAL_MODULES = [
     "speedflags._ledger.program",
     "speedflags._ledger.scope",
     "speedflags._ledger.stacks",
-    "speedflags._ledger.tracing",
+    "speedflags._tracing",
     "speedflags._warn",
     "speedflags._watch.watcher",
     "speedflags._fast_math",

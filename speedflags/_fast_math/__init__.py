@@ -29,8 +29,8 @@ from .._ledger.history import Where
 from .._ledger.ledger import ledger
 from .._ledger.program import Frame, LeverItem, Program
 from .._ledger.scope import FrameScope
-from .._ledger.tracing import hooked, is_compiling
 from .._short_repr import short_repr, short_str
+from .._tracing import hooked, is_compiling
 from ..errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
 from ..levers.autocast import AUTO
 from ..levers.lever_sets import document_levers

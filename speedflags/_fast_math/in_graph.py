@@ -29,7 +29,7 @@ from .._ledger.decorate import FRAMED, InGraph, own_code
 from .._ledger.history import format_where
 from .._ledger.ledger import ledger
 from .._ledger.scope import ENTER, EXIT
-from .._ledger.tracing import (
+from .._tracing import (
     KeptOut,
     at_trace_time,
     first_trace,
@@ -163,7 +163,7 @@ def spec_in_graph(builder: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     """``BUILDERS[builder](*args, **kwargs)`` called in traced code: a ``torch.autocast``
     (amp only), a no-op context (nothing applies here), or the spec itself, built eagerly (a
     graph break; ``with`` it runs its block eagerly). Called eagerly inside compiled code
-    (:data:`~speedflags._ledger.tracing.hooked`): the spec, built out of dynamo's way."""
+    (:data:`~speedflags._tracing.hooked`): the spec, built out of dynamo's way."""
     if is_compiling():
         form = _built_form(builder, args, tuple(kwargs.items()))
         if form[0] != EAGER:

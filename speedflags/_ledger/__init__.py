@@ -14,8 +14,10 @@
 - :mod:`.notices`: the warnings and errors built under the lock, spoken after it;
 - :mod:`.own_writes`: which writes are speedflags' own, and the hook a running
   :func:`~speedflags.watch` installs at the ledger's boundaries;
-- :mod:`.interrupts`: :func:`~speedflags.signal_safe`, deferring signals around a section;
-- :mod:`.tracing`: the dynamo primitives that keep the bookkeeping out of graphs.
+- :mod:`.interrupts`: :func:`~speedflags.signal_safe`, deferring signals around a section.
+
+The dynamo primitives that keep the bookkeeping out of graphs are a base module,
+:mod:`speedflags._tracing` (the model levers use them too).
 
 The ledger knows levers only through the protocol of :mod:`speedflags.levers._base`, so a
 fake lever (a dict) can stand in for torch's in tests. May import: the levers

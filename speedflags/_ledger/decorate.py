@@ -8,8 +8,8 @@ generator, other tasks on the event loop) never sees them. This is what
 the creation of the generator or coroutine object (CPython gh-125862).
 
 Inside ``torch.compile`` (a plain function called by traced code, or compiled itself), the
-wrapper hands the call to its ``in_graph`` branch (:mod:`.tracing`): dynamo never traces the
-frame bookkeeping.
+wrapper hands the call to its ``in_graph`` branch (:mod:`speedflags._tracing`): dynamo never
+traces the frame bookkeeping.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import (
 )
 
 from .._short_repr import short_repr
+from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import InvalidTypeError, SpeedflagsError
 from .entering import call_framed, cancel_open
 from .interrupts import PENDING, critical, deliver_pending
-from .tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 
 if TYPE_CHECKING:
     from .scope import FrameScope

@@ -16,13 +16,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import SpeedflagsError
 from .decorate import decorate
 from .entering import cancel_open, close_innermost, finish_exit
 from .history import Where
 from .interrupts import PENDING, critical, deliver_pending
 from .program import Frame, Levers, Program
-from .tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 
 if TYPE_CHECKING:
     from .ledger import FlagLedger

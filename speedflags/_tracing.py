@@ -32,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from ..errors import SpeedflagsError
+from .errors import SpeedflagsError
 
 __all__ = [
     "KeptOut",
@@ -178,7 +178,7 @@ def one_graph() -> bool:
     return bool(getattr(root, "one_graph", False) or getattr(inner, "error_on_graph_break", False))
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
