@@ -12,12 +12,14 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ._fast_math import FastMath
 from ._hardware import DeviceLike, normalize_device
 from ._ledger.ledger import ledger
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
-from .levers.registry import lever_spec
+from .levers.registry import MODEL_LEVER_NAMES, check_model, lever_spec
 
 if TYPE_CHECKING:
     from .levers.arguments import LeverArgs
@@ -42,9 +44,11 @@ class Schedule:
     Args:
         schedule: epoch -> ``fast_math`` keyword arguments (``tf32``, ``matmul_precision``,
             ``cudnn_benchmark``, ``sdpa``, ``deterministic``, ``reduced_precision_reduction``,
-            ``amp``).
+            ``amp``, and with ``model=`` ``param_dtype`` and ``memory_format``).
         device: the device the levers target, as in ``fast_math``.
         strict: as in ``fast_math``: refuse levers with no native effect on the device.
+        model: the ``nn.Module`` the entries' model levers (``param_dtype``,
+            ``memory_format``) act on, as in ``fast_math``.
 
     Scope: as ``fast_math``: ``amp`` is thread-local (it holds in the thread that calls
     ``step``), the other levers process-wide, from one ``step`` to the next switch or to
@@ -72,6 +76,7 @@ class Schedule:
         *,
         device: DeviceLike = None,
         strict: bool = False,
+        model: torch.nn.Module | None = None,
     ) -> None:
         if not isinstance(schedule, Mapping):
             raise InvalidTypeError(
@@ -101,16 +106,23 @@ class Schedule:
             settings: dict[str, Any] = dict(given)
             spec: FastMath | None = None
             if settings:  # fast_math() with no argument would mean "recommended levers"
+                # the model goes to the entries that set a model lever (it is refused without)
+                uses_model = any(name in MODEL_LEVER_NAMES for name in settings)
                 try:
                     spec = FastMath(
                         **settings,
                         device=device,
                         strict=strict,
                         label=f"{self._name} epoch {epoch}",
+                        model=model if uses_model else None,
                     )
                 except (InvalidValueError, InvalidTypeError) as exc:
                     raise type(exc)(f"{self._name}: epoch {epoch}: {exc}") from None
             entries.append((epoch, settings, spec))
+        if model is not None and not any(
+            name in MODEL_LEVER_NAMES for _, settings, _ in entries for name in settings
+        ):
+            check_model(self._name, model, ())  # a non-Module, or a model no entry uses
         self._entries: tuple[tuple[int, dict[str, Any], FastMath | None], ...] = tuple(entries)
         # the spec whose frame holds now (or is being opened): set before its start(), so that
         # a start interrupted after it opened the frame is stopped by the next switch or close

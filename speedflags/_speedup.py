@@ -48,6 +48,7 @@ class _Speedup:
         compile: object,
         inference: object,
         check_ranks: object = False,
+        model: torch.nn.Module | None = None,
     ) -> None:
         from ._compile.options import compile_options  # local: not loaded by import speedflags
 
@@ -58,6 +59,8 @@ class _Speedup:
                 f"got {type(inference).__name__}"
             )
         shown = shown_levers(levers)
+        if model is not None:
+            shown.append(f"model={type(model).__name__}")
         if device is not None:
             shown.append(f"device={str(device)!r}")
         if strict is True:
@@ -76,6 +79,7 @@ class _Speedup:
                 strict=strict,
                 label=self._label,
                 check_ranks=check_ranks,  # type: ignore[arg-type]  # FastMath validates it
+                model=model,
             )
         except (InvalidValueError, InvalidTypeError) as exc:
             # FastMath names the argument and its valid values; say which call it was.
@@ -177,6 +181,7 @@ def speedup(
     compile: bool | dict[str, Any] = ...,
     inference: bool = ...,
     check_ranks: bool = ...,
+    model: torch.nn.Module | None = ...,
     **levers: Unpack[LeverArgs],
 ) -> Callable[[F], F]: ...
 
@@ -190,6 +195,7 @@ def speedup(
     compile: bool | dict[str, Any] = False,
     inference: bool = False,
     check_ranks: bool = False,
+    model: torch.nn.Module | None = None,
     **levers: Unpack[LeverArgs],
 ) -> Any:
     """Decorate a train (or eval) step: fast paths on for every call, restored after it.
@@ -221,6 +227,8 @@ def speedup(
             exists, after the levers are applied, check that every rank runs with the same
             flags (:func:`speedflags.check_ranks`); a mismatch restores the call's levers and
             raises :class:`~speedflags.RankMismatchError` on every rank. Checked once.
+        model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``) act on
+            for each call, as in ``fast_math``.
 
     Returns:
         The decorated function (``functools.wraps`` metadata, ``__wrapped__`` is the
@@ -252,14 +260,7 @@ def speedup(
     Levers:
     {levers}
     """
-    spec = _Speedup(
-        levers,
-        device,
-        strict,
-        compile,
-        inference,
-        check_ranks,
-    )
+    spec = _Speedup(levers, device, strict, compile, inference, check_ranks, model)
     if func is None:
         return spec
     if not callable(func):

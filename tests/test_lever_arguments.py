@@ -83,6 +83,10 @@ Schedule({0: {"matmul_precision": "medium"}, 10: {}})
 speedflags.autocast("bf16", device="cpu")
 speedflags.matmul_precision("high")
 speedflags.sdpa_backend("flash", "math")
+net = torch.nn.Linear(2, 2)
+fast_math(model=net, param_dtype="bf16", memory_format="channels_last")
+speedup(model=net, param_dtype=torch.float16, memory_format=torch.channels_last)
+Schedule({0: {"param_dtype": "bf16"}, 5: {"param_dtype": False}}, model=net)
 fast_math(tf33=True)  # error
 fast_math(amp="bf17")  # error
 fast_math(matmul_precision="low")  # error
@@ -97,6 +101,9 @@ speedflags.autocast("bf17")  # error
 speedflags.matmul_precision("low")  # error
 speedflags.sdpa_backend("flsh")  # error
 speedflags.deterministic("warm")  # error
+fast_math(model=net, param_dtype="bf17")  # error
+fast_math(model=net, memory_format="nhwc")  # error
+Schedule({0: {"param_dtype": "bf17"}}, model=net)  # error
 """
 
 

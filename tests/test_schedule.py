@@ -127,7 +127,8 @@ def test_amp_from_a_schedule_is_thread_local() -> None:
             {0: dict(tf33=True)},
             InvalidValueError,
             "Schedule: epoch 0: unknown lever 'tf33'; valid: amp, cudnn_benchmark, "
-            "deterministic, matmul_precision, reduced_precision_reduction, sdpa, tf32",
+            "deterministic, matmul_precision, memory_format, param_dtype, "
+            "reduced_precision_reduction, sdpa, tf32",
         ),
         ({0: dict(amp="bf17")}, InvalidValueError, "Schedule: epoch 0: fast_math(amp='bf17'): "),
         ({0: True}, InvalidTypeError, "Schedule: epoch 0: expected a dict of fast_math"),

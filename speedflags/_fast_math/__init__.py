@@ -34,7 +34,7 @@ from .._tracing import hooked, is_compiling
 from ..errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
 from ..levers.autocast import AUTO
 from ..levers.lever_sets import document_levers
-from ..levers.registry import check_levers, lever_spec, shown_levers
+from ..levers.registry import check_levers, check_model, lever_spec, shown_levers
 from .in_graph import BUILDERS, decorated_in_graph, enter_in_graph, exit_in_graph, spec_in_graph
 
 if TYPE_CHECKING:
@@ -60,10 +60,14 @@ class Plan(NamedTuple):
 
 
 def make_plan(
-    requested: tuple[tuple[str, Any], ...], recommend: bool, strict: bool, device: torch.device
+    requested: tuple[tuple[str, Any], ...],
+    recommend: bool,
+    strict: bool,
+    device: torch.device,
+    model: Any = None,
 ) -> Plan:
     """The plan of a spec that asked for ``requested`` (all recommended levers if
-    ``recommend``), on ``device``."""
+    ``recommend``), on ``device``; the model levers' for ``model``."""
     shown_device = capabilities(device).device
     reasons: dict[str, str] = {}
     skipped = []
@@ -80,7 +84,7 @@ def make_plan(
     slow = []
     for name, value in requested:
         note = reasons.get(name, "")
-        lever = lever_spec(name).lever(device.type)
+        lever = lever_spec(name).lever(device.type, model)
         if value == AUTO:  # amp="auto": the dtype depends on the device
             value, why = resolve_auto(device)
             if value is None:
@@ -127,11 +131,13 @@ class FastMath(FrameScope):
     :class:`~speedflags._ledger.scope.FrameScope` of the process's ledger whose levers
     are its plan: ``spec.start()``/``spec.stop()`` and ``async with spec`` work too.
 
-    Scope: ``amp`` is thread-local; every other lever (``tf32``, ``matmul_precision``,
-    ``cudnn_benchmark``, ``sdpa``, ``deterministic``, ``reduced_precision_reduction``) is
-    process-wide. Restores: every lever it set, to the exact state
-    found on entry. With ``check_ranks=True`` its first entry (with a process group) also
-    checks, after applying the levers, that every rank runs with the same flags.
+    Scope: ``amp`` is thread-local; ``param_dtype`` and ``memory_format`` act on the model
+    given as ``model=`` (every thread calling it); every other lever (``tf32``,
+    ``matmul_precision``, ``cudnn_benchmark``, ``sdpa``, ``deterministic``,
+    ``reduced_precision_reduction``) is process-wide. Restores: every lever it set, to the
+    exact state found on entry (for a model: each module's own class, each weight's layout).
+    With ``check_ranks=True`` its first entry (with a process group) also checks, after
+    applying the levers, that every rank runs with the same flags.
 
     Threads and tasks: blocks must exit in reverse order of entry within one thread or
     asyncio task (``with`` or ``async with``); blocks of different threads or tasks may
@@ -155,6 +161,7 @@ class FastMath(FrameScope):
 
     __slots__ = (
         "_device",
+        "_model",
         "_plan_cache",
         "_rank_check",
         "_ready",
@@ -170,11 +177,13 @@ class FastMath(FrameScope):
         strict: bool = False,
         label: str | None = None,
         check_ranks: bool = False,
+        model: torch.nn.Module | None = None,
         **levers: Unpack[LeverArgs],
     ) -> None:
         # None means "leave unchanged" (so fast_math(**config) can carry blanks); the
         # registry validates and orders the rest, and refuses unknown names.
         requested = check_levers("fast_math", levers)
+        check_model("fast_math", model, requested)
         if not isinstance(strict, bool):
             raise InvalidTypeError(
                 f"fast_math(strict={short_repr(strict)}): expected True or False, "
@@ -192,7 +201,10 @@ class FastMath(FrameScope):
         self._recommend = not levers  # a bare fast_math(): the device's recommended levers
         self._device = normalize_device(device, "fast_math")
         self._strict = strict
+        self._model = model
         shown = shown_levers(levers)
+        if model is not None:
+            shown.append(f"model={type(model).__name__}")
         if device is not None:
             shown.append(f"device={str(self._device)!r}")
         if strict:
@@ -218,6 +230,11 @@ class FastMath(FrameScope):
         """The requested lever values (empty for a bare ``fast_math()``: see ``recommended``)."""
         return {name: lever_spec(name).describe_value(value) for name, value in self._requested}
 
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The model the model levers (``param_dtype``, ``memory_format``) act on, or None."""
+        return self._model
+
     def __repr__(self) -> str:
         return f"<speedflags {short_str(self._label)}>"
 
@@ -226,7 +243,7 @@ class FastMath(FrameScope):
         if plan is None:
             device = self._device if self._device is not None else default_device()
             plan = self._plan_cache = make_plan(
-                self._requested, self._recommend, self._strict, device
+                self._requested, self._recommend, self._strict, device, self._model
             )
             for cause, message in plan.slow:
                 _warn.warn_once(cause, message, SlowPathWarning)
@@ -282,6 +299,7 @@ def fast_math(
     strict: bool = ...,
     label: str | None = ...,
     check_ranks: bool = ...,
+    model: torch.nn.Module | None = ...,
     **levers: Unpack[LeverArgs],
 ) -> FastMath: ...
 
@@ -294,6 +312,7 @@ def fast_math(
     strict: bool = False,
     label: str | None = None,
     check_ranks: bool = False,
+    model: torch.nn.Module | None = None,
     **levers: Unpack[LeverArgs],
 ) -> Any:
     """Switch PyTorch's fast paths on for a block or a function, and restore them exactly after.
@@ -315,6 +334,8 @@ def fast_math(
             process group exists), after applying the levers, check that every rank runs
             with the same flags (:func:`speedflags.check_ranks`); a mismatch closes the
             frame and raises :class:`~speedflags.RankMismatchError` on every rank.
+        model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``) act
+            on; required with them, refused without them.
 
     Returns:
         A :class:`FastMath` spec, or, when given a function (``@fast_math``), the function
@@ -352,9 +373,18 @@ def fast_math(
     {levers}
     """
     if func is None and (is_compiling() or hooked()):  # inside torch.compile
-        options = {"device": device, "strict": strict, "label": label, "check_ranks": check_ranks}
+        options: dict[str, Any] = {
+            "device": device,
+            "strict": strict,
+            "label": label,
+            "check_ranks": check_ranks,
+        }
+        if model is not None:
+            options["model"] = model
         return spec_in_graph("fast_math", (), {**options, **levers})
-    spec = FastMath(device=device, strict=strict, label=label, check_ranks=check_ranks, **levers)
+    spec = FastMath(
+        device=device, strict=strict, label=label, check_ranks=check_ranks, model=model, **levers
+    )
     if func is None:
         return spec
     if not callable(func):

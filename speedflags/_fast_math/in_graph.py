@@ -159,12 +159,31 @@ def _build_eagerly(builder: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 _BUILD = KeptOut(_build_eagerly)
 
 
+@at_trace_time
+def _model_form() -> Form:
+    # A spec given a model: a model is no constant dynamo can hand to a trace-time function
+    # (PyTorch 2.1 cannot pass user objects), and model levers are never a graph's: eager.
+    KeptOut.prepare()
+    if one_graph():
+        where = format_where(traced_where()) or "traced code"
+        raise graph_error(
+            LeverInGraphError(
+                f"a speedflags spec with model levers is built inside a function compiled with "
+                f"fullgraph=True ({where}): it runs eagerly, which a full graph cannot. Enter it "
+                "outside the compiled function: a model compiled before the block follows it."
+            )
+        )
+    return (EAGER,)
+
+
 def spec_in_graph(builder: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``BUILDERS[builder](*args, **kwargs)`` called in traced code: a ``torch.autocast``
     (amp only), a no-op context (nothing applies here), or the spec itself, built eagerly (a
     graph break; ``with`` it runs its block eagerly). Called eagerly inside compiled code
     (:data:`~speedflags._tracing.hooked`): the spec, built out of dynamo's way."""
-    if is_compiling():
+    if is_compiling() and kwargs.get("model") is not None:
+        _model_form()
+    elif is_compiling():
         form = _built_form(builder, args, tuple(kwargs.items()))
         if form[0] != EAGER:
             return _autocast(form)

@@ -93,6 +93,8 @@ def conflict(frame: Frame, i: int, other: Frame, j: int) -> Notice:
     before = f"{theirs.name}={theirs.describe_value(other.program.values[j])!r}"
     if lever.scope == "process":
         shared = "the flag is process-wide"
+    elif lever.scope == "model":
+        shared = "the model is shared by every thread that calls it"
     else:
         shared = f"the flag is per thread, and both run in thread {short_repr(frame.thread)}"
     message = (

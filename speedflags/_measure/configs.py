@@ -10,7 +10,7 @@ frames restore everything on exit, Ctrl-C included.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,10 +38,15 @@ class Config:
 
     Attributes:
         name: the label in tables and result files (``"amp-bf16"``).
-        levers: ``fast_math`` arguments applied on top of :data:`BASELINE_LEVERS`.
+        levers: ``fast_math`` arguments applied on top of :data:`BASELINE_LEVERS`; the model
+            levers (``param_dtype``, ``memory_format``) on the problem's model.
         dtype: inputs (and weights) converted to this dtype before timing, with no lever:
             the "pure bf16" ceiling that autocast should approach.
         baseline: the configuration every other one in its workload is compared with.
+        per_call: the levers entered around each timed call rather than held around the
+            loop, as a user's code enters them: ``amp`` as ``torch.autocast`` around each
+            call (its weight casts made again each time), any other as one ``fast_math``
+            frame per call (as ``@speedup`` does).
 
     Example:
         >>> import torch
@@ -58,13 +63,21 @@ class Config:
     levers: Mapping[str, Any] = field(default_factory=dict)
     dtype: torch.dtype | None = None
     baseline: bool = False
+    per_call: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """What this configuration is, in the words a user would write."""
         parts = []
-        if self.levers:
-            args = ", ".join(f"{k}={v!r}" for k, v in self.levers.items())
+        held = {k: v for k, v in self.levers.items() if k not in self.per_call}
+        if held:
+            args = ", ".join(f"{k}={v!r}" for k, v in held.items())
             parts.append(f"fast_math({args})")
+        if "amp" in self.per_call:
+            parts.append(f"torch.autocast({self.levers['amp']!r}) around each call")
+        framed = {k: v for k, v in self.levers.items() if k in self.per_call and k != "amp"}
+        if framed:
+            args = ", ".join(f"{k}={v!r}" for k, v in framed.items())
+            parts.append(f"fast_math({args}) around each call")
         if self.dtype is not None:
             parts.append(f"{_DTYPE_NAMES.get(self.dtype, self.dtype)} inputs and weights")
         if not parts:
@@ -93,6 +106,9 @@ class Config:
             found.append("fp16" if lever_spec("amp").validate(amp) == torch.float16 else "bf16")
         if self.dtype is not None:
             found.append(_DTYPE_NAMES.get(self.dtype, "bf16"))
+        param = self.levers.get("param_dtype")
+        if param not in (None, False):
+            found.append(_DTYPE_NAMES.get(lever_spec("param_dtype").validate(param), "bf16"))
         if self.levers.get("matmul_precision") == "medium":
             found.append("tf32" if device_type == "cuda" else "bf16")
         if self.levers.get("tf32") or self.levers.get("matmul_precision") == "high":
@@ -100,15 +116,41 @@ class Config:
         return coarsest(*found)
 
     @contextlib.contextmanager
-    def frames(self, device: torch.device) -> Iterator[None]:
-        """Enter the baseline frame, then this configuration's frame (restored on exit)."""
+    def frames(self, device: torch.device, model: torch.nn.Module | None = None) -> Iterator[None]:
+        """Enter the baseline frame, then this configuration's held levers' frame (the model
+        levers on ``model``), restored on exit; the ``per_call`` levers are :meth:`around`
+        each call."""
         label = f"speedflags bench {self.name}"
+        held = {k: v for k, v in self.levers.items() if k not in self.per_call}
         with fast_math(**BASELINE_LEVERS, device=str(device), label=f"{label} (baseline)"):
-            if self.levers:
-                with fast_math(**self.levers, device=str(device), label=label):
+            if held:
+                with fast_math(**held, device=str(device), label=label, model=_for(held, model)):
                     yield
             else:
                 yield
+
+    def around(
+        self, call: Callable[..., Any], device: torch.device, model: torch.nn.Module | None = None
+    ) -> Callable[..., Any]:
+        """``call``, entering the ``per_call`` levers around each call (itself when none)."""
+        if not self.per_call:
+            return call
+        framed = {k: v for k, v in self.levers.items() if k in self.per_call and k != "amp"}
+        spec = None
+        if framed:
+            label = f"speedflags bench {self.name} (per call)"
+            spec = fast_math(**framed, device=str(device), label=label, model=_for(framed, model))
+        amp = lever_spec("amp").validate(self.levers["amp"]) if "amp" in self.per_call else None
+
+        def each(*args: Any) -> Any:
+            with contextlib.ExitStack() as stack:
+                if spec is not None:
+                    stack.enter_context(spec)
+                if amp is not None:
+                    stack.enter_context(torch.autocast(device.type, dtype=amp))
+                return call(*args)
+
+        return each
 
     def unavailable(self, device: torch.device) -> str | None:
         """Why this configuration cannot be measured on ``device``, or None if it can.
@@ -146,7 +188,17 @@ class Config:
             if not (effect := self._effect(name, value, device)).effective
         )
 
+    @property
+    def model_levers(self) -> bool:
+        """Whether it sets a model lever (its problem must give a model)."""
+        return any(lever_spec(name).per_model for name in self.levers)
+
     @staticmethod
     def _effect(name: str, value: Any, device: torch.device) -> Effect:
         spec = lever_spec(name, "Config")
         return effect_here(name, spec.validate(value), device)
+
+
+def _for(levers: Mapping[str, Any], model: torch.nn.Module | None) -> torch.nn.Module | None:
+    # the model, for a frame that sets a model lever (fast_math refuses a model without one)
+    return model if any(lever_spec(name).per_model for name in levers) else None

@@ -72,6 +72,40 @@ def inputs(
     return [torch.randn(*shape, generator=gen, device=device).to(dtype) for shape in shapes]
 
 
+Call = tuple[str, tuple[tuple[torch.dtype, tuple[int, ...]], ...]]
+
+
+def aten_calls(fn: Callable[[], Any]) -> tuple[Any, list[Call]]:
+    """Run ``fn()``; return its result and each ATen call it dispatched, in order: the
+    operator's base name and each tensor argument's ``(dtype, strides)``.
+
+    Example:
+        >>> import torch
+        >>> from speedflags._measure.evidence import aten_calls
+        >>> out, calls = aten_calls(lambda: torch.ones(2, 3) @ torch.ones(3, 2))
+        >>> calls[-1]
+        ('mm', ((torch.float32, (3, 1)), (torch.float32, (2, 1))))
+    """
+    import torch.utils._python_dispatch as dispatch
+
+    mode_class: Any = dispatch.TorchDispatchMode  # untyped in torch's stubs
+    calls: list[Call] = []
+
+    class Recorder(mode_class):  # type: ignore[misc]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+        ) -> Any:
+            tensors = tuple(
+                (a.dtype, tuple(a.stride())) for a in args if isinstance(a, torch.Tensor)
+            )
+            calls.append((str(getattr(func, "__name__", func)).split(".")[0], tensors))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        out = fn()
+    return out, calls
+
+
 def aten_ops(fn: Callable[[], Any]) -> tuple[Any, frozenset[str]]:
     """Run ``fn()``; return its result and the ATen operators it dispatched (``"mm"``, ...).
 

@@ -18,6 +18,10 @@ read inside the frame (for :mod:`speedflags._measure.causes`).
 ``amp``                a float32 matmul's output dtype and its error level (bf16 or fp16)
 ``reduced_precision_``  CUDA: a long fp16 and bf16 GEMM differ from their fp32-reduction results
 ``reduction``          (``probe_reductions.py``)
+``param_dtype``        a Linear given as ``model=``: its matmul's operands arrive in the dtype,
+                       its output in the input's dtype (dispatched ATen calls)
+``memory_format``      a Conv2d given as ``model=``: its convolution's input and weight arrive in
+                       channels_last (dispatched ATen calls)
 =====================  =========================================================================
 """
 
@@ -39,6 +43,7 @@ from .evidence import (
     FP32_MAX,
     Observation,
     arithmetic,
+    aten_calls,
     aten_ops,
     cuda_trace,
     inputs,
@@ -79,9 +84,12 @@ class Context:
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def frame(self, levers: dict[str, Any], what: str) -> Any:
-        """``levers`` on top of the baseline, as one ``fast_math`` frame."""
-        return fast_math(**levers, device=str(self.device), label=f"speedflags verify {what}")
+    def frame(self, levers: dict[str, Any], what: str, model: Any = None) -> Any:
+        """``levers`` on top of the baseline, as one ``fast_math`` frame (the model levers'
+        on ``model``)."""
+        return fast_math(
+            **levers, device=str(self.device), label=f"speedflags verify {what}", model=model
+        )
 
     def matmul(self) -> tuple[torch.Tensor, float]:
         a, b = self.matmul_inputs
@@ -376,6 +384,70 @@ def amp(ctx: Context, value: torch.dtype | None) -> Observation:
     return Observation(out.dtype == want_dtype and level == name, figure, measured, inside)
 
 
+# --- model levers --------------------------------------------------------------------------------
+
+_MATMULS = ("addmm", "mm", "matmul", "linear", "_addmm_activation", "bmm")
+_CONVS = ("convolution", "_convolution", "mkldnn_convolution", "cudnn_convolution", "conv2d")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def param_dtype(ctx: Context, value: torch.dtype | None) -> Observation:
+    """The dtype a Linear's matmul computes in inside ``fast_math(model=..., param_dtype=)``."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(ctx.n, ctx.n).to(ctx.device)
+    x = ctx.matmul_inputs[0]
+    levers = {**with_baseline(()), "param_dtype": value if value is not None else False}
+    with ctx.frame(levers, f"param_dtype={value}", model=layer):
+        with torch.no_grad():
+            out, calls = aten_calls(lambda: layer(x))
+        _sync(ctx.device)
+        inside = _inside(ctx)
+    with torch.no_grad():
+        reference = x.double() @ layer.weight.double().t() + layer.bias.double()
+    error = relative_error(out, reference)
+    operands = next((tensors for name, tensors in calls if name in _MATMULS), ())
+    dtypes = sorted({_dtype_name(dtype) for dtype, _ in operands})
+    want = value if value is not None else torch.float32
+    figure = (
+        f"the Linear's matmul ran on {' and '.join(dtypes) or 'no matmul seen'} operands, output "
+        f"{_dtype_name(out.dtype)}, error {error:.1e} ({arithmetic(error, 'fp16')})"
+    )
+    measured = {"operands": dtypes, "dtype": _dtype_name(out.dtype), "error": error}
+    in_effect = dtypes == [_dtype_name(want)] and out.dtype == x.dtype
+    return Observation(in_effect, figure, measured, inside)
+
+
+def memory_format(ctx: Context, value: str | None) -> Observation:
+    """The layout a Conv2d's input and weight arrive in inside ``memory_format=``."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1).to(ctx.device)
+    (x,) = inputs([(2, 16, 16, 16)], ctx.device)
+    levers = {**with_baseline(()), "memory_format": value if value is not None else False}
+    with ctx.frame(levers, f"memory_format={value!r}", model=conv):
+        with torch.no_grad():
+            _, calls = aten_calls(lambda: conv(x))
+        _sync(ctx.device)
+        inside = _inside(ctx)
+    operands = next((tensors for name, tensors in calls if name in _CONVS), ())
+    cl_input = tuple(x.contiguous(memory_format=torch.channels_last).stride())
+    cl_weight = tuple(conv.weight.contiguous(memory_format=torch.channels_last).stride())
+    layouts = [
+        "channels_last" if stride == want else "contiguous"
+        for (_, stride), want in zip(operands[:2], (cl_input, cl_weight), strict=False)
+    ]
+    figure = (
+        f"the convolution's input and weight arrived {' and '.join(layouts)}"
+        if len(layouts) == 2
+        else "no convolution call seen"
+    )
+    expected = "channels_last" if value else "contiguous"
+    measured = {"layouts": layouts}
+    return Observation(layouts == [expected, expected], figure, measured, inside)
+
+
 Probe = Callable[..., Observation | None]
 PROBES: dict[str, Probe] = {
     "tf32": tf32,
@@ -384,4 +456,6 @@ PROBES: dict[str, Probe] = {
     "sdpa": sdpa,
     "reduced_precision_reduction": reduced_precision_reduction,
     "amp": amp,
+    "param_dtype": param_dtype,
+    "memory_format": memory_format,
 }

@@ -50,7 +50,8 @@ class Runner:
 
     ``setup`` returns the next input set (rotating); ``run(*inputs)`` is the timed work;
     ``output()`` is what is compared with the float64 reference (call it, like ``run``,
-    inside the configuration's frames).
+    inside the configuration's frames); ``model`` is the module the configuration's model
+    levers act on (None: the problem has none).
     """
 
     def __init__(
@@ -58,11 +59,13 @@ class Runner:
         sets: Sequence[Inputs],
         call: Callable[..., Any],
         output: Callable[[], torch.Tensor] | None = None,
+        model: nn.Module | None = None,
     ) -> None:
         self._sets = list(sets)
         self._call = call
         self._next = 0
         self._output = output
+        self.model = model
 
     def setup(self) -> Inputs:
         inputs = self._sets[self._next]
@@ -236,7 +239,16 @@ class MlpTrainProblem(Problem):
             optimizer.step()
             return loss.detach()
 
-        return Runner(_cast(self._sets, config.dtype), step, lambda: self._gradient(dtype))
+        def gradient() -> torch.Tensor:  # of a fresh copy, inside the same levers
+            fresh = self._model(dtype)
+            framed = config.around(lambda: self._gradient(dtype, fresh), self.device, fresh)
+            if config.model_levers and fresh is not None:
+                with config.frames(self.device, fresh):
+                    return framed()  # type: ignore[no-any-return]
+            return framed()  # type: ignore[no-any-return]
+
+        timed = config.around(step, self.device, model)
+        return Runner(_cast(self._sets, config.dtype), timed, gradient, model)
 
     @staticmethod
     def memory(size: int, device_type: str) -> int:
@@ -246,8 +258,8 @@ class MlpTrainProblem(Problem):
         weights = MlpTrainProblem.layers * size * size
         return (4 + 2 * 16 + 16) * weights + 2 * 4 * min(512, size) * size
 
-    def _gradient(self, dtype: torch.dtype) -> torch.Tensor:
-        model = self._model(dtype)
+    def _gradient(self, dtype: torch.dtype, model: nn.Sequential | None = None) -> torch.Tensor:
+        model = self._model(dtype) if model is None else model
         x, y = (t.to(dtype) for t in self._sets[0])
         # the loss in float32 (float64 for the reference), as the timed step computes it:
         # PyTorch 2.1 has no bfloat16 mse_loss on a CPU

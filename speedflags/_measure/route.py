@@ -151,7 +151,7 @@ def effect_here(name: str, value: Any, device: torch.device) -> Effect:
         >>> effect_here("tf32", True, torch.device("cpu")).effective
         False
     """
-    effect = lever_spec(name).lever(device.type).available(value, device)
+    effect = lever_spec(name).effect(value, device)
     if name != "matmul_precision" or value != "medium" or device.type != "cpu":
         return effect
     if not effect.effective:

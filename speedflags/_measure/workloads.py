@@ -11,6 +11,10 @@ count, float64 reference, one :class:`~speedflags._measure.problems.Runner` per 
 ``sdpa``       ``scaled_dot_product_attention`` with each backend (size: sequence length)
 ``conv``       a 3x3 ``conv2d``, with and without ``cudnn_benchmark``; CUDA only
                (size: height = width)
+``linear-``    weight-bound inference, ``Linear(d, d)`` x4 at batch 4: fp32, autocast around
+``infer``      each forward, ``param_dtype`` held around the loop, pure bf16 (size: d)
+``convnet-``   a small conv net's train step: fp32, ``channels_last``, ``channels_last`` with
+``train``      autocast around each step (size: height = width)
 =============  ===========================================================================
 """
 
@@ -25,6 +29,7 @@ import torch
 
 from .._hardware import capabilities
 from .configs import Config
+from .model_problems import ConvNetProblem, LinearInferProblem
 
 # Re-exported (``X as X``): bench's runner, speedflags.bench and the tests import them here.
 from .problems import ConvProblem as ConvProblem
@@ -136,7 +141,18 @@ WORKLOADS: dict[str, Workload] = {
             "d: Linear(d, d) x3, batch min(512, d)",
             {"cpu": (1024, 2048), "cuda": (4096, 8192)},
             64,
-            (_FP32, Config("tf32+amp-bf16", {"tf32": True, "amp": "bf16"})),
+            (
+                _FP32,
+                Config("tf32+amp-bf16", {"tf32": True, "amp": "bf16"}),
+                # as a training loop enters them: around each step (@speedup's frame)
+                Config("amp-bf16", {"amp": "bf16"}, per_call=("amp",)),
+                Config("param-bf16", {"param_dtype": "bf16"}, per_call=("param_dtype",)),
+                Config(
+                    "param-bf16+amp-bf16",
+                    {"param_dtype": "bf16", "amp": "bf16"},
+                    per_call=("param_dtype", "amp"),
+                ),
+            ),
             MlpTrainProblem,
         ),
         Workload(
@@ -168,6 +184,40 @@ WORKLOADS: dict[str, Workload] = {
             ConvProblem,
             devices=("cuda",),
             why_only="cudnn_benchmark changes cuDNN's convolution algorithms, and a CPU has none",
+        ),
+        Workload(
+            "linear-infer",
+            "4xLinear(d, d) inference, batch 4",
+            "d: Linear(d, d) x4, batch 4, no grad",
+            {"cpu": (1024, 2048), "cuda": (2048, 8192)},
+            64,
+            (
+                _FP32,
+                # the usual way: torch.autocast around each forward, its weight casts redone
+                Config("amp-bf16 each call", {"amp": "bf16"}, per_call=("amp",)),
+                # held around the loop: each weight cast once
+                Config("param-bf16", {"param_dtype": "bf16"}),
+                Config("pure-bf16", dtype=_BF16),
+            ),
+            LinearInferProblem,
+        ),
+        Workload(
+            "convnet-train",
+            "small conv net train step",
+            "height = width: 3x conv3x3(64) + BatchNorm + ReLU, batch 32, SGD",
+            {"cpu": (16, 32), "cuda": (56, 112)},
+            8,
+            (
+                _FP32,
+                Config("channels-last", {"memory_format": "channels_last"}),
+                Config(
+                    "channels-last+amp-bf16",
+                    {"memory_format": "channels_last", "amp": "bf16"},
+                    per_call=("amp",),
+                ),
+                Config("amp-bf16", {"amp": "bf16"}, per_call=("amp",)),
+            ),
+            ConvNetProblem,
         ),
     )
 }

@@ -96,6 +96,8 @@ def candidates(
     for spec in REGISTRY:
         if wanted is not None and spec.name not in wanted:
             continue
+        if spec.per_model:  # tune has no model to give them (yet)
+            continue
         values = spec.candidates if wanted is None else wanted[spec.name]
         for raw in values:
             value = spec.check("tune", raw, f"levers[{spec.name!r}]")

@@ -285,9 +285,11 @@ class Domain(NamedTuple):
 
 def domains() -> tuple[Domain, ...]:
     """From the registry: one entry per domain; thread levers once per autocast device type;
-    then one per guarded setting."""
+    then one per guarded setting. Model levers have no process-wide state and no entry."""
     found: dict[str, Domain] = {}
     for spec in REGISTRY:
+        if spec.per_model:  # a model's state: nothing process-wide to watch
+            continue
         device_types = AUTOCAST_DEVICE_TYPES if spec.scope == "thread" else ("cpu",)
         for device_type in device_types:
             lever = spec.lever(device_type)

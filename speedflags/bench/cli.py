@@ -27,7 +27,8 @@ from typing import Any
 
 __all__ = ["add_parser", "command"]
 
-WORKLOAD_NAMES = ("matmul", "mlp-train", "sdpa", "conv")  # checked against WORKLOADS by a test
+# checked against WORKLOADS by a test
+WORKLOAD_NAMES = ("matmul", "mlp-train", "sdpa", "conv", "linear-infer", "convnet-train")
 
 DESCRIPTION = """\
 Measure what each lever buys on this machine, with its accuracy cost beside it: for each
@@ -42,6 +43,10 @@ workloads (size means):
              fast_math(tf32=True, amp="bf16") (size: d)
   sdpa       scaled_dot_product_attention with each backend (size: sequence length)
   conv       3x3 conv2d with and without cudnn_benchmark, CUDA only (size: height = width)
+  linear-infer   Linear(d, d) x4 inference at batch 4 (weight-bound): fp32, autocast around
+             each forward, param_dtype="bf16" held around the loop, pure bf16 (size: d)
+  convnet-train  a small conv net's train step: fp32, memory_format="channels_last", with
+             and without autocast around each step (size: height = width)
 """
 
 

@@ -67,6 +67,9 @@ class Result:
     notes: tuple[str, ...] = ()
     speedup: float | None = None
     pct_of_fastest: float | None = None
+    # CUDA: the most memory allocated while building and running it, above what was
+    # allocated before (its model, casts and activations); None on a CPU
+    peak_bytes: int | None = None
 
     @property
     def flop_per_s(self) -> float | None:

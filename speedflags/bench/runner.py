@@ -120,6 +120,7 @@ class _Entry:
     calls: int = 1
     error: float | None = None
     passes: list[list[float]] = field(default_factory=list)
+    peak_bytes: int | None = None
 
 
 def _group_name(workload: Workload, device: torch.device, size: int | None) -> str:
@@ -199,10 +200,12 @@ class _Run:
         self.step += 1
         label = f"{name} {entry.config.name}, pass {index + 1}/{settings.passes}"
         self.tell("start", name, entry.config.name, label)
+        held = None
         if entry.runner is None:
+            held = _reset_peak(device)  # the configuration's own memory from here on
             entry.runner = problem.runner(entry.config)
         runner = entry.runner
-        with entry.config.frames(device):
+        with entry.config.frames(device, runner.model):
             if index == 0:
                 entry.error = problem.error(runner)
                 synchronize(device)
@@ -214,6 +217,8 @@ class _Run:
             else:
                 warm_up(runner, self.clock, 1, 0.0)
             entry.passes.append(measure_rounds(runner, self.clock, entry.rounds, entry.calls))
+            if held is not None:
+                entry.peak_bytes = torch.cuda.max_memory_allocated(device) - held
         median = statistics.median(entry.passes[-1])
         self.tell("done", name, entry.config.name, f"{label}: {_ms(median)}", median)
 
@@ -240,7 +245,19 @@ class _Run:
             error_of=problem.error_of,
             input_sets=problem.sets,
             notes=entry.config.notes(problem.device),
+            peak_bytes=entry.peak_bytes,
         )
+
+
+def _reset_peak(device: torch.device) -> int | None:
+    """On CUDA: start counting the peak of allocated memory; the bytes allocated now (the
+    peak a configuration adds is measured from them). None elsewhere: a CPU has no such
+    counter."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return int(torch.cuda.memory_allocated(device))
 
 
 def _ms(seconds: float) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_ch
 if TYPE_CHECKING:  # torch-free at run time: the pure fp32 model imports Unreadable from here
     import torch
 
-Scope = Literal["process", "thread"]
+Scope = Literal["process", "thread", "model"]
 
 
 class _Unset(enum.Enum):
@@ -121,7 +121,9 @@ class Lever(Guard, Protocol):
 
     Attributes:
         name: the ``fast_math`` argument it implements (``"tf32"``); its name in records.
-        scope: ``"process"`` for C++-global flags, ``"thread"`` for thread-local ones.
+        scope: ``"process"`` for C++-global flags, ``"thread"`` for thread-local ones,
+            ``"model"`` for one model's state (a frame stack per model: see the model
+            levers).
         domain: the piece of state it reads and writes. Levers that share state (``tf32``
             and ``matmul_precision``) share a domain, so the ledger keeps one stack of open
             frames for both.

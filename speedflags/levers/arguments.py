@@ -15,7 +15,7 @@ Example:
     >>> from speedflags.levers.arguments import LeverArgs
     >>> list(LeverArgs.__annotations__)  # doctest: +NORMALIZE_WHITESPACE
     ['tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'deterministic',
-     'reduced_precision_reduction', 'amp']
+     'reduced_precision_reduction', 'amp', 'param_dtype', 'memory_format']
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ __all__ = [
     "DeterministicArg",
     "LeverArgs",
     "MatmulPrecisionArg",
+    "MemoryFormatArg",
+    "ParamDtypeArg",
     "SdpaArg",
     "SdpaName",
     "lever_annotations",
@@ -43,6 +45,10 @@ SdpaArg = SdpaName | enum.Enum | Sequence[SdpaName | enum.Enum]
 DeterministicArg = bool | Literal["warn"]
 # torch.bfloat16 or torch.float16 (a type checker cannot tell dtypes apart); False: off
 AmpArg = Literal["bf16", "fp16", "auto", False] | torch.dtype
+# torch.bfloat16 or torch.float16; False: the parameters' own dtype (given with model=)
+ParamDtypeArg = Literal["bf16", "fp16", False] | torch.dtype
+# torch.channels_last; False: the weights' own layout (given with model=)
+MemoryFormatArg = Literal["channels_last", False] | torch.memory_format
 
 
 class LeverArgs(TypedDict, total=False):
@@ -65,6 +71,8 @@ class LeverArgs(TypedDict, total=False):
     deterministic: DeterministicArg | None
     reduced_precision_reduction: bool | None
     amp: AmpArg | None
+    param_dtype: ParamDtypeArg | None
+    memory_format: MemoryFormatArg | None
 
 
 def lever_annotations() -> dict[str, Any]:

@@ -36,7 +36,11 @@ def baseline_levers() -> dict[str, Any]:
         {'tf32': False, 'matmul_precision': 'highest', 'cudnn_benchmark': False,
          'deterministic': False, 'reduced_precision_reduction': False, 'amp': False}
     """
-    return {spec.name: spec.baseline for spec in registry.REGISTRY if spec.has_baseline}
+    return {
+        spec.name: spec.baseline
+        for spec in registry.REGISTRY
+        if spec.has_baseline and not spec.per_model
+    }
 
 
 def with_baseline(levers: Sequence[tuple[str, Any]]) -> dict[str, Any]:
@@ -67,9 +71,12 @@ def lever_snapshot(device_types: Sequence[str] = AUTOCAST_DEVICE_TYPES) -> dict[
     """Every lever's state now, described, by ``fast_math`` keyword. Never raises.
 
     Thread-scope levers (``amp``) are described per device type, for the calling thread.
+    Model levers have no state outside a model and are left out.
     """
     out: dict[str, Any] = {}
     for spec in registry.REGISTRY:
+        if spec.per_model:
+            continue
         if spec.scope == "thread":
             out[spec.name] = {dt: spec.current(dt) for dt in device_types}
         else:

@@ -15,7 +15,7 @@ Example:
     >>> from speedflags.levers.registry import LEVER_NAMES, lever_spec
     >>> LEVER_NAMES  # doctest: +NORMALIZE_WHITESPACE
     ('tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'deterministic',
-     'reduced_precision_reduction', 'amp')
+     'reduced_precision_reduction', 'amp', 'param_dtype', 'memory_format')
     >>> spec = lever_spec("amp")
     >>> spec.shorthand, spec.scope, spec.check("fast_math", "bf16")
     ('autocast', 'thread', torch.bfloat16)
@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,20 +32,30 @@ import torch
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
-from ._base import UNSET, DeviceLever, Scope
+from ._base import UNSET, DeviceLever, Effect, Scope
+from ._model_shadow import fsdp_owner
 from .arguments import lever_annotations
 from .autocast import AUTO, AutocastLever, validate_amp
 from .cudnn import CudnnBenchmarkLever
 from .deterministic import WARN, DeterministicLever
+from .memory_format import MemoryFormatLever, memory_format_effect, validate_memory_format
+from .param_dtype import (
+    ParamDtypeLever,
+    describe_param_dtype,
+    param_dtype_effect,
+    validate_param_dtype,
+)
 from .precision import MatmulPrecisionLever, TF32Lever
 from .reductions import ReducedPrecisionReductionLever
 from .sdpa import BACKENDS, SdpaLever
 
 __all__ = [
     "LEVER_NAMES",
+    "MODEL_LEVER_NAMES",
     "REGISTRY",
     "LeverSpec",
     "check_levers",
+    "check_model",
     "lever_spec",
 ]
 
@@ -61,15 +71,18 @@ class LeverSpec:
         name: the ``fast_math`` keyword (``"tf32"``); also ``Lever.name`` and the one name
             the lever goes by everywhere else: the ledger's history (speedflags' own writes
             and, under ``watch``, everyone else's), snapshots, warnings and the leak report.
-        shorthand: the name of the single-lever function (``speedflags.sdpa_backend``).
-        scope: ``"process"`` (C++-global flags) or ``"thread"`` (autocast).
+        shorthand: the name of the single-lever function (``speedflags.sdpa_backend``;
+            empty: none).
+        scope: ``"process"`` (C++-global flags), ``"thread"`` (autocast) or ``"model"``
+            (the model levers, given with ``model=``: their state is one model's).
         values: the accepted values, in words (for errors and help).
         annotation: the keyword's type, for ``fast_math``'s run-time signature (from
             :class:`~speedflags.levers.arguments.LeverArgs`, what type checkers read).
         validate: normalises a value or raises ``InvalidValueError`` / ``InvalidTypeError``
             saying what is wrong (without saying where: :meth:`check` adds that).
         make: the :class:`~speedflags.levers._base.DeviceLever` that reads, writes and
-            describes the state, per device type (process levers ignore the device type).
+            describes the state, per device type (process levers ignore the device type),
+            or, for a model lever, per model.
         summary: what the lever switches, one line.
         accuracy: what it costs in accuracy, one line.
         baseline: the value that means "off" (plain fp32 eager); ``UNSET`` when the lever
@@ -91,17 +104,35 @@ class LeverSpec:
     values: str
     annotation: Any
     validate: Callable[[object], Any]
-    make: Callable[[str], DeviceLever]
+    make: Callable[[Any], DeviceLever]
     summary: str
     accuracy: str
     baseline: Any = UNSET
     candidates: tuple[Any, ...] = ()
     ops: tuple[str, ...] = ()
     dynamo_misses: str = ""
+    # a model lever's ``available`` (it depends on the device, not on a model)
+    model_effect: Callable[[Any, torch.device], Effect] | None = None
 
-    def lever(self, device_type: str = "cpu") -> DeviceLever:
-        """The lever object for ``device_type`` (one shared instance per type)."""
+    def lever(self, device_type: str = "cpu", model: Any = None) -> DeviceLever:
+        """The lever object for ``device_type`` (one shared instance per type), or for
+        ``model`` (a model lever: one instance per model)."""
+        if self.scope == "model":
+            if model is None:
+                raise InvalidValueError(f"{self.name}: a model lever needs model=")
+            return self.make(model)
         return self.make(device_type)
+
+    def effect(self, value: Any, device: torch.device) -> Effect:
+        """Whether ``value`` (validated) has an effect on ``device``, and why (not)."""
+        if self.model_effect is not None:
+            return self.model_effect(value, device)
+        return self.lever(device.type).available(value, device)
+
+    @property
+    def per_model(self) -> bool:
+        """Whether this is a model lever (given with ``model=``; no process-wide state)."""
+        return self.scope == "model"
 
     def check(self, call: str, value: object, argument: str | None = None) -> Any:
         """``validate`` with the error saying where: ``"fast_math(amp='bf17'): ..."``."""
@@ -121,10 +152,17 @@ class LeverSpec:
             if value == AUTO:
                 return AUTO
             return str(value).replace("torch.", "")
+        if self.name == "param_dtype":
+            return describe_param_dtype(value)
+        if self.scope == "model":
+            return False if value is None else value
         return self.lever().describe_value(value)
 
     def current(self, device_type: str = "cpu") -> Any:
-        """The lever's torch state now, described (never raises)."""
+        """The lever's torch state now, described (never raises; a model lever has no state
+        outside a model: ``None``)."""
+        if self.per_model:
+            return None
         lever = self.lever(device_type)
         return lever.describe(lever.read())
 
@@ -296,11 +334,53 @@ REGISTRY: tuple[LeverSpec, ...] = (
         # no dynamo_misses: autocast is guarded (by the tensors' dispatch keys on 2.1, by
         # the global state guard later)
     ),
+    LeverSpec(
+        name="param_dtype",
+        shorthand="",
+        scope="model",
+        values="'bf16', 'fp16', torch.bfloat16, torch.float16 or False (with model=)",
+        annotation=_ANNOTATIONS["param_dtype"],
+        validate=validate_param_dtype,
+        make=ParamDtypeLever.of,
+        model_effect=param_dtype_effect,
+        summary=(
+            "the model computes with bf16/fp16 casts of its float32 parameters, made once per "
+            "parameter version (norm layers stay float32); the parameters stay the parameters"
+        ),
+        accuracy=(
+            "as amp: bf16 ~3e-3, fp16 ~4e-4 relative error; float32 master weights keep small "
+            "updates; costs a cast copy of each parameter (2 bytes each)"
+        ),
+        baseline=False,
+        candidates=(torch.bfloat16, torch.float16),
+        ops=_MATMUL_OPS,
+        # no dynamo_misses: dynamo guards a module's class (the shadow classes)
+    ),
+    LeverSpec(
+        name="memory_format",
+        shorthand="",
+        scope="model",
+        values="'channels_last', torch.channels_last or False (with model=)",
+        annotation=_ANNOTATIONS["memory_format"],
+        validate=validate_memory_format,
+        make=MemoryFormatLever.of,
+        model_effect=memory_format_effect,
+        summary=(
+            "the model's 4-D convolution weights and 4-D inputs in channels_last (NHWC), the "
+            "layout cuDNN's and oneDNN's fastest convolutions take"
+        ),
+        accuracy="none in principle (a different convolution kernel may round differently)",
+        baseline=False,
+        candidates=("channels_last",),
+        ops=("conv",),
+        # no dynamo_misses: dynamo guards the weights' strides and the model's class
+    ),
 )
 
 LEVER_NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY)
 _BY_NAME: dict[str, LeverSpec] = {spec.name: spec for spec in REGISTRY}
 PROCESS_LEVERS: Mapping[str, DeviceLever] = _PROCESS_LEVERS
+MODEL_LEVER_NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY if spec.per_model)
 
 
 def lever_spec(name: object, call: str = "speedflags") -> LeverSpec:
@@ -352,6 +432,39 @@ def check_levers(call: str, given: Mapping[str, object]) -> tuple[tuple[str, Any
     )
     _refuse_contradictions(call, dict(checked))
     return checked
+
+
+def check_model(call: str, model: object, levers: Sequence[tuple[str, Any]]) -> None:
+    """Refuse a ``model=`` that the checked ``levers`` cannot take: a model lever without a
+    model, a model that is not an ``nn.Module`` or whose parameters another system owns
+    (FSDP), or a model given with no model lever.
+
+    Example:
+        >>> import torch
+        >>> from speedflags.levers.registry import check_model
+        >>> check_model("fast_math", torch.nn.Linear(2, 2), (("param_dtype", torch.bfloat16),))
+    """
+    wanted = [name for name, _ in levers if _BY_NAME[name].per_model]
+    if model is None:
+        if wanted:
+            raise InvalidValueError(
+                f"{call}({wanted[0]}=...): {wanted[0]} acts on one model: give it as model=, "
+                f"e.g. {call}(model=net, {wanted[0]}=...)"
+            )
+        return
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidTypeError(
+            f"{call}(model={short_repr(model)}): expected a torch.nn.Module, got "
+            f"{type(model).__name__}"
+        )
+    if not wanted:
+        raise InvalidValueError(
+            f"{call}(model={type(model).__name__}): model= is for the model levers "
+            f"({', '.join(MODEL_LEVER_NAMES)}), and none was given"
+        )
+    owner = fsdp_owner(model)
+    if owner is not None:
+        raise InvalidValueError(f"{call}(model={type(model).__name__}, {wanted[0]}=...): {owner}")
 
 
 def shown_levers(given: Mapping[str, object]) -> list[str]:
