@@ -470,16 +470,25 @@ def test_a_model_sharded_by_fsdp2_is_refused(process_group: None) -> None:
         speedflags.fast_math(model=net, memory_format="channels_last")
 
 
-def test_a_module_whose_class_cannot_change_is_refused_and_nothing_changes() -> None:
-    class Stubborn(nn.Linear):
-        def __setattr__(self, name: str, value: Any) -> None:
-            if name == "__class__":
-                raise TypeError("this module keeps its class")
-            super().__setattr__(name, value)
+def test_a_class_that_cannot_be_swapped_in_undoes_every_swap_before_raising(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Python refuses a __class__ whose layout differs: made here by injecting a shadow class
+    # with a slot of its own for the second Linear, after the first was swapped.
+    make = _model_shadow._make_class
+    seen: list[type] = []
 
-    net = nn.Sequential(nn.Linear(4, 4), Stubborn(4, 4))
+    def made(cls: type, *args: Any) -> type:
+        shadow = make(cls, *args)
+        seen.append(cls)
+        if len(seen) == 3:  # the root, the Linear, then the convolution
+            return type(cls.__name__, (shadow,), {"__slots__": ("extra",)})
+        return shadow
+
+    monkeypatch.setattr(_model_shadow, "_make_class", made)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Conv1d(4, 4, 1))
     before = snapshot(net)
-    with pytest.raises(TypeError, match="keeps its class"):
+    with pytest.raises(TypeError, match="__class__"):
         with speedflags.fast_math(model=net, param_dtype="bf16"):
             pass  # pragma: no cover - never entered
     assert_unchanged(net, before)

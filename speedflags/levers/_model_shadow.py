@@ -75,6 +75,7 @@ _KEPT_FLOAT: tuple[type, ...] = (nn.RNNBase,)
 _CONVS: tuple[type, ...] = (nn.Conv2d, nn.ConvTranspose2d)
 
 _ROOT, _NORM, _PARAMS = 1, 2, 4  # a shadow class's roles (bits: the root may hold parameters)
+Config = tuple[torch.dtype | None, bool, torch.dtype]  # (param dtype, channels_last, own dtype)
 
 
 def is_norm(module: nn.Module) -> bool:
@@ -98,10 +99,16 @@ class ModelState:
         strides: id(parameter) -> (parameter, the strides it had), for each weight converted.
         own_dtype: the dtype of the model's first floating parameter (float32 usually): what
             outputs come back in when no floating input was given.
+        casts: this model's cast cache (see :func:`cast`), emptied whenever its setting
+            changes, so that no cast outlives the block that made it.
+        made: the shadow classes made for this model, by (class, role, names, config): the
+            properties of a model's classes read its own cache.
+        plans: (config, the model's modules) -> the classes they get, for a setting met
+            before on the same modules (a block entered every step plans once).
     """
 
-    __slots__ = ("__weakref__", "channels_last", "classes", "own_dtype", "param_dtype",
-                 "strides", "tag")  # fmt: skip
+    __slots__ = ("__weakref__", "casts", "channels_last", "classes", "made", "own_dtype",
+                 "param_dtype", "plans", "strides", "tag")  # fmt: skip
 
     def __init__(self, model: nn.Module, tag: str) -> None:
         self.tag = tag
@@ -109,6 +116,9 @@ class ModelState:
         self.channels_last = False
         self.classes: dict[nn.Module, type] = {}
         self.strides: dict[int, tuple[nn.Parameter, tuple[int, ...]]] = {}
+        self.casts: Casts = {}
+        self.made: dict[tuple[type, int, tuple[str, ...], Config], type] = {}
+        self.plans: dict[Any, list[tuple[nn.Module, type]]] = {}
         self.own_dtype: torch.dtype = next(
             (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32
         )
@@ -187,10 +197,10 @@ class _Depth(threading.local):
 
 
 _DEPTH = _Depth()
-# (id(parameter), dtype) -> (version, data pointer, mode, cast). Modes: 0 made with autograd
-# (serves every mode), 1 without (serves no_grad and inference mode), 2 in inference mode
-# (serves inference mode only: inference tensors cannot be saved for backward).
-_CASTS: dict[tuple[int, torch.dtype], tuple[int, int, int, torch.Tensor]] = {}
+# A model's casts: (id(parameter), dtype) -> (version, data pointer, mode, cast). Modes: 0
+# made with autograd (serves every mode), 1 without (serves no_grad and inference mode), 2 in
+# inference mode (serves inference mode only: inference tensors cannot be saved for backward).
+Casts = dict[tuple[int, torch.dtype], tuple[int, int, int, torch.Tensor]]
 
 
 def _mode(param: torch.Tensor) -> int:
@@ -199,7 +209,7 @@ def _mode(param: torch.Tensor) -> int:
     return 0 if param.requires_grad and torch.is_grad_enabled() else 1
 
 
-def cast(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def cast(param: torch.Tensor, dtype: torch.dtype, casts: Casts) -> torch.Tensor:
     """``param`` in ``dtype``, made once and reused while ``param`` is unchanged (its version
     counter and storage: an optimizer step, ``load_state_dict`` or an in-place write renew
     it; a write through ``param.data`` is not seen, as autocast's cache does not see it)."""
@@ -209,19 +219,12 @@ def cast(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return param.to(dtype)
     key = (id(param), dtype)
     version, pointer, mode = param._version, param.data_ptr(), _mode(param)
-    hit = _CASTS.get(key)
+    hit = casts.get(key)
     if hit is not None and hit[0] == version and hit[1] == pointer and hit[2] <= mode:
         return hit[3]
     made = param.to(dtype)
-    _CASTS[key] = (version, pointer, mode, made)
+    casts[key] = (version, pointer, mode, made)
     return made
-
-
-def drop_casts(params: Any) -> None:
-    """Forget the casts of ``params`` (a model's parameters; after its setting changed)."""
-    for param in params:
-        for dtype in (torch.bfloat16, torch.float16):
-            _CASTS.pop((id(param), dtype), None)
 
 
 def _map(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -279,19 +282,18 @@ def _run_eagerly(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 
 _EAGER = KeptOut(_run_eagerly)
 
-Config = tuple[torch.dtype | None, bool, torch.dtype]  # (param dtype, channels_last, own dtype)
-_CLASSES: dict[tuple[type, int, tuple[str, ...], Config], type] = {}
 
-
-def _shadow_class(cls: type, role: int, names: tuple[str, ...], config: Config) -> type:
+def _shadow_class(
+    state: ModelState, cls: type, role: int, names: tuple[str, ...], config: Config
+) -> type:
     key = (cls, role, names, config)
-    made = _CLASSES.get(key)
+    made = state.made.get(key)
     if made is None:
-        made = _CLASSES.setdefault(key, _make_class(cls, role, names, config))
+        made = state.made[key] = _make_class(cls, role, names, config, state.casts)
     return made
 
 
-def _make_class(cls: type, role: int, names: tuple[str, ...], config: Config) -> type:
+def _make_class(cls: type, role: int, names: tuple[str, ...], config: Config, casts: Casts) -> type:
     dtype, channels_last, own_dtype = config
     base_forward: Callable[..., Any] = cls.forward  # type: ignore[attr-defined]
     namespace: dict[str, Any] = {
@@ -304,7 +306,7 @@ def _make_class(cls: type, role: int, names: tuple[str, ...], config: Config) ->
 
     if role & _PARAMS and dtype is not None:
         for name in names:
-            namespace[name] = _cast_property(name, dtype)
+            namespace[name] = _cast_property(name, dtype, casts)
 
     def inner(self: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if role & _NORM and dtype is not None:  # float32, on an upcast input
@@ -352,12 +354,12 @@ def _counted(
         depth.n -= 1
 
 
-def _cast_property(name: str, dtype: torch.dtype) -> property:
+def _cast_property(name: str, dtype: torch.dtype, casts: Casts) -> property:
     def get(self: nn.Module) -> Any:
         param = self._parameters[name]
         if param is None or not (is_compiling() or _DEPTH.n):  # outside forward: the parameter
             return param
-        return cast(param, dtype)
+        return cast(param, dtype, casts)
 
     return property(get, doc=f"the parameter {name!r}, cast to {dtype} inside forward")
 
@@ -389,14 +391,18 @@ def _reduce_as(cls: type) -> Callable[..., Any]:
 # --- putting a state in place -------------------------------------------------------------------
 
 
-def _plan(model: nn.Module, state: ModelState) -> list[tuple[nn.Module, type]]:
-    """Each module of ``model`` whose class must change for ``state``, and its new class."""
+def _plan(modules: list[nn.Module], state: ModelState) -> list[tuple[nn.Module, type]]:
+    """The class each of ``modules`` (the model's, the model first) gets for ``state``."""
     dtype, cl = state.param_dtype, state.channels_last
     config: Config = (dtype, cl, state.own_dtype)
-    changes = []
-    for module in model.modules():
+    key = (config, tuple(map(id, modules)))
+    planned = state.plans.get(key)
+    if planned is not None:
+        return planned
+    planned = []
+    for module in modules:
         cls = original_class(module)
-        role = _ROOT if module is model else 0
+        role = _ROOT if module is modules[0] else 0
         names: tuple[str, ...] = ()
         if dtype is not None:
             if is_norm(module):
@@ -405,14 +411,12 @@ def _plan(model: nn.Module, state: ModelState) -> list[tuple[nn.Module, type]]:
                 names = _floating_names(module)
                 if names:
                     role |= _PARAMS
-        wanted = (
-            cls
-            if role == 0 or (role == _ROOT and dtype is None and not cl)
-            else (_shadow_class(cls, role, names, config))
-        )
-        if type(module) is not wanted:
-            changes.append((module, wanted))
-    return changes
+        keep = role == 0 or (role == _ROOT and dtype is None and not cl)
+        planned.append((module, cls if keep else _shadow_class(state, cls, role, names, config)))
+    if len(state.plans) > 8:  # the model's modules keep changing: keep the latest only
+        state.plans.clear()
+    state.plans[key] = planned
+    return planned
 
 
 def _floating_names(module: nn.Module) -> tuple[str, ...]:
@@ -426,29 +430,29 @@ def sync(model: nn.Module, state: ModelState) -> None:
     done: list[tuple[nn.Module, type]] = []
     converted: list[tuple[nn.Parameter, torch.Tensor]] = []
     classes, strides = dict(state.classes), dict(state.strides)
+    modules = list(model.modules())
     try:
-        for module, wanted in _plan(model, state):
+        for module, wanted in _plan(modules, state):
             previous = type(module)
-            module.__class__ = wanted
+            if previous is wanted:
+                continue
+            _set_class(module, wanted)
             done.append((module, previous))
-            if wanted is original_class(module):
-                state.classes.pop(module, None)
-            else:
+            if "_speedflags_own_class" in wanted.__dict__:
                 state.classes.setdefault(module, original_class(module))
+            else:
+                state.classes.pop(module, None)
         with torch.no_grad():
             if state.channels_last:
-                for module in model.modules():
-                    if isinstance(module, _CONVS):
-                        weight = module._parameters.get("weight")
-                        if (
-                            weight is not None
-                            and weight.dim() == 4
-                            and id(weight) not in state.strides
-                        ):
-                            converted.append((weight, weight.data))
-                            state.strides[id(weight)] = (weight, tuple(weight.stride()))
-                            weight.data = weight.data.contiguous(memory_format=torch.channels_last)
-            else:
+                for module in modules:
+                    weight = (
+                        module._parameters.get("weight") if isinstance(module, _CONVS) else None
+                    )
+                    if weight is not None and weight.dim() == 4 and id(weight) not in state.strides:
+                        converted.append((weight, weight.data))
+                        state.strides[id(weight)] = (weight, tuple(weight.stride()))
+                        weight.data = weight.data.contiguous(memory_format=torch.channels_last)
+            elif state.strides:
                 for weight, stride in list(state.strides.values()):
                     converted.append((weight, weight.data))
                     weight.data = _restrided(weight.data, stride)
@@ -457,11 +461,16 @@ def sync(model: nn.Module, state: ModelState) -> None:
         for weight, data in reversed(converted):
             weight.data = data
         for module, previous in reversed(done):
-            module.__class__ = previous
+            _set_class(module, previous)
         state.classes, state.strides = classes, strides
         raise
     finally:
-        drop_casts(model.parameters())
+        state.casts.clear()  # no cast outlives a change of setting
+
+
+def _set_class(module: nn.Module, cls: type) -> None:
+    # object's own: nn.Module.__setattr__ would spend longer than the swap on its checks
+    object.__setattr__(module, "__class__", cls)
 
 
 def _restrided(data: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
