@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.amp.autocast_mode import autocast  # 2.1's stubs: not from torch or torch.amp
 
 from .._fast_math import fast_math
 from .._hardware import capabilities
@@ -147,7 +148,7 @@ class Config:
                 if spec is not None:
                     stack.enter_context(spec)
                 if amp is not None:
-                    stack.enter_context(torch.autocast(device.type, dtype=amp))
+                    stack.enter_context(autocast(device.type, dtype=amp))
                 return call(*args)
 
         return each

@@ -216,13 +216,14 @@ def cast(param: torch.Tensor, dtype: torch.dtype, casts: Casts) -> torch.Tensor:
     if param.dtype is dtype or not param.is_floating_point():
         return param
     if is_compiling():  # traced: the graph casts (dynamo cannot trace the cache)
-        return param.to(dtype)
+        traced: torch.Tensor = param.to(dtype)  # typed: Any in PyTorch 2.1's stubs
+        return traced
     key = (id(param), dtype)
     version, pointer, mode = param._version, param.data_ptr(), _mode(param)
     hit = casts.get(key)
     if hit is not None and hit[0] == version and hit[1] == pointer and hit[2] <= mode:
         return hit[3]
-    made = param.to(dtype)
+    made: torch.Tensor = param.to(dtype)
     casts[key] = (version, pointer, mode, made)
     return made
 
@@ -373,7 +374,8 @@ def _to(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
     if t.dim() == 4 and t.is_floating_point():
-        return t.contiguous(memory_format=torch.channels_last)
+        converted: torch.Tensor = t.contiguous(memory_format=torch.channels_last)
+        return converted
     return t
 
 
