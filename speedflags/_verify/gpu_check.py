@@ -7,7 +7,8 @@ from the checkout (``PYTHONPATH``); if that Python cannot import it from there, 
 installed with ``pip install --no-deps --no-build-isolation -e .`` (nothing else).
 
 Steps, most valuable first, each a subprocess with its own log and a time cap, all within
-``--budget`` seconds (a step that no longer fits is skipped and says so):
+``--budget`` seconds (a step that no longer fits is skipped and says so; one past its cap
+gets a Ctrl-C, and 20 s to write what it has, before it is killed with its children):
 
 1. ``suite``: the whole test suite with the GPU present (on a GPU machine only; ``make
    unit`` runs it elsewhere), in ``--suite-workers`` pytest-xdist processes, each taking
@@ -19,15 +20,16 @@ Steps, most valuable first, each a subprocess with its own log and a time cap, a
    on, each step has the machine to itself);
 4. ``verify-tf32-override``: the same for TF32 under ``NVIDIA_TF32_OVERRIDE=0`` (on a GPU it
    must report TF32 not in effect and exit 1);
-5. ``bench``: ``python -m speedflags bench`` on the device (``--bench-workloads`` and
-   ``--bench-args`` choose and tune it), into ``bench.json``;
-6. ``fp8-headroom``: ``benchmarks/fp8_headroom.py``: a float8 e4m3 scaled matmul against
+5. ``fp8-headroom``: ``benchmarks/fp8_headroom.py``: a float8 e4m3 scaled matmul against
    bf16 and fp32 at 4096³ and 8192³, into ``fp8-headroom.json``;
-7. ``train-step``: ``benchmarks/train_step_interleaved.py`` on the device: fp32 eager,
+6. ``train-step``: ``benchmarks/train_step_interleaved.py`` on the device: fp32 eager,
    ``@speedup(amp="bf16")``, the same compiled and the same through CUDA Graphs, timed
    round-robin, into ``train-step.json``;
-8. ``overhead``: ``benchmarks/overhead_interleaved.py``: the enter+exit cost on this
+7. ``overhead``: ``benchmarks/overhead_interleaved.py``: the enter+exit cost on this
    machine's CPU against plain torch and the 1.5x goal, into ``overhead.json``;
+8. ``bench``: ``python -m speedflags bench`` on the device (``--bench-workloads`` and
+   ``--bench-args`` choose and tune it), into ``bench.json`` (last of the timed steps: the
+   longest, and a Ctrl-C still leaves its results so far);
 9. ``benchmarks``: the pytest-benchmark suites once, untimed;
 
 then ``summary.md``: device, driver, CUDA, PyTorch, host CPU, every lever's verdict and
@@ -219,6 +221,12 @@ def _parser() -> argparse.ArgumentParser:
         "0: eight processes of a fixed share of the files each)",
     )
     parser.add_argument(
+        "--suite-tests",
+        default=None,
+        help="comma-separated test files or test ids for the suite step instead of every file "
+        "(e.g. the first call's failures)",
+    )
+    parser.add_argument(
         "--export",
         metavar="DIR",
         default=None,
@@ -258,7 +266,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     gpu = bool(torch.cuda.is_available())
     steps = plan(
-        out, gpu, bench_args=bench_args, suite_workers=args.suite_workers, suite_cap_s=suite_cap
+        out,
+        gpu,
+        bench_args=bench_args,
+        suite_workers=args.suite_workers,
+        suite_cap_s=suite_cap,
+        suite_tests=_names(args.suite_tests) or (),
     )
     try:
         select(steps, chosen, _names(args.skip) or ())

@@ -78,6 +78,15 @@ def gpu_state() -> str | None:
 
 
 def environment(gpu: bool) -> dict[str, Any]:
+    """The run's record of the machine: date, versions, device, host CPU, installed test
+    plugins, and on a GPU machine the GPU's name, compute capability, driver and state.
+
+    Example:
+        >>> from speedflags._verify.gpu_machine import environment
+        >>> env = environment(gpu=False)
+        >>> env["device"], sorted(env["host_cpu"])  # doctest: +NORMALIZE_WHITESPACE
+        ('cpu', ['amx', 'bf16', 'fp16', 'isa', 'logical_cores', 'model'])
+    """
     import torch
 
     env: dict[str, Any] = {
@@ -105,7 +114,14 @@ def environment(gpu: bool) -> dict[str, Any]:
 
 
 def installed(python: str) -> bool:
-    """Whether ``python`` has speedflags installed (its entry points: the pytest plugin)."""
+    """Whether ``python`` has speedflags installed (its entry points: the pytest plugin).
+
+    Example:
+        >>> import sys
+        >>> from speedflags._verify.gpu_machine import installed
+        >>> installed(sys.executable) in (True, False)
+        True
+    """
     code = "import importlib.metadata as m; m.distribution('speedflags')"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     try:
@@ -118,7 +134,14 @@ def installed(python: str) -> bool:
 
 
 def install(python: str, out: str) -> str:
-    """``pip install --no-deps --no-build-isolation -e .``; what happened, in words."""
+    """``pip install --no-deps --no-build-isolation -e .`` of this checkout with ``python``
+    (its output in ``out/install.log``); what happened, in words.
+
+    Example:
+        >>> from speedflags._verify.gpu_machine import install
+        >>> install("python3", "/tmp")  # doctest: +SKIP
+        'installed with pip install --no-deps --no-build-isolation -e .'
+    """
     command = [python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", ROOT]
     with open(os.path.join(out, "install.log"), "w", encoding="utf-8") as fh:
         try:

@@ -75,10 +75,10 @@ STEP_NAMES = (
     "gpu-tests",
     "verify",
     "verify-tf32-override",
-    "bench",
     "fp8-headroom",
     "train-step",
     "overhead",
+    "bench",
     "benchmarks",
 )
 # A lent machine's calls: (steps, budget in seconds, the suite's cap). The second call's
@@ -136,6 +136,7 @@ def plan(
     bench_args: Sequence[str] = (),
     suite_workers: int | None = None,
     suite_cap_s: float = 300.0,
+    suite_tests: Sequence[str] = (),
 ) -> list[Step]:
     """The steps for a machine with (``gpu``) or without a CUDA GPU.
 
@@ -147,13 +148,15 @@ def plan(
             processes; None for the default (about half the cores, at most 8, where
             pytest-xdist is installed; else the shards).
         suite_cap_s: the suite's time cap.
+        suite_tests: test files or test ids for the suite to run instead of every file
+            (a second call that reruns what failed in the first).
 
     Example:
         >>> from speedflags._verify.gpu_check import plan
         >>> steps = plan("out", gpu=False, suite_workers=4)
         >>> [s.name for s in steps]  # doctest: +NORMALIZE_WHITESPACE
-        ['suite', 'gpu-tests', 'verify', 'verify-tf32-override', 'bench', 'fp8-headroom',
-         'train-step', 'overhead', 'benchmarks']
+        ['suite', 'gpu-tests', 'verify', 'verify-tf32-override', 'fp8-headroom', 'train-step',
+         'overhead', 'bench', 'benchmarks']
         >>> next(s for s in plan("out", gpu=True) if s.name == "verify-tf32-override").expect
         1
     """
@@ -178,7 +181,7 @@ def plan(
         ]  # fmt: skip
     bench += list(bench_args)
     return [
-        *_suite_steps(out, gpu, suite_workers, suite_cap_s),
+        *_suite_steps(out, gpu, suite_workers, suite_cap_s, list(suite_tests) or suite_files()),
         Step("gpu-tests", [*PYTEST, "-rs", f"--junitxml={out}/gpu-tests.xml", *gpu_tests], 300),
         Step("verify", [*verify, "--json", f"{out}/verify.json"], 90, quiet=True),
         Step(
@@ -188,16 +191,19 @@ def plan(
             expect=1 if gpu else 0,
             env={"NVIDIA_TF32_OVERRIDE": "0"},
         ),
-        Step("bench", bench, 240, gpu_state=gpu),
         Step("fp8-headroom", fp8, 90, gpu_state=gpu),
         Step("train-step", train, 150, gpu_state=gpu),
         Step("overhead", overhead, 60),
+        Step("bench", bench, 240, gpu_state=gpu),
         Step("benchmarks", [*BENCHMARKS, f"--junitxml={out}/benchmarks.xml"], 240),
     ]
 
 
-def _suite_steps(out: str, gpu: bool, workers: int | None, cap_s: float) -> list[Step]:
-    """The CPU suite: one pytest-xdist step, or the eight shard steps without xdist."""
+def _suite_steps(
+    out: str, gpu: bool, workers: int | None, cap_s: float, tests: list[str]
+) -> list[Step]:
+    """The CPU suite (``tests``: files or test ids): one pytest-xdist step, or the eight
+    shard steps without xdist (fewer for fewer files)."""
     why = "" if gpu else "no GPU: `make unit` runs the CPU suite"
     if workers is None:
         workers = _default_workers() if importlib.util.find_spec("xdist") else 0
@@ -207,7 +213,7 @@ def _suite_steps(out: str, gpu: bool, workers: int | None, cap_s: float) -> list
         if importlib.util.find_spec("pytest_timeout"):  # a hung test ends its worker only
             timeout = [f"--timeout={SUITE_TEST_TIMEOUT_S}", "--timeout-method=thread"]
         argv = [*base, "-n", str(workers), "--dist", "loadfile", *timeout]
-        argv += [f"--junitxml={out}/suite.xml", *suite_files()]
+        argv += [f"--junitxml={out}/suite.xml", *tests]
         return [Step("suite", argv, cap_s, env=dict(SUITE_ENV), why_skipped=why, alongside=True)]
     return [
         Step(
@@ -218,7 +224,7 @@ def _suite_steps(out: str, gpu: bool, workers: int | None, cap_s: float) -> list
             why_skipped=why,
             alongside=True,
         )
-        for i, files in enumerate(suite_shards())
+        for i, files in enumerate(suite_shards(min(SUITE_SHARDS, len(tests)), tests))
     ]
 
 
@@ -241,10 +247,10 @@ def suite_files() -> list[str]:
     return sorted(files, key=lambda f: -SUITE_SECONDS.get(f, 0))  # stable: names otherwise
 
 
-def suite_shards(count: int = SUITE_SHARDS) -> list[list[str]]:
-    """The CPU suite's files in ``count`` groups of about equal weight (each heaviest file in
-    turn to the lightest group; a file not in :data:`SUITE_SECONDS` weighs 2 s): each group
-    runs as a process of its own beside the others.
+def suite_shards(count: int = SUITE_SHARDS, tests: Sequence[str] | None = None) -> list[list[str]]:
+    """The CPU suite's files (or ``tests``, files or test ids) in ``count`` groups of about
+    equal weight (each heaviest in turn to the lightest group; one not in
+    :data:`SUITE_SECONDS` weighs 2 s): each group runs as a process of its own.
 
     Example:
         >>> from speedflags._verify.gpu_check import suite_shards
@@ -254,7 +260,7 @@ def suite_shards(count: int = SUITE_SHARDS) -> list[list[str]]:
     """
     shards: list[list[str]] = [[] for _ in range(count)]
     weights = [0.0] * count
-    for name in suite_files():
+    for name in suite_files() if tests is None else tests:
         lightest = weights.index(min(weights))
         shards[lightest].append(name)
         weights[lightest] += SUITE_SECONDS.get(name, 2)

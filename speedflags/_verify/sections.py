@@ -27,6 +27,15 @@ __all__ = [
 
 
 def table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """A Markdown table's lines (a ``|`` inside a cell escaped).
+
+    Example:
+        >>> from speedflags._verify.sections import table
+        >>> print("\\n".join(table(("a", "b"), [("1", "x|y")])))
+        | a | b |
+        | --- | --- |
+        | 1 | x\\|y |
+    """
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     return lines
@@ -102,6 +111,15 @@ def _junit_files(folder: str) -> list[tuple[str, str]]:
 
 
 def tests_section(folder: str) -> list[str]:
+    """The lines on the tests that ran: counts per JUnit file (the suite's, the GPU tests',
+    the benchmarks'), every failure and error by name, and the suite's slowest files.
+
+    Example:
+        >>> import tempfile
+        >>> from speedflags._verify.sections import tests_section
+        >>> tests_section(tempfile.mkdtemp())
+        ['no JUnit file: no test step ran']
+    """
     rows: list[tuple[str, ...]] = []
     failures: list[str] = []
     seconds: dict[str, float] = collections.defaultdict(float)
@@ -178,6 +196,14 @@ def fp8_rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def fp8_section(data: dict[str, Any] | None) -> list[str]:
+    """The lines on ``fp8-headroom.json``: a dry run said as such, the table of
+    :func:`fp8_rows`, the fp8 rows against the published maximum, what went wrong.
+
+    Example:
+        >>> from speedflags._verify.sections import fp8_section
+        >>> fp8_section(None)
+        ['fp8-headroom did not run or left no fp8-headroom.json']
+    """
     if data is None:
         return ["fp8-headroom did not run or left no fp8-headroom.json"]
     lines = []
@@ -247,12 +273,20 @@ def train_step_rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def train_section(data: dict[str, Any] | None) -> list[str]:
+    """The lines on ``train-step.json``: the device, the table of :func:`train_step_rows`,
+    what went wrong.
+
+    Example:
+        >>> from speedflags._verify.sections import train_section
+        >>> train_section(None)
+        ['train-step did not run or left no train-step.json']
+    """
     if data is None:
         return ["train-step did not run or left no train-step.json"]
     settings = data.get("settings") or {}
     lines = [
         f"{data.get('environment', {}).get('device_name', '?')}, "
-        f"{settings.get('rounds', '?')} rounds round-robin, speedup against "
+        f"round-robin rounds: {settings.get('rounds', '?')}; speedup against "
         f"{settings.get('baseline', '?')}.",
         "",
     ]
@@ -265,6 +299,18 @@ def train_section(data: dict[str, Any] | None) -> list[str]:
 
 
 def overhead_section(data: dict[str, Any] | None) -> list[str]:
+    """The lines on ``overhead.json``: each variant's cost per call against plain torch's,
+    and each goal met or not.
+
+    Example:
+        >>> from speedflags._verify.sections import overhead_section
+        >>> data = {"per_call": {"fast_math": {"median_s": 1.2e-5, "median_ratio": 1.9,
+        ...         "min_s": 1.1e-5, "min_ratio": 1.8}}, "verdicts": ["goal: ... not met"]}
+        >>> overhead_section(data)[2:]
+        ['| variant | median | of plain torch | min | of plain torch |', \
+'| --- | --- | --- | --- | --- |', '| fast_math | 12.00 us | 1.90x | 11.00 us | 1.80x |', \
+'', '- goal: ... not met']
+    """
     if data is None:
         return ["overhead did not run or left no overhead.json"]
     env = data.get("environment") or {}
