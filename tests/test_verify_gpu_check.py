@@ -210,6 +210,35 @@ def test_a_step_past_its_cap_is_asked_to_stop_then_killed_with_its_children(
         pytest.fail(f"the step's child {child} outlived the step")
 
 
+def test_an_interrupted_check_leaves_no_step_running(tmp_path: Path) -> None:
+    # Ctrl-C (or the SIGTERM of a caller's timeout, made SystemExit) while a step runs beside
+    pid_file = tmp_path / "slow.pid"
+    path = repr(str(pid_file))
+    slow = f"import os, pathlib, time; pathlib.Path({path}).write_text(str(os.getpid()))\n"
+    slow += "time.sleep(120)"
+    # ends once the step beside has started for sure
+    quick = f"import pathlib, time\nwhile not pathlib.Path({path}).exists(): time.sleep(0.05)"
+    steps = [
+        gpu_check.Step("slow", ["-c", slow], 300, alongside=True),
+        gpu_check.Step("quick", ["-c", quick], 60),
+    ]
+    records: dict[str, dict[str, object]] = {}
+
+    def done(record: dict[str, object]) -> None:
+        raise KeyboardInterrupt  # as the first record comes in
+
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check._run_steps(steps, str(tmp_path), sys.executable, 500, records, done)
+    assert records["slow"]["status"] == "running"
+    pid = int(pid_file.read_text())
+    for _ in range(50):
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the step beside, {pid}, outlived the check")
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, killed and not yet reaped, does not)."""
     try:

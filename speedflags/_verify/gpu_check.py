@@ -6,39 +6,18 @@ pytest-benchmark for the test steps): no network, no virtual environment. speedf
 from the checkout (``PYTHONPATH``); if that Python cannot import it from there, it is
 installed with ``pip install --no-deps --no-build-isolation -e .`` (nothing else).
 
-Steps, most valuable first, each a subprocess with its own log and a time cap, all within
-``--budget`` seconds (a step that no longer fits is skipped and says so; one past its cap
-gets a Ctrl-C, and 20 s to write what it has, before it is killed with its children):
-
-1. ``suite``: the whole test suite with the GPU present (on a GPU machine only; ``make
-   unit`` runs it elsewhere), in ``--suite-workers`` pytest-xdist processes, each taking
-   the next file as it finishes one, the heaviest files first; without pytest-xdist,
-   ``suite-1`` to ``suite-8``, eight processes of a share of the files each. Started at
-   once and run beside ``gpu-tests``: none of them is timed;
-2. ``gpu-tests``: the GPU-only tests (``tests/test_gpu_*.py``; they skip without a GPU);
-3. ``verify``: ``python -m speedflags verify`` on the device, into ``verify.json`` (from here
-   on, each step has the machine to itself);
-4. ``verify-tf32-override``: the same for TF32 under ``NVIDIA_TF32_OVERRIDE=0`` (on a GPU it
-   must report TF32 not in effect and exit 1);
-5. ``fp8-headroom``: ``benchmarks/fp8_headroom.py``: a float8 e4m3 scaled matmul against
-   bf16 and fp32 at 4096³ and 8192³, into ``fp8-headroom.json``;
-6. ``train-step``: ``benchmarks/train_step_interleaved.py`` on the device: fp32 eager,
-   ``@speedup(amp="bf16")``, the same compiled and the same through CUDA Graphs, timed
-   round-robin, into ``train-step.json``;
-7. ``overhead``: ``benchmarks/overhead_interleaved.py``: the enter+exit cost on this
-   machine's CPU against plain torch and the 1.5x goal, into ``overhead.json``;
-8. ``bench``: ``python -m speedflags bench`` on the device (``--bench-workloads`` and
-   ``--bench-args`` choose and tune it), into ``bench.json`` (last of the timed steps: the
-   longest, and a Ctrl-C still leaves its results so far);
-9. ``benchmarks``: the pytest-benchmark suites once, untimed;
-
-then ``summary.md``: device, driver, CUDA, PyTorch, host CPU, every lever's verdict and
-speedup, TFLOP/s against the device's dense peak, the suite's failures, the FP8 headroom,
-the train step and the overhead. ``--steps`` and ``--skip`` choose steps, ``--preset``
-chooses a lent machine's first or second call, and ``--export`` leaves at most eight files
-(the summary, the key JSON files and one archive of everything). Without a GPU the same
-steps run on the CPU, small, and the check says no GPU was found and exits 0 when they
-pass.
+Its steps (:mod:`.gpu_steps`: the CPU suite beside the GPU tests, ``verify`` with and
+without TF32 overridden, the FP8 headroom, the train step, the frame overhead, ``bench``,
+the benchmarks once) run most valuable first, each a subprocess with its own log and cap,
+within ``--budget`` seconds (a step that no longer fits is skipped and says so; one past
+its cap gets a Ctrl-C and 20 s to write what it has, then it is killed with its children).
+After each, ``summary.md``: device, driver, CUDA, PyTorch, host CPU, every lever's verdict
+and speedup, TFLOP/s against the device's dense peak, the tests' failures, the FP8
+headroom, the train step and the overhead. ``--steps`` and ``--skip`` choose steps,
+``--preset`` a lent machine's first or second call, and ``--export`` leaves at most eight
+files, after each step too (the summary, the key JSON files and one archive of
+everything). Without a GPU the same steps run on the CPU, small, and the check says no GPU
+was found and exits 0 when they pass.
 """
 
 from __future__ import annotations
@@ -54,7 +33,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -240,12 +219,11 @@ def _names(text: str | None) -> list[str] | None:
     return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the check; return 0 when every step that ran passed."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    out = os.path.abspath(args.out)
-    if args.export is not None and os.path.abspath(args.export) == out:
+def _settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[str] | None, float, float, list[str]]:
+    """(the chosen steps, the budget, the suite's cap, the bench's extra arguments)."""
+    if args.export is not None and os.path.abspath(args.export) == os.path.abspath(args.out):
         parser.error("--export must be another folder than --out (it gets at most 8 files)")
     chosen = _names(args.steps)
     budget, suite_cap = 530.0, 300.0
@@ -260,6 +238,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench_args = shlex.split(args.bench_args)
     if args.bench_workloads:
         bench_args = ["--workload", args.bench_workloads, *bench_args]
+    return chosen, budget, suite_cap, bench_args
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # the finally blocks end every step still running
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the check; return 0 when every step that ran passed."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    chosen, budget, suite_cap, bench_args = _settings(parser, args)
+    out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     started = time.perf_counter()
     import torch
@@ -277,15 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         select(steps, chosen, _names(args.skip) or ())
     except ValueError as exc:
         parser.error(str(exc))
-    print(
-        "speedflags gpu-check: "
-        + (
-            f"GPU found: {torch.cuda.get_device_name(0)}"
-            if gpu
-            else "no GPU found (torch.cuda.is_available() is False): running the CPU parts only"
-        ),
-        flush=True,
-    )
+    found = f"GPU found: {torch.cuda.get_device_name(0)}" if gpu else (
+        "no GPU found (torch.cuda.is_available() is False): running the CPU parts only"
+    )  # fmt: skip
+    print(f"speedflags gpu-check: {found}", flush=True)
     env = _environment(gpu)
     env["argv"] = list(sys.argv[1:] if argv is None else argv)
     python = sys.executable
@@ -294,39 +280,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     with open(os.path.join(out, "environment.json"), "w", encoding="utf-8") as fh:
         json.dump(env, fh, indent=2, default=str)
     records: dict[str, dict[str, Any]] = {}
-    beside: list[_Launched] = []
 
     def done(record: dict[str, Any]) -> None:
         records[record["name"]] = record
         print(f"  {record['name']}: {record['status']} ({record['seconds']:.0f} s)", flush=True)
         _write_steps(out, records)
+        _publish(out, args.export)  # so far: a run cut short still leaves its results
 
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        for step in steps:
-            if step.quiet:
-                while beside:
-                    done(beside.pop(0).finish())
-            left = budget - (time.perf_counter() - started)
-            launched = _launch(step, out, python, left)
-            if not isinstance(launched, _Launched):
-                done(launched)
-            elif step.alongside:
-                records[step.name] = {"name": step.name, "status": "running"}
-                beside.append(launched)
-            else:
-                done(launched.finish())
-        while beside:
-            done(beside.pop(0).finish())
+        _run_steps(steps, out, python, budget - (time.perf_counter() - started), records, done)
     finally:
-        for launched in beside:  # the check was interrupted: leave nothing running
-            launched.kill()
+        signal.signal(signal.SIGTERM, previous)
     records = {s.name: records[s.name] for s in steps}  # the plan's order in steps.json
     _write_steps(out, records)
-    from .summary import render
-
-    text = render(out)
-    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as fh:
-        fh.write(text)
+    text = _publish(out, None)
     print(text)
     elapsed = time.perf_counter() - started
     failed = [n for n, r in records.items() if r["status"].startswith(("FAILED", "TIMED OUT"))]
@@ -337,6 +305,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         copied = export(out, args.export)
         print(f"speedflags gpu-check: exported {', '.join(copied)} to {args.export}")
     return 1 if failed else 0
+
+
+def _run_steps(
+    steps: list[Step],
+    out: str,
+    python: str,
+    budget: float,
+    records: dict[str, dict[str, Any]],
+    done: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run ``steps`` in order within ``budget`` seconds, those ``alongside`` beside the
+    next until a ``quiet`` one; whatever way this ends, no step is left running."""
+    started = time.perf_counter()
+    running: list[_Launched] = []  # started and not finished, the alongside ones first
+    try:
+        for step in steps:
+            if step.quiet:
+                while running:
+                    done(running.pop(0).finish())
+            launched = _launch(step, out, python, budget - (time.perf_counter() - started))
+            if not isinstance(launched, _Launched):
+                done(launched)
+            elif step.alongside:
+                records[step.name] = {"name": step.name, "status": "running"}
+                running.append(launched)
+            else:
+                running.append(launched)
+                record = launched.finish()
+                running.remove(launched)
+                done(record)
+        while running:
+            done(running.pop(0).finish())
+    finally:
+        for launched in running:  # the check was interrupted: leave nothing running
+            launched.kill()
+
+
+def _publish(out: str, target: str | None) -> str:
+    """Write ``summary.md`` from what the steps wrote so far, and export it all to
+    ``target`` when given; the summary."""
+    from .summary import render
+
+    text = render(out)
+    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as fh:
+        fh.write(text)
+    if target is not None:
+        export(out, target)
+    return text
 
 
 def _write_steps(out: str, records: dict[str, dict[str, Any]]) -> None:

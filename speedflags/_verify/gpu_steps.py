@@ -4,6 +4,30 @@ which order, with which cap, and which of them a call chooses.
 The CPU suite is the one step that is more than a command: with pytest-xdist it is one
 pytest of ``--suite-workers`` processes that take the next file as they finish one, the
 heaviest first; without it, eight processes of a fixed share of the files each.
+
+The steps, most valuable first:
+
+1. ``suite``: the whole test suite with the GPU present (on a GPU machine only; ``make
+   unit`` runs it elsewhere), in ``--suite-workers`` pytest-xdist processes, each taking
+   the next file as it finishes one, the heaviest files first; without pytest-xdist,
+   ``suite-1`` to ``suite-8``, eight processes of a share of the files each. Started at
+   once and run beside ``gpu-tests``: none of them is timed;
+2. ``gpu-tests``: the GPU-only tests (``tests/test_gpu_*.py``; they skip without a GPU);
+3. ``verify``: ``python -m speedflags verify`` on the device, into ``verify.json`` (from here
+   on, each step has the machine to itself);
+4. ``verify-tf32-override``: the same for TF32 under ``NVIDIA_TF32_OVERRIDE=0`` (on a GPU it
+   must report TF32 not in effect and exit 1);
+5. ``fp8-headroom``: ``benchmarks/fp8_headroom.py``: a float8 e4m3 scaled matmul against
+   bf16 and fp32 at 4096³ and 8192³, into ``fp8-headroom.json``;
+6. ``train-step``: ``benchmarks/train_step_interleaved.py`` on the device: fp32 eager,
+   ``@speedup(amp="bf16")``, the same compiled and the same through CUDA Graphs, timed
+   round-robin, into ``train-step.json``;
+7. ``overhead``: ``benchmarks/overhead_interleaved.py``: the enter+exit cost on this
+   machine's CPU against plain torch and the 1.5x goal, into ``overhead.json``;
+8. ``bench``: ``python -m speedflags bench`` on the device (``--bench-workloads`` and
+   ``--bench-args`` choose and tune it), into ``bench.json`` (last of the timed steps: the
+   longest, and a Ctrl-C still leaves its results so far);
+9. ``benchmarks``: the pytest-benchmark suites once, untimed.
 """
 
 from __future__ import annotations
