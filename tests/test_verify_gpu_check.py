@@ -92,7 +92,9 @@ def test_steps_are_chosen_by_name_and_the_bench_takes_its_arguments(tmp_path: Pa
     running = [s.name for s in steps if not s.why_skipped]
     assert running == [*(f"suite-{i}" for i in range(1, 9)), "bench"]
     assert next(s for s in steps if s.name == "fp8-headroom").why_skipped == "not chosen (--skip)"
-    assert next(s for s in steps if s.name == "verify").why_skipped == "not chosen (--steps)"
+    assert (
+        next(s for s in steps if s.name == "verify").why_skipped == "not chosen (--steps, --preset)"
+    )
     with pytest.raises(ValueError, match="no step benchmark; steps: suite, gpu-tests"):
         gpu_check.select(steps, ["benchmark"])
     again = ["tests/test_bench.py", "tests/test_tf32.py::test_x"]  # a second call's reruns
@@ -147,8 +149,8 @@ def test_a_chosen_subset_runs_and_at_most_eight_files_are_exported(
         r["name"]: r["status"] for r in json.loads((out / "steps.json").read_text())["steps"]
     }
     assert recorded == {
-        "suite-1": "skipped: not chosen (--steps)", "gpu-tests": "passed", "verify": "passed",
-        "bench": "skipped: not chosen (--steps)",
+        "suite-1": "skipped: not chosen (--steps, --preset)", "gpu-tests": "passed", "verify": "passed",
+        "bench": "skipped: not chosen (--steps, --preset)",
     }  # fmt: skip
     exported = sorted(p.name for p in target.iterdir())
     assert len(exported) <= 8 and all(p.is_file() for p in target.iterdir())

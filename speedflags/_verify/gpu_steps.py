@@ -326,4 +326,4 @@ def select(steps: list[Step], chosen: Iterable[str] | None, skipped: Iterable[st
         if step.group in skipped_set:
             step.why_skipped = "not chosen (--skip)"
         elif chosen_set is not None and step.group not in chosen_set:
-            step.why_skipped = "not chosen (--steps)"
+            step.why_skipped = "not chosen (--steps, --preset)"
