@@ -219,7 +219,8 @@ def plan(
             env={"NVIDIA_TF32_OVERRIDE": "0"},
         ),
         Step("fp8-headroom", fp8, 90, gpu_state=gpu),
-        Step("train-step", train, 150, gpu_state=gpu),
+        # perf_hints: inductor says why it records a graph without CUDA Graphs, if it does
+        Step("train-step", train, 150, env={"TORCH_LOGS": "perf_hints"}, gpu_state=gpu),
         Step("overhead", overhead, 60),
         Step("bench", bench, 240, gpu_state=gpu),
         Step("benchmarks", [*BENCHMARKS, f"--junitxml={out}/benchmarks.xml"], 240),
