@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -256,14 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     gpu = bool(torch.cuda.is_available())
-    steps = plan(
-        out,
-        gpu,
-        bench_args=bench_args,
-        suite_workers=args.suite_workers,
-        suite_cap_s=suite_cap,
-        suite_tests=_names(args.suite_tests) or (),
-    )
+    suite = {"suite_workers": args.suite_workers, "suite_cap_s": suite_cap,
+             "suite_tests": _names(args.suite_tests) or ()}  # fmt: skip
+    steps = plan(out, gpu, bench_args=bench_args, **suite)
     try:
         select(steps, chosen, _names(args.skip) or ())
     except ValueError as exc:
@@ -287,11 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write_steps(out, records)
         _publish(out, args.export)  # so far: a run cut short still leaves its results
 
-    previous = signal.signal(signal.SIGTERM, _stop)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
     try:
         _run_steps(steps, out, python, budget - (time.perf_counter() - started), records, done)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     records = {s.name: records[s.name] for s in steps}  # the plan's order in steps.json
     _write_steps(out, records)
     text = _publish(out, None)
