@@ -6,8 +6,9 @@
 #   make bench     the pytest-benchmark suites, timed, with the speedup-and-accuracy table
 #   make results   python -m speedflags bench, written to benchmarks/results/$(RESULTS).json
 # On a machine with an NVIDIA GPU (no network, no virtual environment needed):
-#   make gpu-check GPU_OUT=DIR   GPU tests, verify, bench, the benchmarks once and a summary,
-#                                everything into DIR (docs/gpu_check.md)
+#   make gpu-check GPU_OUT=DIR   the suite, GPU tests, verify, FP8 headroom, the train step,
+#                                the overhead, bench, the benchmarks once and a summary,
+#                                everything into DIR (docs/gpu_check.md; GPU_ARGS=... for more)
 # The pinned torch is installed first, so pip never resolves a bare `torch` (which would
 # download the newest CUDA build, several GB).
 #
@@ -101,8 +102,10 @@ results: setup
 # says so, and exits 0 when they pass.
 GPU_OUT ?= gpu-check-out
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+# GPU_ARGS: more options, e.g. GPU_ARGS='--preset first --export /path/to/eight-files'
+GPU_ARGS ?=
 gpu-check:
-	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m speedflags._verify.gpu_check --out "$(GPU_OUT)"
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m speedflags._verify.gpu_check --out "$(GPU_OUT)" $(GPU_ARGS)
 
 # Which Python and torch this environment runs, and where torch came from (disk or registry):
 # CI logs it per leg, e.g. "=== leg: Python 3.10.13, torch 2.1.2 (registry) ===".

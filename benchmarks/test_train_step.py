@@ -1,15 +1,26 @@
-"""A small transformer's train step: fp32 eager, against @speedup with bf16 autocast, and
-with bf16 autocast plus torch.compile (inductor).
+"""A small transformer's train step: fp32 eager, against @speedup with bf16 autocast, with
+bf16 autocast plus torch.compile (inductor), and the same compiled through CUDA Graphs.
 
 Each variant trains its own copy of one initialisation on the same batches. Before timing,
 five steps of each are compared with fp32 eager on the same batches: the largest relative
 difference of the losses goes in ``extra_info["loss_rel_err_vs_fp32"]``. Inputs are fresh
 random batches from a fixed generator (a pool cycled through), never zeros. On CUDA the
 step ends with a synchronize, so the timer sees the kernels.
+
+The CUDA Graphs variant (``compile={"mode": "reduce-overhead"}``: inductor records each
+compiled graph once and replays it, one launch for its kernels) is for steps bound by kernel
+launches, as this one is on a fast GPU. It is CUDA-only. A replayed graph reads its inputs
+from fixed addresses: inductor copies each new batch in before a replay (the parameters and
+the optimizer's state stay where they are), and its outputs (the loss returned here, the
+gradients) live in the graph's memory, overwritten by the next replay: each is used before
+the next step (the loss is read at once, the optimizer consumes the gradients within the
+step). ``torch.compiler.cudagraph_mark_step_begin()`` before each call tells PyTorch a new
+step begins, as its documentation asks for training loops.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +57,11 @@ def _batches(device: str, count: int = 8) -> list[tuple[torch.Tensor, torch.Tens
 
 
 def _make_step(device: str, variant: str) -> Callable[..., torch.Tensor]:
+    return _make(device, variant)[0]
+
+
+def _make(device: str, variant: str) -> tuple[Callable[..., torch.Tensor], torch.nn.Module]:
+    """The variant's train step and the model it trains (for checking its parameters)."""
     model = _model(device)
     opt = speedflags.training.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
 
@@ -59,18 +75,43 @@ def _make_step(device: str, variant: str) -> Callable[..., torch.Tensor]:
 
     amp = "bf16"
     if variant == "fp32-eager":
-        return train_step
+        return train_step, model
     if variant == "speedup-bf16":
-        return speedflags.speedup(amp=amp, device=device)(train_step)
-    return speedflags.speedup(amp=amp, device=device, compile=True)(train_step)
+        return speedflags.speedup(amp=amp, device=device)(train_step), model
+    if variant == "speedup-bf16-compile":
+        return speedflags.speedup(amp=amp, device=device, compile=True)(train_step), model
+    if variant == "speedup-bf16-graphs":
+        graphed = speedflags.speedup(amp=amp, device=device, compile={"mode": "reduce-overhead"})
+        return _marking_steps(graphed(train_step)), model
+    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(VARIANTS)}")
 
 
-VARIANTS = ["fp32-eager", "speedup-bf16", "speedup-bf16-compile"]
+def _marking_steps(step: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``step``, telling CUDA Graph Trees a new step begins before each call (where this
+    PyTorch has ``torch.compiler.cudagraph_mark_step_begin``)."""
+    mark = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+
+    @functools.wraps(step)  # keeps step.stats
+    def marked(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if mark is not None:
+            mark()
+        return step(x, y)
+
+    return marked
+
+
+VARIANTS = ["fp32-eager", "speedup-bf16", "speedup-bf16-compile", "speedup-bf16-graphs"]
+# variants that need a CUDA device, and why
+CUDA_ONLY = {
+    "speedup-bf16-graphs": "CUDA Graphs (compile mode 'reduce-overhead') need a CUDA device"
+}
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_train_step(benchmark: Any, device: str, variant: str) -> None:
+    if device != "cuda" and variant in CUDA_ONLY:
+        pytest.skip(CUDA_ONLY[variant])
     benchmark.group = f"train-step-{device}"
     batches = _batches(device)
     reference = _make_step(device, "fp32-eager")

@@ -220,12 +220,16 @@ def test_a_real_ctrl_c_stops_cleanly() -> None:
 
 
 def run_pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    # Not as a pytest-xdist worker's child: pytest-benchmark reads PYTEST_XDIST_WORKER and
+    # turns itself off ("--benchmark-disable is automatically activated if xdist is on").
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=cwd,
+        env=env,
     )
 
 

@@ -14,7 +14,8 @@ lives in :mod:`speedflags._measure`: :mod:`~speedflags._measure.verdicts` (``ver
 recording), :mod:`~speedflags._measure.causes` (why a lever is not in effect),
 :mod:`~speedflags._measure.verification` (verdicts, table, JSON). Here: :mod:`.cli`
 (``python -m speedflags verify``), and for ``make gpu-check``: :mod:`.gpu_check` (the
-driver), :mod:`.summary` and :mod:`.peaks`.
+driver), :mod:`.gpu_steps` (what it runs), :mod:`.gpu_machine` (what it records of the
+machine), :mod:`.summary` with :mod:`.sections`, and :mod:`.peaks`.
 
 May import: :mod:`speedflags._measure` and the layers below the tools (``fast_math``,
 ``status``, ``hardware``, ``errors``, ``levers.registry``); never ``bench`` or ``tune``,

@@ -1,17 +1,18 @@
 """The summary ``make gpu-check`` leaves: device, versions, verdicts, speedups, TFLOP/s.
 
 It reads what the check's steps wrote into its output folder (``environment.json``,
-``steps.json``, ``verify.json``, ``bench.json``) and writes ``summary.md``. Each lever's row
+``steps.json``, ``verify.json``, ``bench.json``, ``fp8-headroom.json``, ``train-step.json``,
+``overhead.json`` and the tests' JUnit files) and writes ``summary.md``. Each lever's row
 joins its verdict with the bench configuration that is that lever alone (the speedup at the
 workload's largest size); the throughput table puts every measured configuration's TFLOP/s
-beside the device's dense datasheet peak for its arithmetic.
+beside the device's dense datasheet peak for its arithmetic; the tests' table counts each
+run's outcomes and names every failure.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from typing import Any
 
 from .._measure.accuracy import coarsest
@@ -19,6 +20,7 @@ from .._measure.workloads import WORKLOADS
 from ..errors import SpeedflagsError
 from ..levers.registry import lever_spec
 from .peaks import peak_for
+from .sections import fp8_section, overhead_section, table, tests_section, train_section
 
 __all__ = ["lever_rows", "load", "render", "throughput_rows"]
 
@@ -125,12 +127,6 @@ def throughput_rows(
     return rows
 
 
-def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    return lines
-
-
 def render(folder: str) -> str:
     """The summary of a ``make gpu-check`` output folder, as Markdown."""
     env = load(folder, "environment.json") or {}
@@ -141,24 +137,46 @@ def render(folder: str) -> str:
     lines = [f"# speedflags gpu-check: {device}", ""]
     for key in ("date", "device", "driver", "cuda", "cudnn", "torch", "python", "gpu_found"):
         lines.append(f"- {key}: {env.get(key, '-')}")
+    cpu = env.get("host_cpu") or {}
+    if cpu:
+        lines.append(
+            f"- host CPU: {cpu.get('model')}, {cpu.get('logical_cores')} logical cores, "
+            f"{cpu.get('isa')}; bf16: {cpu.get('bf16')}; fp16: {cpu.get('fp16')}; "
+            f"AMX: {'yes' if cpu.get('amx') else 'no'}"
+        )
+    if env.get("gpu_state_start"):
+        lines.append(
+            f"- GPU at the start (SM clock, its most, power, limit, temperature): "
+            f"{env['gpu_state_start']}"
+        )
+    for step in steps:
+        if step.get("gpu_state_after"):
+            lines.append(f"- GPU after {step['name']}: {step['gpu_state_after']}")
     peak = peak_for(device)
     lines.append(f"- dense peaks (TFLOP/s): {peak[1] if peak else 'not in the table'}")
     lines += ["", "## Steps", ""]
-    lines += _table(
+    lines += table(
         ("step", "status", "seconds", "log"),
         [(s["name"], s["status"], f"{s.get('seconds', 0):.0f}", s.get("log", "")) for s in steps],
     )
+    lines += ["", "## Tests", "", *tests_section(folder)]
     lines += ["", "## Levers: verdict and speedup", ""]
     if verified is None:
         lines.append("verify did not run or left no verify.json")
     else:
-        lines += _table(
+        lines += table(
             ("lever", "verdict", "measured", "bench speedup"), lever_rows(verified, bench)
         )
     lines += ["", "## Throughput against the dense peak", ""]
     rows = throughput_rows(bench, device)
     if rows:
-        lines += _table(("group", "configuration", "TFLOP/s", "arithmetic", "of peak"), rows)
+        lines += table(("group", "configuration", "TFLOP/s", "arithmetic", "of peak"), rows)
     else:
         lines.append("bench did not run or measured nothing")
+    lines += ["", "## FP8 headroom: float8 e4m3 scaled matmul, tensor-wise scales", ""]
+    lines += fp8_section(load(folder, "fp8-headroom.json"))
+    lines += ["", "## Small transformer train step", ""]
+    lines += train_section(load(folder, "train-step.json"))
+    lines += ["", "## Frame overhead on this machine's CPU", ""]
+    lines += overhead_section(load(folder, "overhead.json"))
     return "\n".join(lines) + "\n"
