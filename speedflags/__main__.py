@@ -58,8 +58,8 @@ def _default_device(requested: str | None) -> str | None:
     if requested is None and launched_by_torchrun():
         import torch
 
-        if torch.cuda.is_available():
-            return f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        if torch.cuda.is_available():  # ranks share the GPUs when there are more of them
+            return f"cuda:{int(os.environ['LOCAL_RANK']) % torch.cuda.device_count()}"
     return requested
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import copyreg
+import functools
 import itertools
 import sys
 import threading
@@ -248,7 +249,36 @@ def _map(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
+def _map_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any], fn: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`_map` over a call's arguments, tensors at the top level (the usual call)
+    without the recursion."""
+    mapped = tuple(
+        fn(a) if isinstance(a, torch.Tensor) else _map(a, fn) if isinstance(a, _NESTED) else a
+        for a in args
+    )
+    return mapped, ({k: _map(v, fn) for k, v in kwargs.items()} if kwargs else kwargs)
+
+
+_NESTED = (tuple, list, Mapping)
+
+
 def _first_floating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtype | None:
+    """The dtype of the first floating tensor among a call's arguments, or None."""
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                return value.dtype
+            continue
+        if isinstance(value, _NESTED):
+            found = _first_in(value)
+            if found is not None:
+                return found
+    return _first_in(kwargs) if kwargs else None
+
+
+def _first_in(value: Any) -> torch.dtype | None:
     found: list[torch.dtype] = []
 
     def seen(t: torch.Tensor) -> torch.Tensor:
@@ -256,7 +286,7 @@ def _first_floating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtyp
             found.append(t.dtype)
         return t
 
-    _map((args, kwargs), seen)
+    _map(value, seen)
     return found[0] if found else None
 
 
@@ -308,15 +338,18 @@ def _make_class(cls: type, role: int, names: tuple[str, ...], config: Config, ca
     if role & _PARAMS and dtype is not None:
         for name in names:
             namespace[name] = _cast_property(name, dtype, casts)
+    to_own = _to(own_dtype)
+    to_compute = _to(dtype) if dtype is not None else to_own
+    norm, params = bool(role & _NORM and dtype is not None), bool(role & _PARAMS and dtype)
 
     def inner(self: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if role & _NORM and dtype is not None:  # float32, on an upcast input
+        if norm:  # float32, on an upcast input
             given = _first_floating(args, kwargs)
             if given is not None and given is not own_dtype:
-                args, kwargs = _map((args, kwargs), _to(own_dtype))
+                args, kwargs = _map_call(args, kwargs, to_own)
                 return _map(base_forward(self, *args, **kwargs), _to(given))
-        elif role & _PARAMS and dtype is not None:
-            args, kwargs = _map((args, kwargs), _to(dtype))
+        elif params:
+            args, kwargs = _map_call(args, kwargs, to_compute)
         return base_forward(self, *args, **kwargs)
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -326,10 +359,10 @@ def _make_class(cls: type, role: int, names: tuple[str, ...], config: Config, ca
             return _counted(inner, self, args, kwargs)
         given = _first_floating(args, kwargs)
         if channels_last:
-            args, kwargs = _map((args, kwargs), _channels_last)
+            args, kwargs = _map_call(args, kwargs, _channels_last)
         if dtype is None:
             return _counted(inner, self, args, kwargs)
-        args, kwargs = _map((args, kwargs), _to(dtype))
+        args, kwargs = _map_call(args, kwargs, to_compute)
         out = _counted(inner, self, args, kwargs)
         return _map(out, _to(given if given is not None else own_dtype))
 
@@ -365,9 +398,12 @@ def _cast_property(name: str, dtype: torch.dtype, casts: Casts) -> property:
     return property(get, doc=f"the parameter {name!r}, cast to {dtype} inside forward")
 
 
+@functools.cache
 def _to(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A floating tensor in ``dtype`` (one function per dtype, made once)."""
+
     def convert(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype) if t.is_floating_point() and t.dtype is not dtype else t
+        return t.to(dtype) if t.dtype is not dtype and t.is_floating_point() else t
 
     return convert
 
@@ -428,46 +464,71 @@ def _floating_names(module: nn.Module) -> tuple[str, ...]:
 
 def sync(model: nn.Module, state: ModelState) -> None:
     """Make ``model`` compute as ``state`` says: swap each module's class, convert the
-    convolution weights. All or nothing: a failure undoes what was done, then raises."""
+    convolution weights. All or nothing: a failure (or an interruption) undoes what was done,
+    then raises. The loops are functions of their own: a loop's back edge inside a ``try``
+    can fall outside its handler on Python 3.12+ (tests/test_exception_table_holes.py)."""
     done: list[tuple[nn.Module, type]] = []
     converted: list[tuple[nn.Parameter, torch.Tensor]] = []
     classes, strides = dict(state.classes), dict(state.strides)
     modules = list(model.modules())
     try:
-        for module, wanted in _plan(modules, state):
-            previous = type(module)
-            if previous is wanted:
-                continue
-            _set_class(module, wanted)
-            done.append((module, previous))
-            if "_speedflags_own_class" in wanted.__dict__:
-                state.classes.setdefault(module, original_class(module))
-            else:
-                state.classes.pop(module, None)
+        _swap_classes(_plan(modules, state), state, done)
         with torch.no_grad():
             if state.channels_last:
-                for module in modules:
-                    weight = (
-                        module._parameters.get("weight") if isinstance(module, _CONVS) else None
-                    )
-                    if weight is not None and weight.dim() == 4 and id(weight) not in state.strides:
-                        converted.append((weight, weight.data))
-                        state.strides[id(weight)] = (weight, tuple(weight.stride()))
-                        weight.data = weight.data.contiguous(memory_format=torch.channels_last)
+                _to_channels_last(modules, state, converted)
             elif state.strides:
-                for weight, stride in list(state.strides.values()):
-                    converted.append((weight, weight.data))
-                    weight.data = _restrided(weight.data, stride)
-                    del state.strides[id(weight)]
+                _to_own_layout(state, converted)
     except BaseException:
-        for weight, data in reversed(converted):
-            weight.data = data
-        for module, previous in reversed(done):
-            _set_class(module, previous)
+        _undo(done, converted)
         state.classes, state.strides = classes, strides
         raise
     finally:
         state.casts.clear()  # no cast outlives a change of setting
+
+
+def _swap_classes(
+    planned: list[tuple[nn.Module, type]], state: ModelState, done: list[tuple[nn.Module, type]]
+) -> None:
+    for module, wanted in planned:
+        previous = type(module)
+        if previous is wanted:
+            continue
+        _set_class(module, wanted)
+        done.append((module, previous))
+        if "_speedflags_own_class" in wanted.__dict__:
+            state.classes.setdefault(module, original_class(module))
+        else:
+            state.classes.pop(module, None)
+
+
+def _to_channels_last(
+    modules: list[nn.Module],
+    state: ModelState,
+    converted: list[tuple[nn.Parameter, torch.Tensor]],
+) -> None:
+    for module in modules:
+        weight = module._parameters.get("weight") if isinstance(module, _CONVS) else None
+        if weight is None or weight.dim() != 4 or id(weight) in state.strides:
+            continue
+        converted.append((weight, weight.data))
+        state.strides[id(weight)] = (weight, tuple(weight.stride()))
+        weight.data = weight.data.contiguous(memory_format=torch.channels_last)
+
+
+def _to_own_layout(state: ModelState, converted: list[tuple[nn.Parameter, torch.Tensor]]) -> None:
+    for weight, stride in list(state.strides.values()):
+        converted.append((weight, weight.data))
+        weight.data = _restrided(weight.data, stride)
+        del state.strides[id(weight)]
+
+
+def _undo(
+    done: list[tuple[nn.Module, type]], converted: list[tuple[nn.Parameter, torch.Tensor]]
+) -> None:
+    for weight, data in reversed(converted):
+        weight.data = data
+    for module, previous in reversed(done):
+        _set_class(module, previous)
 
 
 def _set_class(module: nn.Module, cls: type) -> None:
