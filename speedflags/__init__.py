@@ -63,7 +63,7 @@ from ._shorthands import (
 from ._speedup import speedup
 from ._version import __version__
 from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
-from .levers import Unreadable
+from .levers import Unreadable, register_lever, unregister_lever
 
 if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type checkers see them
     from . import bench as bench
@@ -149,6 +149,7 @@ __all__ = [
     "matmul_precision",
     "recommended",
     "reduced_precision_reduction",
+    "register_lever",
     "sdpa_backend",
     "signal_safe",
     "snapshot",
@@ -156,6 +157,7 @@ __all__ = [
     "tf32",
     "tf32_status",
     "tune",
+    "unregister_lever",
     "verify",
     "watch",
 ]

@@ -19,7 +19,8 @@ from ._hardware import DeviceLike, normalize_device
 from ._ledger.ledger import ledger
 from ._short_repr import short_repr
 from .errors import InvalidTypeError, InvalidValueError
-from .levers.registry import MODEL_LEVER_NAMES, check_model, lever_spec
+from .levers import registry
+from .levers.registry import check_model, lever_spec
 
 if TYPE_CHECKING:
     from .levers.arguments import LeverArgs
@@ -107,7 +108,7 @@ class Schedule:
             spec: FastMath | None = None
             if settings:  # fast_math() with no argument would mean "recommended levers"
                 # the model goes to the entries that set a model lever (it is refused without)
-                uses_model = any(name in MODEL_LEVER_NAMES for name in settings)
+                uses_model = any(lever_spec(name).per_model for name in settings)
                 try:
                     spec = FastMath(
                         **settings,
@@ -120,7 +121,7 @@ class Schedule:
                     raise type(exc)(f"{self._name}: epoch {epoch}: {exc}") from None
             entries.append((epoch, settings, spec))
         if model is not None and not any(
-            name in MODEL_LEVER_NAMES for _, settings, _ in entries for name in settings
+            name in registry.MODEL_LEVER_NAMES for _, settings, _ in entries for name in settings
         ):
             check_model(self._name, model, ())  # a non-Module, or a model no entry uses
         self._entries: tuple[tuple[int, dict[str, Any], FastMath | None], ...] = tuple(entries)

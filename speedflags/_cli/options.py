@@ -39,7 +39,8 @@ from .._measure.timing import MAX_ROUNDS
 from .._short_repr import short_repr
 from .._tune.search import COMPILE
 from ..errors import SpeedflagsError
-from ..levers.registry import LEVER_NAMES, lever_spec
+from ..levers import registry
+from ..levers.registry import lever_spec
 
 __all__ = ["MAX_PASSES", "UsageError", "check", "tunable_levers"]
 
@@ -108,7 +109,11 @@ def _names(option: str, text: str | None, valid: Sequence[str]) -> list[str] | N
         raise UsageError(f"{shown}: names no lever; valid: {', '.join(valid)}")
     for name in names:
         if name not in valid:
-            why = _never_tried(name) if option == "--levers" and name in LEVER_NAMES else None
+            why = (
+                _never_tried(name)
+                if option == "--levers" and name in registry.LEVER_NAMES
+                else None
+            )
             raise UsageError(
                 f"{shown}: {why or f'unknown lever {short_repr(name)}'}; valid: {', '.join(valid)}"
             )
@@ -248,7 +253,9 @@ def _gib(size: int) -> str:
 def tunable_levers() -> list[str]:
     """What ``tune --levers`` accepts: the levers tune tries values of, and compile (not the
     model levers: the command line gives tune no model)."""
-    tried = [n for n in LEVER_NAMES if lever_spec(n).candidates and not lever_spec(n).per_model]
+    tried = [
+        n for n in registry.LEVER_NAMES if lever_spec(n).candidates and not lever_spec(n).per_model
+    ]
     return sorted([*tried, COMPILE])
 
 
@@ -280,7 +287,7 @@ def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     _not_empty(args, "--device", "--levers", "--json")
     _device(args.device, "verify")
-    args.lever_names = _names("--levers", args.levers, sorted(LEVER_NAMES))
+    args.lever_names = _names("--levers", args.levers, sorted(registry.LEVER_NAMES))
     _output("--json", args.json, None)
 
 

@@ -11,9 +11,12 @@ own ``read()``, one per piece of torch state (``tf32`` and ``matmul_precision`` 
 a tuple that compares equal exactly when the state is the same. It costs a few microseconds
 (measured in ``benchmarks/test_compile_levers.py``; ``benchmarks/RESULTS.md``).
 
+The list follows the registry: a lever registered with ``dynamo_misses``
+(:func:`speedflags.register_lever`) joins it.
+
 Example:
-    >>> from speedflags._compile.lever_state import UNGUARDED, describe_state, lever_state
-    >>> [spec.name for spec in UNGUARDED]  # doctest: +NORMALIZE_WHITESPACE
+    >>> from speedflags._compile.lever_state import describe_state, lever_state, unguarded
+    >>> [spec.name for spec in unguarded()]  # doctest: +NORMALIZE_WHITESPACE
     ['tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'deterministic',
      'reduced_precision_reduction']
     >>> lever_state() == lever_state()
@@ -27,41 +30,54 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from ..levers import registry
 from ..levers._base import Lever
-from ..levers.registry import REGISTRY, LeverSpec
+from ..levers.registry import LeverSpec
 
-__all__ = ["UNGUARDED", "LeverState", "describe_state", "lever_state"]
-
-#: The levers whose state dynamo does not (fully) guard, in registry order.
-UNGUARDED: tuple[LeverSpec, ...] = tuple(spec for spec in REGISTRY if spec.dynamo_misses)
+__all__ = ["LeverState", "describe_state", "lever_state", "unguarded"]
 
 LeverState = tuple[Hashable, ...]
+Domains = tuple[tuple[Callable[[], Hashable], tuple[tuple[str, Lever], ...]], ...]
 
 
-def _by_domain() -> tuple[tuple[Callable[[], Hashable], tuple[tuple[str, Lever], ...]], ...]:
+def unguarded() -> tuple[LeverSpec, ...]:
+    """The levers whose state dynamo does not (fully) guard, in registry order."""
+    return tuple(spec for spec in registry.REGISTRY if spec.dynamo_misses)
+
+
+def _by_domain() -> Domains:
     # One read per piece of torch state: tf32 and matmul_precision share the fp32 precision.
     reads: dict[str, Callable[[], Hashable]] = {}
     levers: dict[str, list[tuple[str, Lever]]] = {}
-    for spec in UNGUARDED:
+    for spec in unguarded():
         lever = spec.lever()
         reads.setdefault(lever.domain, lever.read)
         levers.setdefault(lever.domain, []).append((spec.name, lever))
     return tuple((read, tuple(levers[domain])) for domain, read in reads.items())
 
 
-_DOMAINS = _by_domain()
-_READS: tuple[Callable[[], Hashable], ...] = tuple(read for read, _ in _DOMAINS)
+# (registry version, domains, their reads): derived again when a lever is (un)registered
+_derived: tuple[int, Domains, tuple[Callable[[], Hashable], ...]] = (-1, (), ())
+
+
+def _domains() -> tuple[Domains, tuple[Callable[[], Hashable], ...]]:
+    global _derived
+    derived = _derived
+    if derived[0] != registry.version:
+        domains = _by_domain()
+        derived = _derived = (registry.version, domains, tuple(read for read, _ in domains))
+    return derived[1], derived[2]
 
 
 def lever_state() -> LeverState:
     """The state of every lever dynamo does not guard, now: equal when nothing changed."""
-    return tuple([read() for read in _READS])
+    return tuple([read() for read in _domains()[1]])
 
 
 def describe_state(state: LeverState) -> dict[str, Any]:
     """A JSON-friendly view of a :func:`lever_state`, by lever name (for ``.stats``)."""
     out: dict[str, Any] = {}
-    for (_, levers), value in zip(_DOMAINS, state, strict=True):
+    for (_, levers), value in zip(_domains()[0], state, strict=True):
         for name, lever in levers:
             out[name] = lever.describe(value)
     return out

@@ -11,7 +11,7 @@ May import: the ledger (:mod:`speedflags._ledger`), the levers, the rank check
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -35,6 +35,7 @@ from ..errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
 from ..levers.autocast import AUTO
 from ..levers.lever_sets import document_levers
 from ..levers.registry import check_levers, check_model, lever_spec, shown_levers
+from ..levers.spec import LeverSpec
 from .in_graph import BUILDERS, decorated_in_graph, enter_in_graph, exit_in_graph, spec_in_graph
 
 if TYPE_CHECKING:
@@ -65,9 +66,12 @@ def make_plan(
     strict: bool,
     device: torch.device,
     model: Any = None,
+    specs: Mapping[str, LeverSpec] | None = None,
 ) -> Plan:
     """The plan of a spec that asked for ``requested`` (all recommended levers if
-    ``recommend``), on ``device``; the model levers' for ``model``."""
+    ``recommend``), on ``device``; the model levers' for ``model``. ``specs``: the levers'
+    declarations as the spec found them when it was built (a lever unregistered since
+    still applies and restores)."""
     shown_device = capabilities(device).device
     reasons: dict[str, str] = {}
     skipped = []
@@ -84,14 +88,15 @@ def make_plan(
     slow = []
     for name, value in requested:
         note = reasons.get(name, "")
-        lever = lever_spec(name).lever(device.type, model)
+        spec = specs[name] if specs is not None and name in specs else lever_spec(name)
+        lever = spec.lever(device.type, model)
         if value == AUTO:  # amp="auto": the dtype depends on the device
             value, why = resolve_auto(device)
             if value is None:
                 skipped.append((name, f"{name}='auto': {why}"))
                 continue
             note = f"{name}='auto' chose {lever.describe_value(value)}: {why}"
-        effect = lever.available(value, device)
+        effect = spec.effect(value, device)
         shown = f"{name}={lever.describe_value(value)!r}"
         if not effect.effective and strict:
             refusals.append(f"{shown}: {effect.reason}")
@@ -167,6 +172,7 @@ class FastMath(FrameScope):
         "_ready",
         "_recommend",
         "_requested",
+        "_specs",
         "_strict",
     )
 
@@ -184,6 +190,7 @@ class FastMath(FrameScope):
         # registry validates and orders the rest, and refuses unknown names.
         requested = check_levers("fast_math", levers)
         check_model("fast_math", model, requested)
+        self._specs = {name: lever_spec(name) for name, _ in requested}
         if not isinstance(strict, bool):
             raise InvalidTypeError(
                 f"fast_math(strict={short_repr(strict)}): expected True or False, "
@@ -228,7 +235,7 @@ class FastMath(FrameScope):
     @property
     def levers(self) -> dict[str, Any]:
         """The requested lever values (empty for a bare ``fast_math()``: see ``recommended``)."""
-        return {name: lever_spec(name).describe_value(value) for name, value in self._requested}
+        return {name: self._specs[name].describe_value(value) for name, value in self._requested}
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -243,7 +250,7 @@ class FastMath(FrameScope):
         if plan is None:
             device = self._device if self._device is not None else default_device()
             plan = self._plan_cache = make_plan(
-                self._requested, self._recommend, self._strict, device, self._model
+                self._requested, self._recommend, self._strict, device, self._model, self._specs
             )
             for cause, message in plan.slow:
                 _warn.warn_once(cause, message, SlowPathWarning)

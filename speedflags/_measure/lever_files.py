@@ -24,8 +24,9 @@ import torch
 
 from .._short_repr import SHOWN_CHARS, short_repr
 from ..errors import InvalidTypeError, InvalidValueError
+from ..levers import registry
 from ..levers.autocast import _BY_NAME as _AMP_NAMES
-from ..levers.registry import LEVER_NAMES, check_levers, lever_spec
+from ..levers.registry import check_levers, lever_spec
 from .output_paths import make_parent_folder
 
 __all__ = [
@@ -236,11 +237,11 @@ def load_levers(path: PathLike) -> dict[str, Any]:
     levers = data.get("levers", data if "tune" not in data else {})
     if not isinstance(levers, dict):
         raise InvalidValueError(f"{call}: 'levers' must be a table, got {type(levers).__name__}")
-    unknown = [name for name in levers if name not in LEVER_NAMES]
+    unknown = [name for name in levers if name not in registry.LEVER_NAMES]
     if unknown:
         raise InvalidTypeError(
             f"{call}: {short_repr(unknown[0])} is not a lever; "
-            f"valid: {', '.join(sorted(LEVER_NAMES))}"
+            f"valid: {', '.join(sorted(registry.LEVER_NAMES))}"
         )
     return plain_levers(check_levers(call, levers))
 

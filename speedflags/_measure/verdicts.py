@@ -14,7 +14,8 @@ from .._hardware import DeviceLike, capabilities, cudnn_version_or_none, resolve
 from .._short_repr import short_repr
 from .._status import snapshot
 from ..errors import InvalidValueError
-from ..levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
+from ..levers import registry
+from ..levers.registry import LeverSpec, lever_spec
 from . import causes, probes
 from .lever_files import LeversArg, named_levers, plain_value
 from .route import effect_here
@@ -80,7 +81,7 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
     before = snapshot()
     ctx = probes.Context(target)
     verdicts = [_baseline(ctx)]
-    for spec in REGISTRY:
+    for spec in registry.REGISTRY:
         for value in wanted.get(spec.name, ()):
             verdicts.append(_one(ctx, spec, value))
     return Verification(
@@ -93,13 +94,13 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
 
 
 def _wanted(levers: LeversArg) -> dict[str, tuple[Any, ...]]:
-    choices = ", ".join(LEVER_NAMES)
+    choices = ", ".join(registry.LEVER_NAMES)
     if levers is None:
-        return {spec.name: spec.candidates for spec in REGISTRY}
+        return {spec.name: spec.candidates for spec in registry.REGISTRY}
     items = named_levers("verify", levers, choices)
     out: dict[str, tuple[Any, ...]] = {}
     for name, values in items:
-        if not isinstance(name, str) or name not in LEVER_NAMES:
+        if not isinstance(name, str) or name not in registry.LEVER_NAMES:
             raise InvalidValueError(
                 f"verify(levers=...): unknown lever {short_repr(name)}; valid: {choices}"
             )

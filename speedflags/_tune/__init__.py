@@ -26,7 +26,8 @@ from .._hardware import DeviceLike, default_device, missing_cuda, normalize_devi
 from .._measure.lever_files import LeversArg, load_levers, named_levers
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
-from ..levers.registry import LEVER_NAMES, lever_spec
+from ..levers import registry
+from ..levers.registry import lever_spec
 from .candidates import verdicts_of
 from .compare import Plan
 from .result import Row, TuneResult
@@ -34,8 +35,6 @@ from .search import COMPILE, Search
 from .state import find_state
 
 __all__ = ["Row", "TuneResult", "load_levers", "run", "tune"]
-
-_CHOICES = ", ".join(sorted((*LEVER_NAMES, COMPILE)))
 
 
 def tune(
@@ -172,7 +171,7 @@ def _wanted(levers: LeversArg) -> tuple[dict[str, Sequence[Any]] | None, bool]:
     """``levers=`` as {lever: values to try} (None: all) and whether to try compile."""
     if levers is None:
         return None, True
-    items = named_levers("tune", levers, _CHOICES)
+    items = named_levers("tune", levers, _choices())
     wanted: dict[str, Sequence[Any]] = {}
     never_tried: list[str] = []  # named alone, and the registry tries none of its values
     try_compile = False
@@ -180,9 +179,9 @@ def _wanted(levers: LeversArg) -> tuple[dict[str, Sequence[Any]] | None, bool]:
         if name == COMPILE:
             try_compile = values is None or bool(values)
             continue
-        if not isinstance(name, str) or name not in LEVER_NAMES:
+        if not isinstance(name, str) or name not in registry.LEVER_NAMES:
             raise InvalidValueError(
-                f"tune(levers=...): unknown lever {short_repr(name)}; valid: {_CHOICES}"
+                f"tune(levers=...): unknown lever {short_repr(name)}; valid: {_choices()}"
             )
         spec = lever_spec(name, "tune")
         if values is None and not spec.candidates:  # deterministic: never faster
@@ -209,7 +208,7 @@ def _wanted(levers: LeversArg) -> tuple[dict[str, Sequence[Any]] | None, bool]:
         )
         raise InvalidValueError(
             f"tune(levers={short_repr(levers)}): names nothing to try; give one or more of "
-            f"{_CHOICES}, or None for all{hint}"
+            f"{_choices()}, or None for all{hint}"
         )
     return wanted, try_compile
 
@@ -247,3 +246,8 @@ def _first_device(values: Sequence[Any], depth: int = 0) -> torch.device | None:
         if found is not None:
             return found
     return None
+
+
+def _choices() -> str:
+    """What ``levers=`` may name: every lever (registered ones too) and compile."""
+    return ", ".join(sorted((*registry.LEVER_NAMES, COMPILE)))

@@ -21,7 +21,8 @@ from .._measure.lever_files import plain_levers
 from .._measure.route import effect_here
 from .._measure.verdicts import recorded
 from ..errors import InvalidValueError
-from ..levers.registry import REGISTRY, check_levers
+from ..levers import registry
+from ..levers.registry import check_levers
 from .result import Row
 
 __all__ = ["Levers", "calls_of", "candidates", "combinations", "verdicts_of"]
@@ -93,7 +94,7 @@ def candidates(
     """
     tried: list[Levers] = []
     skipped: list[Row] = []
-    for spec in REGISTRY:
+    for spec in registry.REGISTRY:
         if wanted is not None and spec.name not in wanted:
             continue
         if spec.per_model:  # tune has no model to give them (yet)

@@ -40,7 +40,8 @@ from types import ModuleType
 from typing import Any
 
 from .._short_repr import short_repr, short_str
-from ..levers.registry import LEVER_NAMES, lever_spec
+from ..levers import registry
+from ..levers.registry import lever_spec
 from .search import COMPILE
 
 __all__ = ["UsageError", "add_parser", "check_target", "command", "load_factory"]
@@ -101,7 +102,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--levers",
         default=None,
         help="comma-separated levers to try, at least one (default: all, and compile): "
-        + ", ".join(sorted(name for name in (*LEVER_NAMES, COMPILE) if _tried(name))),
+        + ", ".join(sorted(name for name in (*registry.LEVER_NAMES, COMPILE) if _tried(name))),
     )
     parser.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: the arguments' device)"

@@ -44,9 +44,10 @@ from .._ledger.history import format_where
 from .._ledger.own_writes import Where
 from .._warn import PACKAGE_DIR
 from ..levers import _fp32_model as family
+from ..levers import registry
 from ..levers._base import Guard
 from ..levers.guarded import GUARDED
-from ..levers.registry import AUTOCAST_DEVICE_TYPES, REGISTRY
+from ..levers.registry import AUTOCAST_DEVICE_TYPES
 
 __all__ = [
     "SETTERS",
@@ -287,7 +288,7 @@ def domains() -> tuple[Domain, ...]:
     """From the registry: one entry per domain; thread levers once per autocast device type;
     then one per guarded setting. Model levers have no process-wide state and no entry."""
     found: dict[str, Domain] = {}
-    for spec in REGISTRY:
+    for spec in registry.REGISTRY:
         if spec.per_model:  # a model's state: nothing process-wide to watch
             continue
         device_types = AUTOCAST_DEVICE_TYPES if spec.scope == "thread" else ("cpu",)

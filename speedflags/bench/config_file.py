@@ -47,7 +47,8 @@ from .._measure.lever_files import load_levers, read_file
 from .._measure.workloads import WORKLOADS
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError, SpeedflagsError
-from ..levers.registry import LEVER_NAMES, check_levers
+from ..levers import registry
+from ..levers.registry import check_levers
 
 __all__ = ["BenchFile", "load_bench_file"]
 
@@ -189,10 +190,10 @@ class _Reader:
                 if isinstance(value, str) and value in words:
                     value = words[value]
                 levers[lever] = value
-            elif knob in LEVER_NAMES:
+            elif knob in registry.LEVER_NAMES:
                 levers[knob] = value
             else:
-                valid = ", ".join((*LEVER_NAMES, *SEED_KNOBS, "dtype"))
+                valid = ", ".join((*registry.LEVER_NAMES, *SEED_KNOBS, "dtype"))
                 raise self.fail(key, knob, f"not a lever; valid: {valid}")
         try:
             check_levers(f"{self.where}: {key}", levers)

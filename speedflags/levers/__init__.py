@@ -1,30 +1,39 @@
-"""The levers: one module per lever, and the registry every other part of speedflags reads.
+"""The levers: one module per lever, each declaring its levers once, and the registry every
+other part of speedflags reads.
 
-:mod:`speedflags.levers.registry` holds one :class:`~speedflags.levers.registry.LeverSpec`
-per lever, in application order. Adding a lever means one module with its ``Lever`` class
-and one registry entry. :mod:`.culprits` is the hook through which a running
-:func:`speedflags.watch` tells the levers (and the ledger) who wrote a flag.
+Each lever module (``precision``, ``cudnn``, ``sdpa``, ``deterministic``, ``reductions``,
+``autocast``, ``param_dtype``, ``memory_format``) implements the protocol of ``_base`` and
+declares its levers (``DECLARED``, :func:`~speedflags.levers.spec.declare`);
+:mod:`.registry` collects the declarations, and :func:`speedflags.register_lever` adds a
+library's own. Adding a built-in lever means one module (and its type in
+:class:`~speedflags.levers.arguments.LeverArgs`). :mod:`.culprits` is the hook through which
+a running :func:`speedflags.watch` tells the levers (and the ledger) who wrote a flag.
+
+``REGISTRY``, ``LEVER_NAMES`` and ``PROCESS_LEVERS`` are read from the registry when asked
+for: a lever registered later is in them.
 
 :mod:`._base` also holds ``UNSET``, the registry's "no value" where ``None`` is a value (a
 lever's baseline). It is not public: a user leaves a lever unchanged with ``None`` or by
 leaving its keyword out.
 
 May import: torch and the base modules (``errors``, ``hardware``, ``_short_repr``,
-``_warn``) only. The levers are the lowest layer: the ledger, the watch and
+``_warn``, ``_tracing``) only. The levers are the lowest layer: the ledger, the watch and
 everything else build on them.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from . import registry
 from ._base import Effect, Lever, Unreadable
 from .registry import (
-    LEVER_NAMES,
-    PROCESS_LEVERS,
-    REGISTRY,
     LeverSpec,
     autocast_lever,
     check_levers,
     lever_spec,
+    register_lever,
+    unregister_lever,
 )
 
 __all__ = [
@@ -38,4 +47,19 @@ __all__ = [
     "autocast_lever",
     "check_levers",
     "lever_spec",
+    "register_lever",
+    "unregister_lever",
 ]
+
+_FROM_REGISTRY = ("LEVER_NAMES", "PROCESS_LEVERS", "REGISTRY")
+
+
+def __getattr__(name: str) -> Any:
+    # the registry's current lists (PEP 562): a lever registered after import is in them
+    if name in _FROM_REGISTRY:
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,6 +12,7 @@ inside a block, keep their own autocast state.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,8 @@ import torch
 
 from .._hardware import capabilities
 from ..errors import InvalidTypeError, InvalidValueError
-from ._base import Effect, SimpleLever
+from ._base import UNSET, Effect, SimpleLever
+from .spec import MATMUL_OPS, Shorthand, declare
 
 AUTO = "auto"
 _BY_NAME = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -203,3 +205,63 @@ class AutocastLever(SimpleLever):
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+_made: dict[str, AutocastLever] = {}
+_made_lock = threading.Lock()
+
+
+def autocast_lever(device_type: str) -> AutocastLever:
+    """The ``amp`` lever for one device type (one shared instance per type)."""
+    lever = _made.get(device_type)
+    if lever is None:
+        with _made_lock:
+            lever = _made.setdefault(device_type, AutocastLever(device_type))
+    return lever
+
+
+def describe_amp(value: Any) -> Any:
+    """``"bfloat16"`` for ``torch.bfloat16``, ``"auto"``, or ``False`` for off."""
+    if value is None:
+        return False
+    if value == AUTO:
+        return AUTO
+    return _dtype_name(value)
+
+
+AUTOCAST_SHORTHAND = Shorthand(
+    name="autocast",
+    parameter="dtype",
+    default=UNSET,
+    doc="""Autocast in ``dtype`` on ``device`` for a block: ``fast_math(amp=dtype, device=device)``.
+
+    Scope: thread (like ``torch.autocast``). Restores the thread's autocast flag and dtype.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.autocast("bf16", device="cpu"):
+        ...     speedflags.snapshot()["amp"]["cpu"], (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+        ({'enabled': True, 'dtype': 'bfloat16'}, torch.bfloat16)
+    """,
+)
+
+
+DECLARED = (
+    declare(
+        autocast_lever,
+        shorthand=AUTOCAST_SHORTHAND,
+        name="amp",
+        scope="thread",
+        validate=validate_amp,
+        describe=describe_amp,
+        order=70,
+        values=CHOICES,
+        summary="autocast: matmuls and convolutions in bf16 or fp16, on one device type",
+        accuracy="bf16: ~3e-3 relative error (8 mantissa bits); fp16: ~4e-4 (use loss scaling)",
+        baseline=False,
+        candidates=(torch.bfloat16, torch.float16),
+        ops=MATMUL_OPS,
+        # no dynamo_misses: autocast is guarded (by the tensors' dispatch keys on 2.1, by
+        # the global state guard later)
+    ),
+)

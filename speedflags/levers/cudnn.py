@@ -14,6 +14,7 @@ import torch._C as torch_C
 
 from .._hardware import capabilities, cudnn_available
 from ._base import Effect, SimpleLever, validate_bool
+from .spec import Shorthand, declare
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
@@ -52,3 +53,37 @@ class CudnnBenchmarkLever(SimpleLever):
             why = caps.fp16.reason if not torch.cuda.is_available() else "cuDNN is not available"
             return Effect(False, f"no effect on {caps.device}: {why}")
         return Effect(True, "")
+
+
+CUDNN_BENCHMARK_SHORTHAND = Shorthand(
+    name="cudnn_benchmark",
+    parameter="enabled",
+    default=True,
+    doc="""``torch.backends.cudnn.benchmark`` for a block, and nothing else.
+
+    Scope: process. Restores the previous ``benchmark`` value; ``enabled``,
+    ``deterministic`` and TF32 are never touched.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.cudnn_benchmark():
+        ...     torch.backends.cudnn.benchmark
+        True
+    """,
+)
+
+
+DECLARED = (
+    declare(
+        CudnnBenchmarkLever(),
+        shorthand=CUDNN_BENCHMARK_SHORTHAND,
+        order=30,
+        values="True or False",
+        summary="cuDNN times its convolution algorithms per input shape",
+        accuracy="none in principle; the chosen algorithm may differ run to run",
+        baseline=False,
+        candidates=(True,),
+        ops=("conv",),
+        dynamo_misses="all of it",
+    ),
+)

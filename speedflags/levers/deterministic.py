@@ -31,6 +31,7 @@ import torch._C as torch_C
 
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Effect, SimpleLever, verified
+from .spec import Shorthand, declare
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
@@ -113,3 +114,46 @@ class DeterministicLever(SimpleLever):
             f"deterministic algorithms apply on {device.type} too (cudnn.deterministic only on "
             "CUDA); deterministic kernels are often slower",
         )
+
+
+DETERMINISTIC_SHORTHAND = Shorthand(
+    name="deterministic",
+    parameter="mode",
+    default=True,
+    doc="""Deterministic algorithms for a block: ``fast_math(deterministic=mode)``.
+
+    ``True``: ``torch.use_deterministic_algorithms(True)`` (an operation with no deterministic
+    implementation raises) and ``torch.backends.cudnn.deterministic = True``; ``"warn"``: the
+    same in warn-only mode (it warns instead); ``False``: all of it off. Often slower, never
+    faster. Refused together with ``cudnn_benchmark=True`` in one spec.
+
+    Scope: process. Restores the deterministic mode, its warn-only flag and
+    ``cudnn.deterministic`` exactly as found.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.deterministic("warn"):
+        ...     torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+        (True, True)
+        >>> torch.are_deterministic_algorithms_enabled()
+        False
+    """,
+)
+
+
+DECLARED = (
+    declare(
+        DeterministicLever(),
+        shorthand=DETERMINISTIC_SHORTHAND,
+        order=50,
+        values=f"True, False or {WARN!r}",
+        summary=(
+            "torch.use_deterministic_algorithms (True: errors on a nondeterministic op; "
+            "'warn': warns) plus cudnn.deterministic; never faster, often slower"
+        ),
+        accuracy="none (the same precision, reproducible run to run); often slower",
+        # off: PyTorch's default and plain eager's; never a tune candidate (it never pays)
+        baseline=False,
+        dynamo_misses="cudnn.deterministic; the warn-only mode too on PyTorch 2.1",
+    ),
+)

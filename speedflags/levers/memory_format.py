@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Effect
 from ._model_lever import OFF, ModelLever
+from .spec import declare
 
 __all__ = [
     "CHANNELS_LAST",
@@ -89,3 +90,26 @@ def memory_format_effect(value: str | None, device: torch.device) -> Effect:
     if device.type == "cuda" and not torch.cuda.is_available():
         return Effect(False, f"no effect on {device}: PyTorch sees no CUDA device")
     return Effect(True, "")
+
+
+DECLARED = (
+    declare(
+        MemoryFormatLever.of,
+        name="memory_format",
+        scope="model",
+        validate=validate_memory_format,
+        effect_of=memory_format_effect,
+        describe=lambda value: False if value is None else value,
+        order=90,
+        values="'channels_last', torch.channels_last or False (with model=)",
+        summary=(
+            "the model's 4-D convolution weights and 4-D inputs in channels_last (NHWC), the "
+            "layout cuDNN's and oneDNN's fastest convolutions take"
+        ),
+        accuracy="none in principle (a different convolution kernel may round differently)",
+        baseline=False,
+        candidates=("channels_last",),
+        ops=("conv",),
+        # no dynamo_misses: dynamo guards the weights' strides and the model's class
+    ),
+)

@@ -22,6 +22,7 @@ from .._hardware import capabilities
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Effect
 from ._model_lever import OFF, ModelLever
+from .spec import MATMUL_OPS, declare
 
 __all__ = [
     "ParamDtypeLever",
@@ -111,3 +112,29 @@ def param_dtype_effect(value: torch.dtype | None, device: torch.device) -> Effec
     if answer.missing_kernel:
         return Effect(False, why, unsupported=True)
     return Effect(False, why, slow=device.type == "cpu")  # emulated: slower than fp32
+
+
+DECLARED = (
+    declare(
+        ParamDtypeLever.of,
+        name="param_dtype",
+        scope="model",
+        validate=validate_param_dtype,
+        effect_of=param_dtype_effect,
+        describe=describe_param_dtype,
+        order=80,
+        values="'bf16', 'fp16', torch.bfloat16, torch.float16 or False (with model=)",
+        summary=(
+            "the model computes with bf16/fp16 casts of its float32 parameters, made once per "
+            "parameter version (norm layers stay float32); the parameters stay the parameters"
+        ),
+        accuracy=(
+            "as amp: bf16 ~3e-3, fp16 ~4e-4 relative error; float32 master weights keep small "
+            "updates; costs a cast copy of each parameter (2 bytes each)"
+        ),
+        baseline=False,
+        candidates=(torch.bfloat16, torch.float16),
+        ops=MATMUL_OPS,
+        # no dynamo_misses: dynamo guards a module's class (the shadow classes)
+    ),
+)

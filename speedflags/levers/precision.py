@@ -34,9 +34,10 @@ import torch._ops
 from .._hardware import capabilities, cpu_features
 from ..errors import InvalidTypeError, InvalidValueError
 from . import _fp32_model as family
-from ._base import Effect, SimpleLever, validate_bool, verified
+from ._base import UNSET, Effect, SimpleLever, validate_bool, verified
 from ._fp32_mixed import require_consistent
 from ._fp32_torch import Calls, read_state, transition
+from .spec import MATMUL_OPS, Shorthand, declare
 
 # (state before, value or target, state after, setter calls): a write to replay
 Replay = tuple[Any, Any, family.FamilyState, Calls]
@@ -173,3 +174,72 @@ def _onednn_bf16() -> bool:
     # torch._ops.ops is torch.ops; older stubs (2.4) do not re-export the latter
     probe = getattr(torch._ops.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(probe()) if probe is not None else False
+
+
+TF32_SHORTHAND = Shorthand(
+    name="tf32",
+    parameter="enabled",
+    default=True,
+    doc="""TF32 on (or off) for cuBLAS matmuls and cuDNN conv/rnn: ``fast_math(tf32=enabled)``.
+
+    Scope: process. Restores every getter of both TF32 API families.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.tf32():
+        ...     torch.backends.cuda.matmul.allow_tf32
+        True
+    """,
+)
+
+
+MATMUL_PRECISION_SHORTHAND = Shorthand(
+    name="matmul_precision",
+    parameter="value",
+    default=UNSET,
+    doc="""Float32 matmul precision for a block: ``fast_math(matmul_precision=value)``.
+
+    Scope: process. Restores the legacy precision and the cuBLAS and oneDNN matmul nodes.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.matmul_precision("high"):
+        ...     torch.get_float32_matmul_precision()
+        'high'
+    """,
+)
+
+
+# tf32 first: the two share a state, and both are checked for a mixed TF32 state first
+DECLARED = (
+    declare(
+        TF32Lever(),
+        shorthand=TF32_SHORTHAND,
+        order=10,
+        values="True or False",
+        summary="TF32 tensor cores for float32 cuBLAS matmuls and cuDNN conv/rnn",
+        accuracy="TF32 keeps 10 mantissa bits: ~1e-3 relative error on float32 matmuls",
+        baseline=False,
+        candidates=(True,),
+        ops=MATMUL_OPS,
+        dynamo_misses=(
+            "cuDNN's allow_tf32 and the cuDNN and oneDNN nodes of the fp32_precision tree "
+            "(PyTorch 2.9+); cuBLAS TF32 too on PyTorch 2.1"
+        ),
+    ),
+    declare(
+        MatmulPrecisionLever(),
+        shorthand=MATMUL_PRECISION_SHORTHAND,
+        order=20,
+        values="'highest', 'high' or 'medium'",
+        summary="float32 matmul precision: TF32 on CUDA ('high'), oneDNN bf16 on CPU ('medium')",
+        accuracy="'high': as tf32; 'medium': bf16-level on GPUs and AMX CPUs, else fp32-level",
+        baseline="highest",
+        candidates=("high", "medium"),
+        ops=MATMUL_OPS,
+        dynamo_misses=(
+            "'high' against 'medium' (cuBLAS TF32 is on in both) and oneDNN's bf16 precision "
+            "on CPUs; all of it on PyTorch 2.1"
+        ),
+    ),
+)

@@ -36,6 +36,7 @@ import torch._C as torch_C
 
 from .._hardware import capabilities
 from ._base import Effect, SimpleLever, validate_bool, verified
+from .spec import Shorthand, declare
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
@@ -145,3 +146,57 @@ class ReducedPrecisionReductionLever(SimpleLever):
         if value:
             return Effect(True, "only fp16/bf16 GEMMs (autocast or half-precision tensors)")
         return Effect(True, "fp32 reductions can be slower (split-K kernels)")
+
+
+REDUCED_PRECISION_REDUCTION_SHORTHAND = Shorthand(
+    name="reduced_precision_reduction",
+    parameter="enabled",
+    default=True,
+    doc="""cuBLAS reductions of fp16/bf16 GEMMs in reduced precision (``True``, PyTorch's default)
+    or in fp32 (``False``): ``fast_math(reduced_precision_reduction=enabled)``.
+
+    Writes ``torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction`` and
+    ``allow_bf16_reduced_precision_reduction``; ``False`` also turns
+    ``allow_fp16_accumulation`` off where PyTorch has it. No effect on a CPU.
+
+    Scope: process. Restores both flags (with their split-K part where PyTorch has one) and
+    ``allow_fp16_accumulation`` exactly as found.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.reduced_precision_reduction(False):
+        ...     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        False
+        >>> torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        True
+    """,
+)
+
+
+# the cuBLAS GEMMs (no convolutions: cuDNN never reads the reduction flags)
+GEMM_OPS = ("mm", "matmul", "linear", "einsum", "lstm", "gru", "rnn", "scaled_dot")
+DECLARED = (
+    declare(
+        ReducedPrecisionReductionLever(),
+        shorthand=REDUCED_PRECISION_REDUCTION_SHORTHAND,
+        order=60,
+        values="True or False",
+        summary=(
+            "cuBLAS may reduce fp16/bf16 GEMMs in fp16/bf16 (True, PyTorch's default) or "
+            "only in fp32 (False, which also turns off allow_fp16_accumulation); CUDA only"
+        ),
+        accuracy=(
+            "True: fp16/bf16 GEMM partial sums rounded to fp16/bf16 (split-K), error growing "
+            "with the reduction length; False: fp32 reductions"
+        ),
+        # off: fp32 reductions, the accurate path (as tf32=False is, though PyTorch's own
+        # default is True); tune measures True on top of it
+        baseline=False,
+        candidates=(True,),
+        ops=GEMM_OPS,
+        dynamo_misses=(
+            "allow_fp16_accumulation and the split-K part; the fp16 and bf16 reduction flags "
+            "too on PyTorch 2.1"
+        ),
+    ),
+)

@@ -1,15 +1,16 @@
-"""The lever registry: the one list of levers that everything else reads.
+"""The lever registry: the one list of levers that everything else reads, collected from the
+levers' own declarations.
 
-Each :class:`LeverSpec` says what a lever is called (its ``fast_math`` keyword and the name
-of its single-lever shorthand), which values it accepts and how a bad one is refused, its
-scope, which :class:`~speedflags.levers._base.Lever` reads, writes and describes its torch
-state, its "off" value and the values worth trying when tuning. ``fast_math``, ``@speedup``,
-``Schedule``, the report, the bench configurations, the rank check, ``watch``, the pytest
-plugin, the integrations and ``tune`` all derive their lever lists from :data:`REGISTRY`;
-the lever sets built from it (the baseline, a snapshot) are in
-:mod:`speedflags.levers.lever_sets`.
-
-Adding a lever means one module with its ``Lever`` class and one entry here.
+Each lever module declares its levers once (``DECLARED``, made with
+:func:`~speedflags.levers.spec.declare`): name, scope, values and their validation, effect
+per device, words, shorthand. This module finds them (every module of ``speedflags.levers``
+that is not part of the machinery), orders them by their ``order`` (the order a frame
+applies them in) and keeps :data:`REGISTRY`; ``fast_math``, ``@speedup``, ``Schedule``, the
+report, the bench configurations, the rank check, ``watch``, the pytest plugin, the
+integrations and ``tune`` all derive their lever lists from it. A library adds a lever of its
+own with :func:`register_lever` (and takes it back with :func:`unregister_lever`): the
+registry is then rebuilt, so read it as ``registry.REGISTRY`` (or through :func:`specs`)
+when it is used, not once at import.
 
 Example:
     >>> from speedflags.levers.registry import LEVER_NAMES, lever_spec
@@ -17,370 +18,91 @@ Example:
     ('tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'deterministic',
      'reduced_precision_reduction', 'amp', 'param_dtype', 'memory_format')
     >>> spec = lever_spec("amp")
-    >>> spec.shorthand, spec.scope, spec.check("fast_math", "bf16")
+    >>> spec.shorthand.name, spec.scope, spec.check("fast_math", "bf16")
     ('autocast', 'thread', torch.bfloat16)
 """
 
 from __future__ import annotations
 
+import importlib
+import keyword
+import pkgutil
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
-from ._base import UNSET, DeviceLever, Effect, Scope
+from ._base import UNSET, DeviceLever, Effect
 from ._model_shadow import fsdp_owner
-from .arguments import lever_annotations
-from .autocast import AUTO, AutocastLever, validate_amp
-from .cudnn import CudnnBenchmarkLever
-from .deterministic import WARN, DeterministicLever
-from .memory_format import MemoryFormatLever, memory_format_effect, validate_memory_format
-from .param_dtype import (
-    ParamDtypeLever,
-    describe_param_dtype,
-    param_dtype_effect,
-    validate_param_dtype,
-)
-from .precision import MatmulPrecisionLever, TF32Lever
-from .reductions import ReducedPrecisionReductionLever
-from .sdpa import BACKENDS, SdpaLever
+from .autocast import autocast_lever
+from .spec import LeverSpec
 
 __all__ = [
     "LEVER_NAMES",
     "MODEL_LEVER_NAMES",
+    "PROCESS_LEVERS",
     "REGISTRY",
     "LeverSpec",
+    "autocast_lever",
     "check_levers",
     "check_model",
     "lever_spec",
+    "register_lever",
+    "specs",
+    "unregister_lever",
 ]
 
 # The device types whose thread-local state a snapshot describes.
 AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class LeverSpec:
-    """One lever, as every part of speedflags sees it.
-
-    Attributes:
-        name: the ``fast_math`` keyword (``"tf32"``); also ``Lever.name`` and the one name
-            the lever goes by everywhere else: the ledger's history (speedflags' own writes
-            and, under ``watch``, everyone else's), snapshots, warnings and the leak report.
-        shorthand: the name of the single-lever function (``speedflags.sdpa_backend``;
-            empty: none).
-        scope: ``"process"`` (C++-global flags), ``"thread"`` (autocast) or ``"model"``
-            (the model levers, given with ``model=``: their state is one model's).
-        values: the accepted values, in words (for errors and help).
-        annotation: the keyword's type, for ``fast_math``'s run-time signature (from
-            :class:`~speedflags.levers.arguments.LeverArgs`, what type checkers read).
-        validate: normalises a value or raises ``InvalidValueError`` / ``InvalidTypeError``
-            saying what is wrong (without saying where: :meth:`check` adds that).
-        make: the :class:`~speedflags.levers._base.DeviceLever` that reads, writes and
-            describes the state, per device type (process levers ignore the device type),
-            or, for a model lever, per model.
-        summary: what the lever switches, one line.
-        accuracy: what it costs in accuracy, one line.
-        baseline: the value that means "off" (plain fp32 eager); ``UNSET`` when the lever
-            has no off value (the SDPA dispatcher's default is every backend).
-        candidates: the values ``tune`` tries, in order.
-        ops: words in the names of the torch functions whose kernels the lever changes
-            (``"conv"``); ``tune`` skips the lever for a step that calls none of them.
-            Empty: any step.
-        dynamo_misses: the part of the lever's state that ``torch.compile`` does not guard
-            on some supported PyTorch, in words (empty: dynamo guards all of it, on every
-            version). A graph traced under one state of such a lever would serve another,
-            so compiled callables read these levers themselves
-            (:mod:`speedflags._compile.lever_state`; ``docs/compile.md``).
-    """
-
-    name: str
-    shorthand: str
-    scope: Scope
-    values: str
-    annotation: Any
-    validate: Callable[[object], Any]
-    make: Callable[[Any], DeviceLever]
-    summary: str
-    accuracy: str
-    baseline: Any = UNSET
-    candidates: tuple[Any, ...] = ()
-    ops: tuple[str, ...] = ()
-    dynamo_misses: str = ""
-    # a model lever's ``available`` (it depends on the device, not on a model)
-    model_effect: Callable[[Any, torch.device], Effect] | None = None
-
-    def lever(self, device_type: str = "cpu", model: Any = None) -> DeviceLever:
-        """The lever object for ``device_type`` (one shared instance per type), or for
-        ``model`` (a model lever: one instance per model)."""
-        if self.scope == "model":
-            if model is None:
-                raise InvalidValueError(f"{self.name}: a model lever needs model=")
-            return self.make(model)
-        return self.make(device_type)
-
-    def effect(self, value: Any, device: torch.device) -> Effect:
-        """Whether ``value`` (validated) has an effect on ``device``, and why (not)."""
-        if self.model_effect is not None:
-            return self.model_effect(value, device)
-        return self.lever(device.type).available(value, device)
-
-    @property
-    def per_model(self) -> bool:
-        """Whether this is a model lever (given with ``model=``; no process-wide state)."""
-        return self.scope == "model"
-
-    def check(self, call: str, value: object, argument: str | None = None) -> Any:
-        """``validate`` with the error saying where: ``"fast_math(amp='bf17'): ..."``."""
-        shown = argument or self.name
-        try:
-            return self.validate(value)
-        except InvalidValueError as exc:
-            raise InvalidValueError(f"{call}({shown}={short_repr(value)}): {exc}") from None
-        except InvalidTypeError as exc:
-            raise InvalidTypeError(f"{call}({shown}={short_repr(value)}): {exc}") from None
-
-    def describe_value(self, value: Any) -> Any:
-        """A JSON-friendly view of a validated value (``torch.bfloat16`` -> ``"bfloat16"``)."""
-        if self.scope == "thread":
-            if value is None:
-                return False
-            if value == AUTO:
-                return AUTO
-            return str(value).replace("torch.", "")
-        if self.name == "param_dtype":
-            return describe_param_dtype(value)
-        if self.scope == "model":
-            return False if value is None else value
-        return self.lever().describe_value(value)
-
-    def current(self, device_type: str = "cpu") -> Any:
-        """The lever's torch state now, described (never raises; a model lever has no state
-        outside a model: ``None``)."""
-        if self.per_model:
-            return None
-        lever = self.lever(device_type)
-        return lever.describe(lever.read())
-
-    @property
-    def has_baseline(self) -> bool:
-        """Whether the lever has an "off" value (plain fp32 eager)."""
-        return self.baseline is not UNSET
-
-
-_PROCESS_LEVERS: dict[str, DeviceLever] = {
-    "tf32": TF32Lever(),
-    "matmul_precision": MatmulPrecisionLever(),
-    "cudnn_benchmark": CudnnBenchmarkLever(),
-    "sdpa": SdpaLever(),
-    "deterministic": DeterministicLever(),
-    "reduced_precision_reduction": ReducedPrecisionReductionLever(),
-}
-_autocast: dict[str, AutocastLever] = {}
-_autocast_lock = threading.Lock()
-
-
-def _process_lever(name: str) -> Callable[[str], DeviceLever]:
-    lever = _PROCESS_LEVERS[name]
-    return lambda device_type: lever
-
-
-def autocast_lever(device_type: str) -> AutocastLever:
-    """The ``amp`` lever for one device type (one shared instance per type)."""
-    lever = _autocast.get(device_type)
-    if lever is None:
-        with _autocast_lock:
-            lever = _autocast.setdefault(device_type, AutocastLever(device_type))
-    return lever
-
-
-# one type per lever, written once in arguments.LeverArgs (what mypy checks callers against)
-_ANNOTATIONS = lever_annotations()
-_BACKEND_CHOICES = ", ".join(repr(b) for b in BACKENDS)
-# matmuls (mm, addmm, bmm, ...), convolutions, recurrent layers and attention: the kernels
-# TF32, matmul precision and autocast change
-_MATMUL_OPS = ("mm", "matmul", "linear", "einsum", "conv", "lstm", "gru", "rnn", "scaled_dot")
-# the cuBLAS GEMMs (no convolutions: cuDNN never reads the reduction flags)
-_GEMM_OPS = ("mm", "matmul", "linear", "einsum", "lstm", "gru", "rnn", "scaled_dot")
-
-# Application order: TF32 before matmul precision (they share state and both are checked
-# for a mixed TF32 state first), autocast last.
-REGISTRY: tuple[LeverSpec, ...] = (
-    LeverSpec(
-        name="tf32",
-        shorthand="tf32",
-        scope="process",
-        values="True or False",
-        annotation=_ANNOTATIONS["tf32"],
-        validate=TF32Lever.validate,
-        make=_process_lever("tf32"),
-        summary="TF32 tensor cores for float32 cuBLAS matmuls and cuDNN conv/rnn",
-        accuracy="TF32 keeps 10 mantissa bits: ~1e-3 relative error on float32 matmuls",
-        baseline=False,
-        candidates=(True,),
-        ops=_MATMUL_OPS,
-        dynamo_misses=(
-            "cuDNN's allow_tf32 and the cuDNN and oneDNN nodes of the fp32_precision tree "
-            "(PyTorch 2.9+); cuBLAS TF32 too on PyTorch 2.1"
-        ),
-    ),
-    LeverSpec(
-        name="matmul_precision",
-        shorthand="matmul_precision",
-        scope="process",
-        values="'highest', 'high' or 'medium'",
-        annotation=_ANNOTATIONS["matmul_precision"],
-        validate=MatmulPrecisionLever.validate,
-        make=_process_lever("matmul_precision"),
-        summary="float32 matmul precision: TF32 on CUDA ('high'), oneDNN bf16 on CPU ('medium')",
-        accuracy="'high': as tf32; 'medium': bf16-level on GPUs and AMX CPUs, else fp32-level",
-        baseline="highest",
-        candidates=("high", "medium"),
-        ops=_MATMUL_OPS,
-        dynamo_misses=(
-            "'high' against 'medium' (cuBLAS TF32 is on in both) and oneDNN's bf16 precision "
-            "on CPUs; all of it on PyTorch 2.1"
-        ),
-    ),
-    LeverSpec(
-        name="cudnn_benchmark",
-        shorthand="cudnn_benchmark",
-        scope="process",
-        values="True or False",
-        annotation=_ANNOTATIONS["cudnn_benchmark"],
-        validate=CudnnBenchmarkLever.validate,
-        make=_process_lever("cudnn_benchmark"),
-        summary="cuDNN times its convolution algorithms per input shape",
-        accuracy="none in principle; the chosen algorithm may differ run to run",
-        baseline=False,
-        candidates=(True,),
-        ops=("conv",),
-        dynamo_misses="all of it",
-    ),
-    LeverSpec(
-        name="sdpa",
-        shorthand="sdpa_backend",
-        scope="process",
-        values=f"a backend ({_BACKEND_CHOICES}) or an ordered sequence of them",
-        annotation=_ANNOTATIONS["sdpa"],
-        validate=SdpaLever.validate,
-        make=_process_lever("sdpa"),
-        summary="preferred scaled_dot_product_attention kernels (math kept as the fallback)",
-        accuracy="kernel-dependent, usually within fp16/bf16 rounding of the math kernel",
-        candidates=tuple((b,) for b in BACKENDS if b != "math"),
-        ops=("scaled_dot_product",),
-        dynamo_misses="all of it: the enabled kernels and their priority order",
-    ),
-    LeverSpec(
-        name="deterministic",
-        shorthand="deterministic",
-        scope="process",
-        values=f"True, False or {WARN!r}",
-        annotation=_ANNOTATIONS["deterministic"],
-        validate=DeterministicLever.validate,
-        make=_process_lever("deterministic"),
-        summary=(
-            "torch.use_deterministic_algorithms (True: errors on a nondeterministic op; "
-            "'warn': warns) plus cudnn.deterministic; never faster, often slower"
-        ),
-        accuracy="none (the same precision, reproducible run to run); often slower",
-        # off: PyTorch's default and plain eager's; never a tune candidate (it never pays)
-        baseline=False,
-        dynamo_misses="cudnn.deterministic; the warn-only mode too on PyTorch 2.1",
-    ),
-    LeverSpec(
-        name="reduced_precision_reduction",
-        shorthand="reduced_precision_reduction",
-        scope="process",
-        values="True or False",
-        annotation=_ANNOTATIONS["reduced_precision_reduction"],
-        validate=ReducedPrecisionReductionLever.validate,
-        make=_process_lever("reduced_precision_reduction"),
-        summary=(
-            "cuBLAS may reduce fp16/bf16 GEMMs in fp16/bf16 (True, PyTorch's default) or "
-            "only in fp32 (False, which also turns off allow_fp16_accumulation); CUDA only"
-        ),
-        accuracy=(
-            "True: fp16/bf16 GEMM partial sums rounded to fp16/bf16 (split-K), error growing "
-            "with the reduction length; False: fp32 reductions"
-        ),
-        # off: fp32 reductions, the accurate path (as tf32=False is, though PyTorch's own
-        # default is True); tune measures True on top of it
-        baseline=False,
-        candidates=(True,),
-        ops=_GEMM_OPS,
-        dynamo_misses=(
-            "allow_fp16_accumulation and the split-K part; the fp16 and bf16 reduction flags "
-            "too on PyTorch 2.1"
-        ),
-    ),
-    LeverSpec(
-        name="amp",
-        shorthand="autocast",
-        scope="thread",
-        values="'bf16', 'fp16', 'auto', torch.bfloat16, torch.float16 or False",
-        annotation=_ANNOTATIONS["amp"],
-        validate=validate_amp,
-        make=autocast_lever,
-        summary="autocast: matmuls and convolutions in bf16 or fp16, on one device type",
-        accuracy="bf16: ~3e-3 relative error (8 mantissa bits); fp16: ~4e-4 (use loss scaling)",
-        baseline=False,
-        candidates=(torch.bfloat16, torch.float16),
-        ops=_MATMUL_OPS,
-        # no dynamo_misses: autocast is guarded (by the tensors' dispatch keys on 2.1, by
-        # the global state guard later)
-    ),
-    LeverSpec(
-        name="param_dtype",
-        shorthand="",
-        scope="model",
-        values="'bf16', 'fp16', torch.bfloat16, torch.float16 or False (with model=)",
-        annotation=_ANNOTATIONS["param_dtype"],
-        validate=validate_param_dtype,
-        make=ParamDtypeLever.of,
-        model_effect=param_dtype_effect,
-        summary=(
-            "the model computes with bf16/fp16 casts of its float32 parameters, made once per "
-            "parameter version (norm layers stay float32); the parameters stay the parameters"
-        ),
-        accuracy=(
-            "as amp: bf16 ~3e-3, fp16 ~4e-4 relative error; float32 master weights keep small "
-            "updates; costs a cast copy of each parameter (2 bytes each)"
-        ),
-        baseline=False,
-        candidates=(torch.bfloat16, torch.float16),
-        ops=_MATMUL_OPS,
-        # no dynamo_misses: dynamo guards a module's class (the shadow classes)
-    ),
-    LeverSpec(
-        name="memory_format",
-        shorthand="",
-        scope="model",
-        values="'channels_last', torch.channels_last or False (with model=)",
-        annotation=_ANNOTATIONS["memory_format"],
-        validate=validate_memory_format,
-        make=MemoryFormatLever.of,
-        model_effect=memory_format_effect,
-        summary=(
-            "the model's 4-D convolution weights and 4-D inputs in channels_last (NHWC), the "
-            "layout cuDNN's and oneDNN's fastest convolutions take"
-        ),
-        accuracy="none in principle (a different convolution kernel may round differently)",
-        baseline=False,
-        candidates=("channels_last",),
-        ops=("conv",),
-        # no dynamo_misses: dynamo guards the weights' strides and the model's class
-    ),
+# The modules of speedflags.levers that are its machinery, not levers.
+_MACHINERY = frozenset({"arguments", "culprits", "guarded", "lever_sets", "registry", "spec"})
+# Keywords of fast_math and @speedup that are not levers: no lever may take their names.
+_OPTIONS = frozenset(
+    {"device", "strict", "label", "check_ranks", "model", "compile", "inference", "func"}
 )
 
-LEVER_NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY)
-_BY_NAME: dict[str, LeverSpec] = {spec.name: spec for spec in REGISTRY}
-PROCESS_LEVERS: Mapping[str, DeviceLever] = _PROCESS_LEVERS
-MODEL_LEVER_NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY if spec.per_model)
+
+def _declared() -> tuple[LeverSpec, ...]:
+    """Every built-in lever's declaration, in application order."""
+    found: list[LeverSpec] = []
+    package = __name__.rpartition(".")[0]
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        if info.name.startswith("_") or info.name in _MACHINERY:
+            continue
+        found.extend(getattr(importlib.import_module(f"{package}.{info.name}"), "DECLARED", ()))
+    return tuple(sorted(found, key=lambda spec: spec.order))
+
+
+REGISTRY: tuple[LeverSpec, ...] = ()
+LEVER_NAMES: tuple[str, ...] = ()
+MODEL_LEVER_NAMES: tuple[str, ...] = ()
+PROCESS_LEVERS: Mapping[str, DeviceLever] = {}
+_BY_NAME: dict[str, LeverSpec] = {}
+_lock = threading.Lock()
+# incremented whenever the registry changes: whoever keeps something derived from it (the
+# leak plugin's domains) knows when to derive it again
+version = 0
+
+
+def _publish(registry: tuple[LeverSpec, ...]) -> None:
+    global REGISTRY, LEVER_NAMES, MODEL_LEVER_NAMES, PROCESS_LEVERS, _BY_NAME, version
+    REGISTRY = registry
+    LEVER_NAMES = tuple(spec.name for spec in registry)
+    MODEL_LEVER_NAMES = tuple(spec.name for spec in registry if spec.per_model)
+    PROCESS_LEVERS = {spec.name: spec.lever() for spec in registry if spec.scope == "process"}
+    _BY_NAME = {spec.name: spec for spec in registry}
+    version += 1
+
+
+_publish(_declared())
+
+
+def specs() -> tuple[LeverSpec, ...]:
+    """The levers, in application order (the built-in ones, then those registered)."""
+    return REGISTRY
 
 
 def lever_spec(name: object, call: str = "speedflags") -> LeverSpec:
@@ -500,4 +222,171 @@ def _refuse_contradictions(call: str, values: Mapping[str, Any]) -> None:
         f"{call}(tf32={tf32!r}, matmul_precision={precision!r}): contradictory: matmul "
         f"precision {precision!r} turns cuBLAS TF32 {'on' if precision != 'highest' else 'off'}; "
         f"use {fix}, or leave one of them out"
+    )
+
+
+# --- levers of one's own --------------------------------------------------------------------
+
+_REQUIRED = ("name", "scope", "domain", "checks_state", "read", "check", "apply", "restore",
+             "describe", "describe_value", "validate")  # fmt: skip
+
+
+def register_lever(lever: Any) -> LeverSpec:
+    """Make ``lever`` a keyword of ``fast_math``, ``@speedup`` and ``Schedule`` entries, like
+    the built-in levers: validated before anything changes, nested, restored exactly,
+    recorded in the history, shown by ``snapshot()``, ``report`` and the leak plugin.
+
+    ``lever`` follows the :class:`~speedflags.levers._base.Lever` protocol (``docs/ledger.md``:
+    ``name``, ``scope``, ``domain``, ``checks_state``, ``read``, ``check``, ``apply``,
+    ``restore``, ``describe``, ``describe_value``) and has ``validate(value)``, which returns
+    the value to apply or raises ``ValueError``/``TypeError`` saying what is wrong. Optional
+    attributes, read when present: ``available(value, device)`` (an
+    :class:`~speedflags.levers.Effect`; default: in effect everywhere), ``summary``,
+    ``accuracy`` and ``values`` (words for help and the report), ``baseline`` (its "off"
+    value), ``candidates`` (values ``tune`` tries) and ``dynamo_misses`` (what of its state
+    ``torch.compile`` does not guard: ``@speedup(compile=...)`` and ``guard_levers`` then
+    compile again when it changes).
+
+    Scope: process; the registry is the process's. A lever's scope is ``"process"`` (one
+    state for the process) or ``"thread"`` (one per thread).
+
+    Returns:
+        Its :class:`~speedflags.levers.spec.LeverSpec`.
+
+    Raises:
+        InvalidTypeError: ``lever`` lacks part of the protocol (named).
+        InvalidValueError: its name is taken (a built-in lever, a registered one, or an
+            argument of ``fast_math``) or is not an identifier, its scope is neither
+            ``"process"`` nor ``"thread"``, or its domain is another lever's.
+
+    Example:
+        >>> import speedflags
+        >>> class Knob:  # a process-wide setting of one's own, over a dict
+        ...     name = domain = "knob"
+        ...     scope = "process"
+        ...     checks_state = False
+        ...     state = {"knob": 0}
+        ...     def validate(self, value):
+        ...         if not isinstance(value, int): raise TypeError("expected an int")
+        ...         return value
+        ...     def read(self): return self.state["knob"]
+        ...     def check(self, state): pass
+        ...     def apply(self, value, before): self.state["knob"] = value; return value
+        ...     def restore(self, target, current): return self.apply(target, current)
+        ...     def describe(self, state): return state
+        ...     def describe_value(self, value): return value
+        >>> _ = speedflags.register_lever(Knob())
+        >>> with speedflags.fast_math(knob=3):
+        ...     Knob.state["knob"]
+        3
+        >>> Knob.state["knob"], speedflags.snapshot()["knob"]
+        (0, 0)
+        >>> speedflags.unregister_lever("knob")
+    """
+    missing = [attribute for attribute in _REQUIRED if not hasattr(lever, attribute)]
+    if missing:
+        raise InvalidTypeError(
+            f"register_lever({short_repr(lever)}): not a lever: it has no "
+            f"{', '.join(missing)} (the Lever protocol of docs/ledger.md, and validate)"
+        )
+    name, scope, domain = lever.name, lever.scope, lever.domain
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise InvalidValueError(
+            f"register_lever(...): its name {short_repr(name)} is not a keyword argument name"
+        )
+    if scope not in ("process", "thread"):
+        raise InvalidValueError(
+            f"register_lever({name}): scope {short_repr(scope)}; valid: 'process', 'thread'"
+        )
+    if not isinstance(domain, str) or not domain:
+        raise InvalidValueError(
+            f"register_lever({name}): domain {short_repr(domain)}: expected a name"
+        )
+    with _lock:
+        if name in _BY_NAME or name in _OPTIONS:
+            taken = (
+                "a built-in lever"
+                if name in _BY_NAME and _BY_NAME[name].builtin
+                else ("a registered lever" if name in _BY_NAME else "an argument of fast_math")
+            )
+            raise InvalidValueError(
+                f"register_lever({name}): the name {name!r} is taken ({taken}); lever names "
+                "are unique: unregister_lever() the other first, or choose another name"
+            )
+        shared = [s.name for s in REGISTRY if s.scope != "model" and s.lever().domain == domain]
+        if shared:
+            raise InvalidValueError(
+                f"register_lever({name}): domain {domain!r} is {shared[0]}'s: a lever's domain "
+                "names the state it writes, and the ledger keeps one stack of frames per domain"
+            )
+        spec = _spec_of(lever)
+        _publish((*REGISTRY, spec))
+    return spec
+
+
+def unregister_lever(name: str) -> None:
+    """Take back a lever :func:`register_lever` added: its keyword is refused from then on
+    (specs built with it keep working, and their blocks still restore it).
+
+    Scope: process.
+
+    Raises:
+        InvalidValueError: ``name`` is a built-in lever, or no registered one (the message
+            lists the registered levers).
+
+    Example:
+        >>> import speedflags
+        >>> try:
+        ...     speedflags.unregister_lever("tf32")
+        ... except ValueError as exc:
+        ...     print(exc)
+        unregister_lever('tf32'): a built-in lever stays registered
+    """
+    with _lock:
+        spec = _BY_NAME.get(name)
+        if spec is not None and spec.builtin:
+            raise InvalidValueError(
+                f"unregister_lever({short_repr(name)}): a built-in lever stays registered"
+            )
+        if spec is None:
+            registered = [s.name for s in REGISTRY if not s.builtin]
+            raise InvalidValueError(
+                f"unregister_lever({short_repr(name)}): no such registered lever; registered: "
+                f"{', '.join(registered) or 'none'}"
+            )
+        _publish(tuple(s for s in REGISTRY if s is not spec))
+
+
+def _spec_of(lever: Any) -> LeverSpec:
+    """The declaration of a registered lever, from its attributes."""
+    available = getattr(lever, "available", None)
+
+    def validate(value: object) -> Any:
+        try:
+            return lever.validate(value)
+        except (InvalidValueError, InvalidTypeError):
+            raise
+        except TypeError as exc:  # the lever's words, as speedflags' own error types
+            raise InvalidTypeError(str(exc)) from None
+        except ValueError as exc:
+            raise InvalidValueError(str(exc)) from None
+
+    def effect(value: Any, device: torch.device) -> Effect:
+        return Effect(True, "") if available is None else available(value, device)
+
+    return LeverSpec(
+        name=lever.name,
+        scope=lever.scope,
+        values=str(getattr(lever, "values", "") or "what its validate() accepts"),
+        validate=validate,
+        make=lambda _key: lever,
+        summary=str(getattr(lever, "summary", "") or f"{lever.name} (registered)"),
+        accuracy=str(getattr(lever, "accuracy", "") or "not stated"),
+        order=1000 + len(REGISTRY),
+        baseline=getattr(lever, "baseline", UNSET),
+        candidates=tuple(getattr(lever, "candidates", ())),
+        dynamo_misses=str(getattr(lever, "dynamo_misses", "")),
+        effect_of=effect,
+        describe=lever.describe_value,
+        builtin=False,
     )

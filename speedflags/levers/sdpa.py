@@ -19,7 +19,8 @@ import torch._C as torch_C
 from .._hardware import capabilities
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
-from ._base import Effect, SimpleLever, verified
+from ._base import UNSET, Effect, SimpleLever, verified
+from .spec import Shorthand, declare
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
@@ -245,3 +246,38 @@ class SdpaLever(SimpleLever):
 
 def _is_sdpbackend(value: object) -> bool:
     return type(value).__name__ in ("SDPBackend", "_SDPBackend") and hasattr(value, "name")
+
+
+SDPA_BACKEND_SHORTHAND = Shorthand(
+    name="sdpa_backend",
+    parameter="backends",
+    default=UNSET,
+    variadic=True,
+    doc="""Preferred SDPA kernels, in order: ``fast_math(sdpa=backends)``.
+
+    The math kernel stays enabled as the fallback, so inputs the preferred kernels cannot
+    take still run. Scope: process. Restores every backend flag and the priority order.
+
+    Example:
+        >>> import torch, speedflags
+        >>> with speedflags.sdpa_backend("math"):
+        ...     torch.backends.cuda.flash_sdp_enabled()
+        False
+    """,
+)
+
+
+_BACKEND_CHOICES = ", ".join(repr(b) for b in BACKENDS)
+DECLARED = (
+    declare(
+        SdpaLever(),
+        shorthand=SDPA_BACKEND_SHORTHAND,
+        order=40,
+        values=f"a backend ({_BACKEND_CHOICES}) or an ordered sequence of them",
+        summary="preferred scaled_dot_product_attention kernels (math kept as the fallback)",
+        accuracy="kernel-dependent, usually within fp16/bf16 rounding of the math kernel",
+        candidates=tuple((b,) for b in BACKENDS if b != "math"),
+        ops=("scaled_dot_product",),
+        dynamo_misses="all of it: the enabled kernels and their priority order",
+    ),
+)
