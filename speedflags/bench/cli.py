@@ -25,6 +25,8 @@ import argparse
 import sys
 from typing import Any
 
+from .._short_repr import short_repr
+
 __all__ = ["add_parser", "command"]
 
 WORKLOAD_NAMES = ("matmul", "mlp-train", "sdpa", "conv")  # checked against WORKLOADS by a test
@@ -133,11 +135,18 @@ def _compare(paths: tuple[str, str]) -> int:
     from .results import BenchRun
     from .table import render_compare
 
-    try:
-        a, b = (BenchRun.load(p) for p in paths)
-    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not a result file
-        print(f"speedflags bench --compare: {exc}", file=sys.stderr)
-        return 2
+    runs = []
+    for path in paths:  # in order: the first file that cannot be read is the one named
+        try:
+            runs.append(BenchRun.load(path))
+        except OSError as exc:
+            why = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror
+            print(f"speedflags bench: --compare {short_repr(path)}: {why}", file=sys.stderr)
+            return 2
+        except ValueError as exc:  # not JSON, or not a result file: the message names the file
+            print(f"speedflags bench --compare: {exc}", file=sys.stderr)
+            return 2
+    a, b = runs
     print(render_compare(a, b))
     return 0
 

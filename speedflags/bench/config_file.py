@@ -221,7 +221,8 @@ def load_bench_file(path: str) -> BenchFile:
         InvalidValueError: a bad key or value (the message names the file, the key, the
             value and the valid choices), or a file that does not parse.
         InvalidTypeError: a lever value of the wrong type.
-        FileNotFoundError: no such file. ImportError: ``.yaml`` without PyYAML.
+        LeverFileNotFoundError: no such file (a ``FileNotFoundError``).
+        ImportError: ``.yaml`` without PyYAML.
     """
     reader = _Reader(path)
     data = read_file(path, reader.where)
