@@ -211,7 +211,9 @@ class AutocastLever(SimpleLever):
             if caps.bf16:
                 return Effect(True, "")
             why = f"bf16 is not native on {caps.device}: {caps.bf16.reason}"
-            return Effect(False, why, unsupported=caps.bf16.missing_kernel)
+            if caps.bf16.missing_kernel:  # the instructions are there; PyTorch's kernels are not
+                return Effect(False, why, unsupported=True)
+            return Effect(False, why, device.type == "cpu")  # emulated: slower than fp32
         if device.type == "cpu" and not cpu_autocast_takes_fp16():
             return Effect(False, CPU_FP16_MISSING, unsupported=True)
         if caps.fp16:
