@@ -1,4 +1,4 @@
-"""``speedflags bench --config FILE``: the seed-style YAML, a tune lever file, bad files."""
+"""``speedflags bench --config FILE``: the example YAML (examples/configs/speed.yaml), a tune lever file, bad files."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_the_seed_style_yaml_reads_as_configurations_workloads_and_settings() ->
     shown = {c.name: (dict(c.levers), c.dtype, c.baseline) for c in bench.configs}
     assert shown == {
         "fp32": ({"amp": False, "matmul_precision": "highest"}, None, True),
-        "speedkit": ({"amp": "bf16", "matmul_precision": "high"}, None, False),
+        "bf16-tf32": ({"amp": "bf16", "matmul_precision": "high"}, None, False),
         "medium": ({"matmul_precision": "medium"}, None, False),
         "pure-bf16": ({}, torch.bfloat16, False),
     }
@@ -52,10 +52,10 @@ def test_bench_runs_the_seed_style_yaml(tmp_path: Path, capsys: pytest.CaptureFi
     out = tmp_path / "seed.json"
     assert main(["bench", "--config", str(SEED), *TINY, "--json", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "configurations from" in err and "speedkit: fast_math(" in err
+    assert "configurations from" in err and "bf16-tf32: fast_math(" in err
     data = json.loads(out.read_text())
     assert (
-        data["settings"]["configs"]["speedkit"] == "fast_math(amp='bf16', matmul_precision='high')"
+        data["settings"]["configs"]["bf16-tf32"] == "fast_math(amp='bf16', matmul_precision='high')"
     )
     assert data["settings"]["passes"] == 1  # the command line wins over the file's 3
     groups = {r["group"] for r in data["results"]}
@@ -146,5 +146,5 @@ def test_the_examples_take_their_levers_from_the_same_file(tmp_path: Path) -> No
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "levers from" in done.stdout and "speedkit = fast_math(amp='bf16'" in done.stdout
+    assert "levers from" in done.stdout and "bf16-tf32 = fast_math(amp='bf16'" in done.stdout
     assert "speedflags (amp='bf16', matmul_precision='high')" in done.stdout

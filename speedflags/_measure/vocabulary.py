@@ -22,7 +22,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._fast_math import resolve_auto
 from ..levers import Effect
+from ..levers.autocast import AUTO
 from ..levers.registry import check_levers
 from .route import effect_here
 
@@ -127,12 +129,21 @@ def verdicts_here(levers: Mapping[str, Any], device: torch.device | str) -> list
         >>> from speedflags._measure.vocabulary import verdicts_here
         >>> [(v.label, v.status) for v in verdicts_here({"tf32": True}, "cpu")]
         [('tf32=True', 'no effect here')]
+        >>> import speedflags
+        >>> (auto,) = verdicts_here({"amp": "auto"}, "cpu")  # the dtype "auto" picks here
+        >>> (auto.status == "in effect") == bool(speedflags.capabilities("cpu").bf16)
+        True
     """
     target = torch.device(device)
     out = []
     for (name, value), given in zip(
         check_levers("verdicts_here", dict(levers)), _given(levers), strict=True
     ):
+        if value == AUTO:  # amp="auto": the dtype it picks here, or none
+            value, why = resolve_auto(target)
+            if value is None:
+                out.append(LeverVerdict(name, given, NO_EFFECT, why))
+                continue
         effect = effect_here(name, value, target)
         out.append(LeverVerdict(name, given, status_of(effect), effect.reason))
     return out

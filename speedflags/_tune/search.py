@@ -319,7 +319,7 @@ class Search:
             if not entry.rejected:
                 kept = best.row.accepted if best is not None else False
                 self._settle(fp32, [entry], also=[best] if best is not None else [])
-                if best is not None:  # chosen already; this round only compares with it
+                if best is not None:  # chosen already; this timing only compares with it
                     best.row.accepted, best.row.note = kept, ""
         if entry.row.accepted and best is not None and not faster(entry.timing, best.timing):
             entry.row.accepted = False

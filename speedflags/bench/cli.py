@@ -35,12 +35,15 @@ DESCRIPTION = """\
 Measure what each lever buys on this machine, with its accuracy cost beside it: for each
 workload and configuration, the median time, the speedup over the fp32 baseline, FLOP/s, the
 share of the fastest configuration, and the relative error against float64. Configurations
-the device cannot run are skipped with the reason.
+are timed in interleaved passes, each warmed up; a speedup within the noise of its passes is
+marked ~. Configurations with no effect on the device, refused by this PyTorch or identical
+to the baseline are skipped with the reason; emulated ones (bf16 or fp16 on a CPU without
+the instructions) are measured once, at a small size, in a group marked (emulated).
 
 workloads (size means):
   matmul     float32 (n x n) @ (n x n); fp32, tf32, matmul precision high/medium, bf16 and
              fp16 autocast, and pure bf16/fp16 inputs (size: n)
-  mlp-train  Linear(d, d) x3 train step with AdamW (the seed 002 workload), fp32 against
+  mlp-train  3xLinear(d, d) AdamW train step (GELU, batch min(512, d)), fp32 against
              fast_math(tf32=True, amp="bf16") (size: d)
   sdpa       scaled_dot_product_attention with each backend (size: sequence length)
   conv       3x3 conv2d with and without cudnn_benchmark, CUDA only (size: height = width)
