@@ -1,4 +1,5 @@
-"""``speedflags bench --config FILE``: the example YAML (examples/configs/speed.yaml), a tune lever file, bad files."""
+"""``speedflags bench --config FILE``: the example YAML (examples/configs/speed.yaml), a tune
+lever file, bad files."""
 
 from __future__ import annotations
 

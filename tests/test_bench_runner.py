@@ -274,3 +274,18 @@ def test_a_configuration_that_raises_after_running_ends_the_run(
     monkeypatch.setattr(MatmulProblem, "runner", failing_later)
     with pytest.raises(RuntimeError, match="a real failure"):
         run(tiny(min_rounds=10))
+
+
+def test_a_configuration_identical_to_the_baseline_is_not_timed_against_it() -> None:
+    # Failed before: the same configuration twice was timed and credited with a speedup
+    # (the examples printed +23 % and -57 % for it). Now the row says so, with no figure.
+    configs = (
+        Config("fp32", baseline=True),
+        Config("fp32-again", {"tf32": False, "amp": False}),
+        Config("nothing"),
+    )
+    result = run(tiny(configs=configs))
+    rows = {r.config: r for r in result.results}
+    for name in ("fp32-again", "nothing"):
+        assert rows[name].skipped == "identical to the baseline: nothing to compare it with"
+        assert rows[name].speedup is None and rows[name].median_s is None
