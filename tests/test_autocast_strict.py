@@ -349,8 +349,7 @@ def test_a_cuda_lever_without_cuda_warns_as_torch_autocast_does(levers: dict) ->
     before = speedflags.snapshot()
     name = next(iter(levers))
     if levers.get("amp") == "auto":  # "auto" finds no dtype on a missing device: nothing set
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
+        with pytest.warns(speedflags.DeviceUnavailableWarning, match="its levers change nothing"):
             with fast_math(device="cuda", **levers) as frame:
                 assert frame.levers == ()
         return
@@ -367,3 +366,10 @@ def test_a_cuda_lever_without_cuda_warns_as_torch_autocast_does(levers: dict) ->
         with fast_math(device="cuda", strict=True, **levers):
             pytest.fail("strict must refuse")
     assert speedflags.snapshot() == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_bare_block_for_cuda_without_cuda_warns_too() -> None:
+    with pytest.warns(speedflags.DeviceUnavailableWarning, match="its levers change nothing"):
+        with fast_math(device="cuda", label="the recommended levers") as frame:
+            assert frame.levers == ()

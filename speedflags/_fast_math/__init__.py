@@ -116,6 +116,9 @@ def make_plan(
             )
             said.append((("slow", shown_device, name, str(value)), message, SlowPathWarning))
         items.append((lever, value, "; ".join(r for r in (note, effect.reason) if r)))
+    if no_device is not None and not said:  # amp="auto", a bare fast_math(): nothing applied
+        message = f"fast_math on {shown_device}: {no_device}, so its levers change nothing"
+        said.append((("no device", shown_device, "*"), message, DeviceUnavailableWarning))
     return Plan(shown_device, Program(items, skipped), tuple(refusals), tuple(said))
 
 
