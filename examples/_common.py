@@ -23,7 +23,13 @@ import torch
 import speedflags
 from speedflags._measure.configs import Config
 from speedflags._measure.noise import paired, within_noise
-from speedflags._measure.vocabulary import EMULATED, NO_EFFECT, phrase, verdicts_here
+from speedflags._measure.vocabulary import (
+    EMULATED,
+    NO_EFFECT,
+    nothing_changes,
+    phrase,
+    verdicts_here,
+)
 from speedflags.levers.lever_sets import baseline_levers
 from speedflags.levers.registry import LEVER_NAMES
 
@@ -256,7 +262,7 @@ def speedup_line(
         why = "these levers are fp32's own, so both runs did the same work"
         return f"{name}: {ms}; {fast_ms}; speedup vs fp32: none shown: {why}"
     verdicts = verdicts_here(levers, device)
-    if all(v.status == NO_EFFECT for v in verdicts):
+    if nothing_changes(verdicts):
         why = "; ".join(f"{v.label}: {phrase(NO_EFFECT, v.reason)}" for v in verdicts)
         return (
             f"{name}: {ms}; {fast_ms}; speedup vs fp32: none shown: no lever has an effect on "

@@ -11,7 +11,8 @@ measured*.
 
 :func:`status_of` turns a lever's :class:`~speedflags.levers.Effect` into its word;
 :func:`phrase` puts a word before its reason without saying "no effect" twice;
-:func:`verdicts_here` gives each value of a set of levers its word on a device.
+:func:`verdicts_here` gives each value of a set of levers its word on a device, and
+:func:`nothing_changes` says whether none of them changes anything there.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "UNMEASURED",
     "VERIFIED",
     "LeverVerdict",
+    "nothing_changes",
     "phrase",
     "slower",
     "status_of",
@@ -136,9 +138,8 @@ def verdicts_here(levers: Mapping[str, Any], device: torch.device | str) -> list
     """
     target = torch.device(device)
     out = []
-    for (name, value), given in zip(
-        check_levers("verdicts_here", dict(levers)), _given(levers), strict=True
-    ):
+    for name, value in check_levers("verdicts_here", dict(levers)):
+        given = levers[name]  # as the user wrote it
         if value == AUTO:  # amp="auto": the dtype it picks here, or none
             value, why = resolve_auto(target)
             if value is None:
@@ -147,12 +148,6 @@ def verdicts_here(levers: Mapping[str, Any], device: torch.device | str) -> list
         effect = effect_here(name, value, target)
         out.append(LeverVerdict(name, given, status_of(effect), effect.reason))
     return out
-
-
-def _given(levers: Mapping[str, Any]) -> list[Any]:
-    # the values as the user wrote them, in the registry's order (as check_levers gives them)
-    order = [name for name, _ in check_levers("verdicts_here", dict(levers))]
-    return [levers[name] for name in order]
 
 
 def nothing_changes(verdicts: list[LeverVerdict]) -> bool:
