@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .._fast_math import fast_math
-from .._hardware import capabilities
+from .._hardware import capabilities, cpu_kernels
 from ..levers import Effect
 from ..levers.lever_sets import baseline_levers
 from ..levers.registry import lever_spec
@@ -161,6 +161,8 @@ class Config:
             if cap.missing_kernel:  # refused by this PyTorch, not emulated
                 return False
             dtype_emulated = not cap and device.type == "cpu"
+            if dtype_emulated and not cpu_kernels(self.dtype).runs:
+                return False  # no instructions, and no kernel either (fp16 on PyTorch 2.1)
         effects = [self._effect(name, value, device) for name, value in self.levers.items()]
         if any(e.unsupported for e in effects):
             return False
