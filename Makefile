@@ -125,7 +125,7 @@ gpu-check:
 torch-source: setup-run
 	@$(PY) .ci/torch_source.py --show $(TORCH_REPORT)
 
-# Each example with --smoke (15 to 40 s each on a 2-core CPU). An integration's example is skipped, saying
+# Each example with --smoke (15 to 26 s each on a busy 2-core CPU). An integration's example is skipped, saying
 # so, where its extra is not installed (EXTRAS=test,dev,lightning,transformers installs both).
 HAS_LIGHTNING := import importlib.util as u, sys; sys.exit(not ((u.find_spec("lightning") or u.find_spec("pytorch_lightning")) and u.find_spec("jsonargparse")))
 HAS_TRANSFORMERS := import importlib.util as u, sys; sys.exit(not (u.find_spec("transformers") and u.find_spec("accelerate")))

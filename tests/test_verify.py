@@ -71,7 +71,7 @@ def test_each_verdict_follows_the_capability_and_is_measured(run: Verification) 
             assert verdict.reason, verdict  # the capability's reason
         if expected == "in effect, emulated: slower":  # measured in effect, and how much slower
             assert verdict.measured["dtype"] in ("bfloat16", "float16")
-            assert "(a 256x256 matmul, 5 interleaved rounds)" in verdict.figure
+            assert "(a 256x256 matmul, 1 thread, 5 interleaved rounds)" in verdict.figure
 
 
 @pytest.mark.parametrize(
