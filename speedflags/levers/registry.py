@@ -284,7 +284,8 @@ REGISTRY: tuple[LeverSpec, ...] = (
         name="amp",
         shorthand="autocast",
         scope="thread",
-        values="'bf16', 'fp16', 'auto', torch.bfloat16, torch.float16 or False",
+        values="'bf16', 'fp16', 'auto' (any case; also 'bfloat16', 'float16', 'half'), "
+        "torch.bfloat16, torch.float16 or False",
         annotation=_ANNOTATIONS["amp"],
         validate=validate_amp,
         make=autocast_lever,
