@@ -3,8 +3,10 @@
 1. **Reference.** The step runs once in plain fp32 with every lever off (the bench's
    baseline frame, ``fast_math(**baseline_levers())``); its outputs are the reference.
 2. **Candidates.** Each lever's ``candidates`` from the registry (or the user's), less those
-   with no effect on the device or that make it slower (``Lever.available``), with the
-   reason kept in the row.
+   with no effect on the device or that this PyTorch refuses (``Lever.available``), with
+   the reason kept in the row. One that runs emulated (bf16 autocast on a CPU without bf16
+   instructions) is timed once beside fp32 after the singles (:mod:`.emulated`), marked
+   so and never accepted: the table shows what it would cost.
 3. **Accuracy first.** One call per candidate: its error against the reference. Over the
    budget, not finite, or raising: rejected, never timed.
 4. **Successive halving.** A short timing of every survivor beside fp32; the slower half
@@ -42,11 +44,15 @@ import torch
 from .._fast_math import fast_math
 from .._measure.rounds import measure_rounds, warm_up
 from .._measure.timing import Timing, plan_rounds, synchronize, timer_for
+from .._measure.vocabulary import EMULATED
 from .._status import snapshot
+from .._warn import measuring
 from ..levers.lever_sets import with_baseline
+from ..levers.registry import check_levers
 from .candidates import calls_of, can_compile, candidates, combinations
 from .compare import Plan, compare, faster
 from .duel import confidence, contenders, duel, rotated
+from .emulated import time_once
 from .entry import Entry, StepRunner
 from .result import TuneResult, ms
 from .state import Outputs, StepState, check_reference, error_against, reference_outputs
@@ -313,7 +319,7 @@ class Search:
             if not entry.rejected:
                 kept = best.row.accepted if best is not None else False
                 self._settle(fp32, [entry], also=[best] if best is not None else [])
-                if best is not None:  # chosen already; this round only compares with it
+                if best is not None:  # chosen already; this timing only compares with it
                     best.row.accepted, best.row.note = kept, ""
         if entry.row.accepted and best is not None and not faster(entry.timing, best.timing):
             entry.row.accepted = False
@@ -325,7 +331,8 @@ class Search:
     def run(self) -> TuneResult:
         """Tune; put every flag and the step's state back as they were, whatever happens."""
         try:
-            return self._run()
+            with measuring():  # emulated candidates are entered on purpose: their rows say so
+                return self._run()
         finally:
             self.state.finish()
 
@@ -348,6 +355,13 @@ class Search:
         for entry in entries:
             self._check(entry)
         self._settle(fp32, self._halve(fp32, [e for e in entries if not e.rejected]))
+        emulated = []
+        for row in [r for r in rows if r.verdict == EMULATED]:
+            once = Entry(check_levers("tune", row.levers), "lever")
+            once.row.note = row.note.removeprefix(f"{EMULATED}: ")
+            time_once(self, fp32, once)
+            emulated.append(once.row)
+        rows = [r for r in rows if r.verdict != EMULATED]
         accepted = [e for e in entries if e.row.accepted]
         pairs = [(e.levers, e.row.speedup or 0.0) for e in accepted]
         combos = [Entry(levers, "combination") for levers in combinations(pairs)]
@@ -371,7 +385,7 @@ class Search:
             self.notes.append("warning: some lever reads differently than before tuning")
         return TuneResult(
             best=dict(best.row.levers) if best is not None else {},
-            rows=[e.row for e in entries] + rows,
+            rows=[e.row for e in entries] + emulated + rows,
             budget=self.budget,
             device=str(self.device),
             reference_s=fp32.timing.median if fp32.timing is not None else None,

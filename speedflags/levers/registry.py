@@ -322,7 +322,8 @@ REGISTRY: tuple[LeverSpec, ...] = (
         name="amp",
         shorthand="autocast",
         scope="thread",
-        values="'bf16', 'fp16', 'auto', torch.bfloat16, torch.float16 or False",
+        values="'bf16', 'fp16', 'auto' (any case; also 'bfloat16', 'float16', 'half'), "
+        "torch.bfloat16, torch.float16 or False",
         annotation=_ANNOTATIONS["amp"],
         validate=validate_amp,
         make=autocast_lever,
@@ -338,7 +339,8 @@ REGISTRY: tuple[LeverSpec, ...] = (
         name="param_dtype",
         shorthand="",
         scope="model",
-        values="'bf16', 'fp16', torch.bfloat16, torch.float16 or False (with model=)",
+        values="'bf16' (or 'bfloat16'), 'fp16' (or 'float16', 'half') in any case, torch.bfloat16, "
+        "torch.float16 or False (with model=)",
         annotation=_ANNOTATIONS["param_dtype"],
         validate=validate_param_dtype,
         make=ParamDtypeLever.of,
