@@ -274,10 +274,9 @@ def _gib(size: int) -> str:
 
 
 def tunable_levers() -> list[str]:
-    """What ``tune --levers`` accepts: the levers tune tries values of, and compile (not the
-    model levers: the command line gives tune no model)."""
-    tried = [n for n in LEVER_NAMES if lever_spec(n).candidates and not lever_spec(n).per_model]
-    return sorted([*tried, COMPILE])
+    """What ``tune --levers`` accepts: the levers tune tries values of, and compile (the model
+    levers are tried when the factory's step is the model itself)."""
+    return sorted([*(n for n in LEVER_NAMES if lever_spec(n).candidates), COMPILE])
 
 
 def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,8 @@
 """What an emulated lever costs: a small matmul timed with and without it, interleaved.
 
+The matmul is a bias-free ``Linear`` layer's forward, the model a model lever
+(``param_dtype``) acts on; autocast computes it as the plain matmul it is.
+
 bf16 or fp16 autocast on a CPU without the instructions for the dtype computes in the dtype
 (its output and its error say so) at a fraction of fp32's speed. ``verify`` gives such a
 lever the verdict "in effect, emulated: slower" with the factor :func:`slowdown` measured: a
@@ -68,15 +71,17 @@ def slowdown(levers: Mapping[str, Any], device: torch.device) -> Slowdown:
 
 def _measure(levers: Mapping[str, Any], device: torch.device) -> Slowdown:
     n = MATMUL_N.get(device.type, 256)
-    a, b = inputs([(n, n)] * 2, device)
+    (a,) = inputs([(n, n)], device)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(n, n, bias=False).to(device)
     clock = timer_for(device)
     configs = (Config("baseline", {}, baseline=True), Config("lever", dict(levers)))
     times: dict[str, list[float]] = {config.name: [] for config in configs}
 
     def once(config: Config) -> float:
-        with config.frames(device), torch.no_grad():
+        with config.frames(device, layer), torch.no_grad():
             start = clock()
-            a @ b
+            layer(a)
             return clock() - start
 
     threads = torch.get_num_threads()

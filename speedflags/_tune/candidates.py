@@ -77,11 +77,14 @@ def candidates(
     device: torch.device,
     wanted: Mapping[str, Sequence[Any]] | None = None,
     calls: frozenset[str] | None = None,
+    model: bool = False,
 ) -> tuple[list[Levers], list[Row]]:
     """The single-lever candidates for ``device``, and rows for those skipped, with why.
 
     ``wanted`` maps lever names to the values to try (default: every lever's registry
-    ``candidates``); ``calls`` are the torch functions the step calls (``None``: unknown).
+    ``candidates``); ``calls`` are the torch functions the step calls (``None``: unknown);
+    ``model``: a model was given, so the model levers are candidates too (without one, a
+    model lever named in ``wanted`` gets a row saying why it was not tried).
 
     Example:
         >>> import torch
@@ -100,9 +103,15 @@ def candidates(
     for spec in REGISTRY:
         if wanted is not None and spec.name not in wanted:
             continue
-        if spec.per_model:  # tune has no model to give them (yet)
-            continue
         values = spec.candidates if wanted is None else wanted[spec.name]
+        if spec.per_model and not model:
+            if wanted is not None:  # asked for by name: say why it was not tried
+                note = "skipped (no model): give tune(..., model=net) to try it"
+                skipped.extend(
+                    Row(plain_levers(((spec.name, spec.check("tune", raw)),)), note=note)
+                    for raw in values
+                )
+            continue
         for raw in values:
             value = spec.check("tune", raw, f"levers[{spec.name!r}]")
             levers: Levers = ((spec.name, value),)

@@ -39,6 +39,9 @@ class Row:
         verdict: a word of the shared vocabulary where the candidate is not plainly in
             effect: ``"in effect, emulated: slower"`` for one timed once only (bf16 autocast
             on a CPU without bf16 instructions), never accepted.
+        drift: for a ``param_dtype`` candidate within the budget, the largest relative gap of the
+            step's outputs to fp32's after several steps in a row from the same start (a
+            train step's loss after that many optimizer steps).
 
     Example:
         >>> from speedflags._tune.result import Row
@@ -58,6 +61,7 @@ class Row:
     noise: float | None = None
     rounds: int = 0
     verdict: str = ""
+    drift: float | None = None
 
     @property
     def within_noise(self) -> bool:
@@ -77,8 +81,9 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if out["error"] is not None and not math.isfinite(out["error"]):
-            out["error"] = None  # JSON and TOML have no portable infinity; the note says why
+        for name in ("error", "drift"):
+            if out[name] is not None and not math.isfinite(out[name]):
+                out[name] = None  # JSON and TOML have no portable infinity; the note says why
         return out
 
 
@@ -257,7 +262,11 @@ def _cells(row: Row) -> tuple[str, str, str, str, str]:
         error = "-"
     else:
         error = "inf" if not math.isfinite(row.error) else f"{row.error:.1e}"
-    return (row.label, speedup, error, "yes" if row.accepted else "no", row.note)
+    note = row.note
+    if row.drift is not None:  # param_dtype: what several steps in a row do
+        gap = "inf" if not math.isfinite(row.drift) else f"{row.drift:.1e}"
+        note = "; ".join(n for n in (note, f"output gap to fp32 after several steps {gap}") if n)
+    return (row.label, speedup, error, "yes" if row.accepted else "no", note)
 
 
 def render(result: TuneResult) -> str:

@@ -48,7 +48,7 @@ from .._measure.vocabulary import EMULATED
 from .._status import snapshot
 from .._warn import measuring
 from ..levers.lever_sets import with_baseline
-from ..levers.registry import check_levers
+from ..levers.registry import check_levers, lever_spec
 from .candidates import calls_of, can_compile, candidates, combinations
 from .compare import Plan, compare, faster
 from .duel import confidence, contenders, duel, rotated
@@ -62,6 +62,7 @@ __all__ = ["COMPILE", "COMPILE_MIN_S", "KEEP_AT_LEAST", "Search"]
 COMPILE = "compile"
 COMPILE_MIN_S = 30.0  # compiling is not interruptible: try it only with this much time left
 KEEP_AT_LEAST = 3  # halving keeps the faster half, but never fewer than this
+DRIFT_STEPS = 5  # param_dtype's candidates: the output's gap to fp32 after this many steps
 
 
 class Search:
@@ -82,6 +83,7 @@ class Search:
         device: torch.device,
         wanted: Mapping[str, Sequence[Any]] | None = None,
         try_compile: bool = True,
+        model: torch.nn.Module | None = None,
         plan: Plan | None = None,
         clock: Callable[[], float] | None = None,
         progress: Callable[[str], None] | None = None,
@@ -89,6 +91,7 @@ class Search:
         self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs)
         self.budget, self.seconds, self.device = budget, seconds, device
         self.wanted, self.try_compile, self.plan = wanted, try_compile, plan or Plan()
+        self.model = model
         self.clock = clock or timer_for(device)
         self.say = progress or (lambda line: None)
         self.started = time.perf_counter()
@@ -116,17 +119,22 @@ class Search:
         weights until the outermost autocast exits, so a frame held open across calls would
         time stale casts (and, in a train step, compute with them).
         """
-        levers = with_baseline(entry.levers)
+        levers: dict[str, Any] = with_baseline(entry.levers)
+        # the model, for a frame that sets a model lever (fast_math refuses it without one)
+        model = self.model if any(lever_spec(name).per_model for name in levers) else None
         if entry.compile:
             from .._speedup import speedup  # local: speedup imports the compile machinery
 
             # eager's RNG in compiled code: dropout draws the numbers fp32 drew, so the
             # error measures the arithmetic, not other random masks
             options = {"options": {"fallback_random": True}}
-            entry.call = speedup(compile=options, device=self.device, **levers)(self.fn)
+            entry.call = speedup(compile=options, device=self.device, model=model, **levers)(
+                self.fn
+            )
         else:
             label = f"speedflags tune {entry.row.label if entry.levers else 'fp32'}"
-            entry.call = fast_math(**levers, device=self.device, label=label)(self.fn)
+            spec = fast_math(**levers, device=self.device, label=label, model=model)
+            entry.call = spec(self.fn)
         return entry
 
     def _step(self, entry: Entry) -> Callable[..., Any]:
@@ -302,6 +310,28 @@ class Search:
                 entry.row.note = f"accepted, but {best.row.label} is chosen"
         return best
 
+    def _drift(self, fp32: Entry, entry: Entry) -> None:
+        """The gap between ``entry``'s output and fp32's after :data:`DRIFT_STEPS` steps in a
+        row from the same start (a train step's loss: what the lower precision, and the
+        float32 master weights it keeps, do over several optimizer steps); the step's state
+        is put back before each run and after."""
+        reference: Outputs = []
+        gap = math.inf
+        for each in (fp32, entry):
+            self.state.restore()
+            step = self._step(each)
+            out = None
+            for _ in range(DRIFT_STEPS):
+                out = step(*self.args, **self.kwargs)
+            synchronize(self.device)
+            if each is fp32:
+                reference = reference_outputs(out)
+            else:
+                gap, _ = error_against(out, reference)
+        self.state.restore()
+        entry.row.drift = gap
+        self.say(f"{entry.row.label}: output gap to fp32 after {DRIFT_STEPS} steps {gap:.1e}")
+
     def _compile(self, fp32: Entry, best: Entry | None) -> Entry | None:
         if self.left() < COMPILE_MIN_S:
             self.notes.append(f"note: compile not tried: less than {COMPILE_MIN_S:.0f} s left")
@@ -350,7 +380,7 @@ class Search:
         self.reference = reference_outputs(self._call(fp32))
         self.say(f"reference: plain fp32; state reset before each call: {self.state.describe()}")
         check_reference(self.reference)
-        singles, rows = candidates(self.device, self.wanted, calls)
+        singles, rows = candidates(self.device, self.wanted, calls, model=self.model is not None)
         entries = [Entry(levers, "lever") for levers in singles]
         for entry in entries:
             self._check(entry)
@@ -375,6 +405,9 @@ class Search:
         if top and self.left() > 0:
             duel(self, fp32, top)
         best = self._choose(entries)
+        for entry in entries:  # what computing in a lower dtype does to a run of steps
+            if not entry.rejected and dict(entry.levers).get("param_dtype") is not None:
+                self._drift(fp32, entry)
         sure, why = confidence(entries, best)
         compiled = None
         if self.try_compile and can_compile():
