@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,22 @@ def test_bench_and_tune_results_record_the_verdicts() -> None:
     timed = [r for r in result.rows if r.speedup is not None]
     assert {r.label for r in timed} <= set(result.verdicts) | {"(fp32)"}
     assert result.to_dict()["tune"]["verdicts"] == result.verdicts
+
+
+def test_a_flag_left_changed_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A probe that leaves cudnn.benchmark on (injected: every real probe restores what it
+    # sets): the run says which setting reads differently, not only that one does.
+    from speedflags._measure import probes
+
+    def leaky(ctx: Any, value: Any) -> Any:
+        torch.backends.cudnn.benchmark = True
+        return probes.amp(ctx, None)
+
+    monkeypatch.setitem(probes.PROBES, "amp", leaky)
+    try:
+        run = speedflags.verify("cpu", levers={"amp": [False]})
+    finally:
+        torch.backends.cudnn.benchmark = False
+    assert not run.restored and run.unrestored == ("cudnn_benchmark",)
+    assert "FLAGS NOT RESTORED: cudnn_benchmark read differently than before" in str(run)
+    assert run.to_dict()["unrestored"] == ["cudnn_benchmark"]

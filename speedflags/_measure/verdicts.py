@@ -16,6 +16,7 @@ from .._status import snapshot
 from .._warn import measuring
 from ..errors import InvalidValueError
 from ..levers.registry import LEVER_NAMES, REGISTRY, LeverSpec, lever_spec
+from ..levers.sdpa import settle_first_call
 from . import causes, probes
 from .emulation import slowdown
 from .lever_files import LeversArg, named_levers, plain_value
@@ -92,18 +93,21 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
         if index is None:
             target = torch.device("cuda", torch.cuda.current_device())
     wanted = _wanted(levers)
+    ctx = probes.Context(target)  # on CUDA, in use from here (the probes' inputs)
+    settle_first_call()  # PyTorch's own first SDPA call's write, before the state is read
     before = snapshot()
-    ctx = probes.Context(target)
     with measuring():  # emulated levers are entered on purpose: their verdict says so
         verdicts = [_baseline(ctx)]
         for spec in REGISTRY:
             for value in wanted.get(spec.name, ()):
                 verdicts.append(_one(ctx, spec, value))
+    changed = _changed(before, snapshot())
     return Verification(
         device=str(target),
         verdicts=verdicts,
         environment=environment(target),
-        restored=snapshot() == before,
+        restored=not changed,
+        unrestored=changed,
         elapsed_s=round(time.perf_counter() - started, 3),
     )
 
@@ -181,6 +185,11 @@ def _emulated(
     measured = {**obs.measured, "slower_factor": 1.0 / found.factor if found.factor else None}
     figure = f"{obs.figure}; {slower(found.factor, found.how)}"
     return Verdict(name, shown, EMULATED, figure, reason, measured)
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, ...]:
+    """The names whose state differs between two snapshots."""
+    return tuple(name for name in {**before, **after} if before.get(name) != after.get(name))
 
 
 def judge(

@@ -96,6 +96,7 @@ class Verification:
         environment: device name, PyTorch, CUDA and cuDNN versions, the TF32 environment
             overrides.
         restored: every flag read as before once ``verify`` returned.
+        unrestored: the levers and settings that did not (their ``snapshot()`` names).
         elapsed_s: how long it took.
 
     ``ok`` is true when every verdict is verified or without effect here and the flags came
@@ -119,6 +120,7 @@ class Verification:
     environment: dict[str, Any] = field(default_factory=dict)
     restored: bool = True
     elapsed_s: float | None = None
+    unrestored: tuple[str, ...] = ()
 
     @property
     def failed(self) -> list[Verdict]:
@@ -155,6 +157,7 @@ class Verification:
             "device": self.device,
             "ok": self.ok,
             "restored": self.restored,
+            "unrestored": list(self.unrestored),
             "elapsed_s": self.elapsed_s,
             "environment": self.environment,
             "verdicts": [v.to_dict() for v in self.verdicts],
@@ -207,6 +210,8 @@ def render(run: Verification) -> str:
     lines[-1] += (
         "; every flag reads as before"
         if run.restored
-        else "; FLAGS NOT RESTORED: some lever reads differently than before"
+        else "; FLAGS NOT RESTORED: "
+        + (", ".join(run.unrestored) or "some lever")
+        + " read differently than before"
     )
     return "\n".join(lines)
