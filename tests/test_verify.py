@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
