@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine:
-#   make run    set up, then: python -m speedflags report --apply --restore
-#   make test   set up, then: ruff, mypy, the test suite, the benchmarks once (not timed) and
-#               the examples with --smoke
+#   make run    torch (pinned) and speedflags only, then: python -m speedflags report --apply --restore
+#   make test   the same, then the extras and dev tools (EXTRAS), then: ruff, mypy, the test
+#               suite, the benchmarks once (not timed) and the examples with --smoke
 # Measuring (benchmarks/RESULTS.md):
 #   make bench     the pytest-benchmark suites, timed, with the speedup-and-accuracy table
 #   make results   python -m speedflags bench, written to benchmarks/results/$(RESULTS).json
@@ -12,10 +12,12 @@
 # The pinned torch is installed first, so pip never resolves a bare `torch` (which would
 # download the newest CUDA build, several GB).
 #
-# One Python and one PyTorch per virtual environment. CI (.ci/run) runs `make test` for three:
+# One Python and one PyTorch per virtual environment. CI (.ci/run) runs `make test` for four:
 #   make test-default   Python 3.11, torch 2.13.0 (the CPU wheel) and every optional extra, in .venv
 #                       (plain `make test` is this leg when python3 is 3.11)
 #   make test-floor     Python 3.10, torch 2.1.2: the oldest the package claims (legacy TF32 API only)
+#   make test-py312     Python 3.12, torch 2.13.0, without the optional extras (the GPU image's
+#                       Python; the extras' tests skip, saying so)
 #   make test-newest    Python 3.13, the newest torch release the registry serves for it
 # PYTHON=... (a command or a path) and TORCH_VERSION=... choose any other pair, in a
 # virtual environment of its own (.venv-pyX.Y-torchV; VENV=... to choose);
@@ -35,6 +37,7 @@ FLOOR_TORCH := 2.1.2
 # and transformers from 4.56 on needs a newer torch (torch.utils._pytree.register_pytree_node);
 # its cpp_extension (inductor) imports pkg_resources, which setuptools 81 removed
 FLOOR_PINS := numpy<2 transformers<4.56 setuptools<81
+PY312_PYTHON_VERSION := 3.12
 NEWEST_PYTHON_VERSION := 3.13
 TORCH_VERSION ?= $(DEFAULT_TORCH)
 ifeq ($(strip $(TORCH_VERSION)),)
@@ -53,15 +56,21 @@ endif
 endif
 VENV ?= .venv-py$(PYTHON_VERSION)-torch$(TORCH_VERSION)
 PY := $(VENV)/bin/python
+# Two stamps: torch and speedflags (what `make run` needs), then the extras and dev tools on
+# top (what `make test` needs), so `make test` after `make run` installs only the rest.
 STAMP := $(VENV)/.installed-torch-$(TORCH_VERSION)
+comma := ,
 # pip's install report for the pinned torch: says whether it came from disk or the registry
 TORCH_REPORT := $(VENV)/torch-install-report.json
 EXTRAS ?= test,dev
 DEVICE ?= cpu
 RESULTS ?= $(DEVICE)
+# the extras and dev tools of `make test`, per set of EXTRAS (a new set installs its own)
+EXTRAS_STAMP := $(VENV)/.installed-extras-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup torch-source run test lint typecheck unit examples bench results gpu-check test-default test-floor test-newest test-all newest clean
+.PHONY: setup setup-run torch-source run test lint typecheck unit examples bench results gpu-check test-default test-floor test-py312 test-newest test-all newest clean
 
+# torch first, pinned (pip never resolves a bare `torch`), then speedflags on it: nothing else
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -69,13 +78,20 @@ $(STAMP): setup.cfg pyproject.toml
 	  echo "make: torch==$(TORCH_VERSION) cannot be installed for Python $(PYTHON_VERSION) ($(PYTHON)): pip's reason is above" >&2; \
 	  exit 1; }
 	$(PY) .ci/torch_source.py --keep $(TORCH_REPORT).new $(TORCH_REPORT)
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" $(foreach pin,$(PINS),'$(pin)')
-	$(if $(EXTRA_PACKAGES),$(PY) -m pip install --quiet "$(EXTRA_PACKAGES)")
+	$(PY) -m pip install --quiet -e .
 	touch $@
 
-setup: $(STAMP)
+# the optional extras and the dev tools, on top of the pinned torch (never another torch)
+$(EXTRAS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" "torch==$(TORCH_VERSION)" $(foreach pin,$(PINS),'$(pin)')
+	$(if $(EXTRA_PACKAGES),$(PY) -m pip install --quiet "$(EXTRA_PACKAGES)" "torch==$(TORCH_VERSION)")
+	touch $@
 
-run: setup
+setup-run: $(STAMP)
+
+setup: $(EXTRAS_STAMP)
+
+run: setup-run
 	$(PY) -m speedflags report --apply --restore
 
 lint: setup
@@ -109,10 +125,10 @@ gpu-check:
 
 # Which Python and torch this environment runs, and where torch came from (disk or registry):
 # CI logs it per leg, e.g. "=== leg: Python 3.10.13, torch 2.1.2 (registry) ===".
-torch-source: setup
+torch-source: setup-run
 	@$(PY) .ci/torch_source.py --show $(TORCH_REPORT)
 
-# Each example with --smoke (seconds on a CPU). An integration's example is skipped, saying
+# Each example with --smoke (15 to 26 s each on a busy 2-core CPU). An integration's example is skipped, saying
 # so, where its extra is not installed (EXTRAS=test,dev,lightning,transformers installs both).
 HAS_LIGHTNING := import importlib.util as u, sys; sys.exit(not ((u.find_spec("lightning") or u.find_spec("pytorch_lightning")) and u.find_spec("jsonargparse")))
 HAS_TRANSFORMERS := import importlib.util as u, sys; sys.exit(not (u.find_spec("transformers") and u.find_spec("accelerate")))
@@ -142,12 +158,18 @@ newest:
 	@py="$$(.ci/find_python.sh $(NEWEST_PYTHON_VERSION))" && "$$py" .ci/newest_torch.py
 
 # Its pip calls run with the machine's pip cap (a constraints file) lifted: see .ci/newest_torch.py.
+# The Python of the GPU image, with the default's torch (from the registry: the CPU wheel on
+# disk is for Python 3.11) and no optional extra, so that their tests skip as they say.
+test-py312:
+	py="$$(.ci/find_python.sh $(PY312_PYTHON_VERSION))" && \
+	$(MAKE) test PYTHON="$$py" TORCH_VERSION=$(DEFAULT_TORCH) EXTRAS=test,dev EXTRA_PACKAGES=
+
 test-newest:
 	py="$$(.ci/find_python.sh $(NEWEST_PYTHON_VERSION))" && \
 	version="$$("$$py" .ci/newest_torch.py)" && \
 	"$$py" .ci/newest_torch.py exec $(MAKE) test PYTHON="$$py" TORCH_VERSION="$$version"
 
-test-all: test-default test-floor test-newest
+test-all: test-default test-floor test-py312 test-newest
 
 clean:
 	rm -rf .venv .venv-py* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info gpu-check-out

@@ -1,9 +1,11 @@
-"""The reference workload of seed 002: ``Linear(d, d)`` x3, batch 512, one AdamW train step.
+"""The reference workload, the 3×Linear(d, d) AdamW train step: ``Linear(d, d)`` x3, batch
+512, one AdamW train step.
 
-The seed reports 1.41x for ``fast_math(tf32=True, amp="bf16")`` over fp32 on a laptop RTX
-4050 at d = 8192; this measures what the same step gets here (d = 4096 and 8192 on a GPU;
-1024 and 2048 on a CPU, where TF32 has no effect and bf16 autocast does the work). The
-error is that of the first layer's weight gradient against a float64 copy of the model.
+A published laptop benchmark reports 1.41x for ``fast_math(tf32=True, amp="bf16")`` over
+fp32 on an RTX 4050 Laptop at d = 8192; this measures what the same step gets here (d = 4096
+and 8192 on a GPU; 1024 and 2048 on a CPU, where TF32 has no effect and bf16 autocast does
+the work). The error is that of the first layer's weight gradient against a float64 copy of
+the model.
 """
 
 from __future__ import annotations

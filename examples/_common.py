@@ -1,9 +1,17 @@
-"""What the examples share: lever arguments, step timing, the speedup line, and the check
-that every flag ends as it began (``speedflags.snapshot()`` before and after)."""
+"""What the examples share: lever arguments, interleaved timing, the speedup line, and the
+check that every flag ends as it began (``speedflags.snapshot()`` before and after).
+
+The two configurations (plain fp32, then the levers) are timed in interleaved passes (fp32,
+levers, fp32, levers, ...), each pass after a warm-up step of its own, so that the one-time
+costs (the allocator, oneDNN's primitive cache, cuDNN's autotuning) and a neighbour's load hit
+both alike. The speedup is the geometric mean of the per-pass ratios, printed with its noise;
+a difference within that noise is said to be one, and levers that change nothing on the device
+(or no levers at all) get words, not a figure."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +21,15 @@ from typing import Any
 import torch
 
 import speedflags
+from speedflags._measure.configs import Config
+from speedflags._measure.noise import paired, within_noise
+from speedflags._measure.vocabulary import (
+    EMULATED,
+    NO_EFFECT,
+    nothing_changes,
+    phrase,
+    verdicts_here,
+)
 from speedflags.levers.lever_sets import baseline_levers
 from speedflags.levers.registry import LEVER_NAMES
 
@@ -41,7 +58,16 @@ def parse_levers(text: str) -> dict[str, Any]:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--smoke", action="store_true", help="a few seconds on a CPU (CI)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes on a CPU, for CI (tens of seconds)"
+    )
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=None,
+        help=f"interleaved passes of each configuration (default {PASSES}; --smoke: "
+        f"{SMOKE_PASSES}); at least 3, so that the noise is known",
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument(
         "--levers",
@@ -163,15 +189,99 @@ def seconds_per_step(
     return (time.perf_counter() - start) / max(steps, 1)
 
 
-def print_speedup(
-    name: str, fp32_s: float, fast_s: float, levers: dict[str, Any], smoke: bool = False
-) -> None:
-    shown = ", ".join(f"{k}={v!r}" for k, v in levers.items()) or "none (nothing faster here)"
-    note = " (--smoke: sizes too small for the timing to mean anything)" if smoke else ""
-    print(
-        f"{name}: fp32 {fp32_s * 1e3:.2f} ms/step; speedflags ({shown}) "
-        f"{fast_s * 1e3:.2f} ms/step; speedup vs fp32: {fp32_s / fast_s:.2f}x{note}"
-    )
+def timed_pass(
+    spec: speedflags.FastMath, step: Callable[[], Any], steps: int, device: torch.device, runs: int
+) -> Callable[[str], float]:
+    """One pass of one configuration, for :func:`interleaved`: ``step`` under ``spec``, a
+    warm-up step then ``steps`` timed steps (:func:`seconds_per_step`); ``runs`` is how many
+    passes there are in all (for the estimate of how long they take)."""
+    left = [runs]
+
+    def run(label: str) -> float:
+        with spec:
+            seconds = seconds_per_step(step, steps, device, label, left[0])
+        left[0] -= 1
+        return seconds
+
+    return run
+
+
+PASSES = 5  # interleaved passes of each configuration
+SMOKE_PASSES = 3  # the fewest that give a noise estimate
+
+
+def passes(given: int | None, smoke: bool) -> int:
+    """The number of interleaved passes: ``--passes``, or the default for the size."""
+    chosen = given if given is not None else SMOKE_PASSES if smoke else PASSES
+    if chosen < 3:
+        raise SystemExit(f"--passes {chosen}: at least 3 (fewer give no noise estimate)")
+    return chosen
+
+
+def interleaved(runs: dict[str, Callable[[str], float]], count: int) -> dict[str, list[float]]:
+    """Call each run's pass in turn, ``count`` times (fp32, levers, fp32, levers, ...).
+
+    A run is one pass of one configuration: given its label (``"fp32 pass 2/5"``), it enters
+    its levers, takes a warm-up step of its own, times its steps and returns the seconds per
+    step. Returns each configuration's per-pass times.
+    """
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for index in range(count):
+        for name, run in runs.items():
+            times[name].append(run(f"{name} pass {index + 1}/{count}"))
+    return times
+
+
+def _shown(levers: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in levers.items())
+
+
+def speedup_line(
+    name: str,
+    times: dict[str, list[float]],
+    levers: dict[str, Any],
+    device: torch.device,
+    smoke: bool = False,
+) -> str:
+    """The result line: a speedup with its noise, or words where there is nothing to show.
+
+    ``times`` holds the per-pass seconds per step of ``"fp32"`` and ``"speedflags"``. No
+    figure is printed for a run with no levers, or whose levers have no effect on the device
+    (both runs did the same work: any difference is noise); a difference within its noise is
+    said to be one; an emulated lever (bf16 autocast on a CPU without bf16 instructions) is
+    named as such.
+    """
+    fp32, fast = times["fp32"], times["speedflags"]
+    ms = f"fp32 {statistics.median(fp32) * 1e3:.2f} ms/step"
+    if not levers:
+        recommended = f"speedflags.recommended({str(device)!r})"
+        why = f"no lever to apply: {recommended} is empty, none is faster here"
+        return f"{name}: {ms}; speedup vs fp32: none shown: {why}"
+    fast_ms = f"speedflags ({_shown(levers)}) {statistics.median(fast) * 1e3:.2f} ms/step"
+    if Config("levers", levers).identical_to_baseline():
+        why = "these levers are fp32's own, so both runs did the same work"
+        return f"{name}: {ms}; {fast_ms}; speedup vs fp32: none shown: {why}"
+    verdicts = verdicts_here(levers, device)
+    if nothing_changes(verdicts):
+        why = "; ".join(f"{v.label}: {phrase(NO_EFFECT, v.reason)}" for v in verdicts)
+        return (
+            f"{name}: {ms}; {fast_ms}; speedup vs fp32: none shown: no lever has an effect on "
+            f"{device}, so both runs did the same work ({why})"
+        )
+    found = paired(fast, fp32)
+    if found is None:  # fewer than 3 passes: passes() refuses that
+        raise ValueError("speedup_line needs three interleaved passes or more")
+    speedup, noise = found
+    how = f"±{noise * 100:.0f}%, {len(fp32)} interleaved passes"
+    emulated = [v.label for v in verdicts if v.status == EMULATED]
+    said = f" ({EMULATED} here: {', '.join(emulated)})" if emulated else ""
+    smoke_note = " (--smoke: sizes too small to mean anything)" if smoke else ""
+    if within_noise(speedup, noise):
+        return (
+            f"{name}: {ms}; {fast_ms}; speedup vs fp32: none shown: within the noise "
+            f"({speedup:.2f}x, {how}){said}{smoke_note}"
+        )
+    return f"{name}: {ms}; {fast_ms}; speedup vs fp32: {speedup:.2f}x ({how}){said}{smoke_note}"
 
 
 @contextmanager

@@ -1,14 +1,16 @@
 """Train a tiny GPT-2 with the Hugging Face Trainer, in fp32 and then with speedflags' callback.
 
 The model is built from a ``GPT2Config`` (no download: ``HF_HUB_OFFLINE=1``) and trained on
-synthetic tokens. The same training runs twice from the same weights: with plain fp32 levers,
-then with ``SpeedFlagsCallback(train=levers, evaluate={"amp": False})``, where the levers are
-those recommended for the device (TF32 and bf16 autocast on an Ampere or newer GPU) or given
-with ``--levers``. It prints the time per training step of each and the speedup, evaluates
-in full precision, and checks that every flag ends as it began.
+synthetic tokens. The same training runs from the same weights with plain fp32 levers and
+with ``SpeedFlagsCallback(train=levers, evaluate={"amp": False})``, where the levers are those
+recommended for the device (TF32 and bf16 autocast on an Ampere or newer GPU) or given with
+``--levers``, in interleaved passes (a training run each: fp32, levers, fp32, ...), whose
+first step is each pass's warm-up. It prints the time per training step of each and the
+speedup with its noise (or, where the levers change nothing on the device, says so instead),
+evaluates in full precision, and checks that every flag ends as it began.
 
     python examples/hf_trainer.py                    # for real (CUDA if available)
-    python examples/hf_trainer.py --smoke            # a few seconds on a CPU (CI)
+    python examples/hf_trainer.py --smoke            # tiny sizes on a CPU (CI)
 """
 
 from __future__ import annotations
@@ -87,22 +89,25 @@ def main() -> None:
         n_positions=size["seq"], vocab_size=size["vocab"], bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     data = Tokens(size["batch"] * size["steps"], size["seq"], size["vocab"])
+    count = common.passes(args.passes, args.smoke)
     print(f"device: {speedflags.capabilities(device).device}; GPT-2 {size}")
     print(
-        f"{size['steps']} Trainer steps in fp32, then with the levers: each run says how long "
-        "it will take after its first step",
+        f"{count} interleaved passes of {size['steps']} Trainer steps, fp32 then the levers: "
+        "each pass says how long it will take after its first step",
         flush=True,
     )
 
     with common.flags_as_found(), tempfile.TemporaryDirectory() as out:
         torch.manual_seed(0)
         start = GPT2LMHeadModel(config).state_dict()
-        times = {}
-        runs = (("fp32", common.FP32), ("speedflags", levers or common.FP32))
-        for k, (name, train) in enumerate(runs):
+        left = [2 * count]
+        evaluated: list[float] = []
+
+        def run(name: str, train: dict[str, Any], label: str) -> float:
             model = GPT2LMHeadModel(config)
             model.load_state_dict(start)
-            timer = StepTimer(device, common.Progress(name, len(runs) - k))
+            timer = StepTimer(device, common.Progress(label, left[0]))
+            left[0] -= 1
             trainer = Trainer(
                 model=model,
                 args=TrainingArguments(
@@ -121,12 +126,17 @@ def main() -> None:
                 callbacks=[SpeedFlagsCallback(train=train, evaluate={"amp": False}), timer],
             )
             trainer.train()
-            times[name] = timer.seconds
-            if name == "speedflags":
-                print(f"eval loss (full precision): {trainer.evaluate()['eval_loss']:.4f}")
-        common.print_speedup(
-            "tiny GPT-2, HF Trainer", times["fp32"], times["speedflags"], levers, args.smoke
-        )
+            if name == "speedflags" and not evaluated:
+                evaluated.append(trainer.evaluate()["eval_loss"])
+                print(f"eval loss (full precision): {evaluated[0]:.4f}")
+            return timer.seconds
+
+        runs = {
+            name: (lambda label, name=name, train=train: run(name, train, label))
+            for name, train in (("fp32", common.FP32), ("speedflags", levers or common.FP32))
+        }
+        times = common.interleaved(runs, count)
+        print(common.speedup_line("tiny GPT-2, HF Trainer", times, levers, device, args.smoke))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
 """Train a toy transformer language model, in fp32 and then with speedflags' levers.
 
-The same training steps (embedding, causal transformer encoder, LM head, AdamW) run twice:
-in plain fp32 (TF32 off, matmul precision "highest", no autocast), then with the levers
-recommended for the device (TF32 and bf16 autocast on an Ampere or newer GPU) or those given
-with ``--levers``. It prints the time per step of each and the speedup, and checks that every
-flag ends as it began.
+The same training steps (embedding, causal transformer encoder, LM head, AdamW) run in plain
+fp32 (TF32 off, matmul precision "highest", no autocast) and with the levers recommended for
+the device (TF32 and bf16 autocast on an Ampere or newer GPU) or those given with
+``--levers``, in interleaved passes (fp32, levers, fp32, ...), each with a warm-up step of its
+own. It prints the time per step of each and the speedup with its noise (or, where the levers
+change nothing on the device, says so instead), and checks that every flag ends as it began.
 
     python examples/train_toy_transformer.py                  # for real (CUDA if available)
     python examples/train_toy_transformer.py --levers tf32=true,amp=bf16
     python examples/train_toy_transformer.py --config examples/configs/speed.yaml
-    python examples/train_toy_transformer.py --smoke          # a few seconds on a CPU (CI)
+    python examples/train_toy_transformer.py --smoke          # tiny sizes on a CPU (CI)
 """
 
 from __future__ import annotations
@@ -72,19 +73,20 @@ def main() -> None:
         if args.smoke
         else dict(vocab=8192, width=512, depth=6, heads=8, seq=256, batch=32, steps=30)
     )
+    count = common.passes(args.passes, args.smoke)
     steps = args.steps or size["steps"]
     levers = common.chosen_levers(args.levers, device, args.config)
     print(f"device: {speedflags.capabilities(device).device}; torch {torch.__version__}")
     print(
-        f"{steps} steps in fp32, then {steps} with the levers: each run says how long it will "
-        "take after its warm-up step (full size: about 10 min on a 2-core CPU, seconds on a GPU)",
+        f"{count} interleaved passes of {steps} steps, fp32 then the levers: each pass says how "
+        "long it will take after its warm-up step (full size: about 25 min on a 2-core CPU, "
+        "a minute on a GPU)",
         flush=True,
     )
 
     with common.flags_as_found():
-        times = {}
-        runs = (("fp32", common.FP32), ("speedflags", levers))
-        for k, (name, setting) in enumerate(runs):
+        runs = {}
+        for k, (name, setting) in enumerate((("fp32", common.FP32), ("speedflags", levers))):
             torch.manual_seed(0)
             model = ToyLM(size["vocab"], size["width"], size["depth"], size["heads"], size["seq"])
             model = model.to(device)
@@ -92,11 +94,10 @@ def main() -> None:
                 model, setting.get("amp"), device, size["batch"], size["seq"], size["vocab"]
             )
             # fast_math() with no levers means "the recommended ones": pass the empty case as FP32
-            with speedflags.fast_math(device=device, **(setting or common.FP32)):
-                times[name] = common.seconds_per_step(step, steps, device, name, len(runs) - k)
-        common.print_speedup(
-            "toy transformer LM", times["fp32"], times["speedflags"], levers, args.smoke
-        )
+            spec = speedflags.fast_math(device=device, **(setting or common.FP32))
+            runs[name] = common.timed_pass(spec, step, steps, device, 2 * count - k)
+        times = common.interleaved(runs, count)
+        print(common.speedup_line("toy transformer LM", times, levers, device, args.smoke))
 
 
 if __name__ == "__main__":

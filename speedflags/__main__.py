@@ -64,7 +64,7 @@ def _default_device(requested: str | None) -> str | None:
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(
+    parser = options.Parser(
         prog="speedflags",
         description="PyTorch fast-path flags: inspect them, apply the recommended ones, "
         "prove they come back, and measure what they buy.",
@@ -105,7 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     measures raised (its traceback is shown); 130: ``bench`` or ``tune`` stopped with Ctrl-C.
     """
     parser, commands = _parser()
-    args = parser.parse_args(argv)
+    try:  # a bad option is one line (options.Parser); --help exits 0
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
     try:  # every option, before a user's file is imported or anything is measured
         options.check(args, commands[args.command])
     except options.UsageError as exc:

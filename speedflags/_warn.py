@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import warnings
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextvars import ContextVar
 from types import FrameType
 
 # speedflags' own directory: frames in it (any subpackage) are never the user's line
@@ -27,8 +29,28 @@ def user_stacklevel() -> int:
     return level
 
 
+# categories said nowhere in this thread or task for now (quiet()); per context, so a tool
+# measuring on purpose silences only its own blocks
+_QUIET: ContextVar[tuple[type[Warning], ...]] = ContextVar("speedflags_quiet", default=())
+
+
+@contextlib.contextmanager
+def quiet(*categories: type[Warning]) -> Iterator[None]:
+    """Within it, :func:`warn_once` says nothing of ``categories`` in this thread or task,
+    and does not count the cause as said (a later one outside says it)."""
+    token = _QUIET.set(_QUIET.get() + categories)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
 def warn_once(cause: Hashable, message: str, category: type[Warning]) -> bool:
-    """Warn unless ``cause`` was warned about before in this process; True if it warned."""
+    """Warn unless ``cause`` was warned about before in this process (or ``category`` is
+    :func:`quiet` here); True if it warned."""
+    quieted = _QUIET.get()
+    if quieted and issubclass(category, quieted):
+        return False
     with _lock:
         if cause in _seen:
             return False
@@ -55,3 +77,24 @@ def _forget() -> None:
     # For tests: forget which causes were warned about.
     with _lock:
         _seen.clear()
+
+
+def measuring() -> contextlib.AbstractContextManager[None]:
+    """Blocks planned inside do not warn of emulated or device-less levers
+    (``SlowPathWarning``, ``DeviceUnavailableWarning``): for the tools (``bench``, ``tune``,
+    ``verify``) that enter such levers on purpose and say what they cost in their own output.
+    Per thread and task (:func:`quiet`).
+
+    Example:
+        >>> import warnings, speedflags
+        >>> from speedflags._warn import measuring
+        >>> with warnings.catch_warnings(record=True) as caught, measuring():
+        ...     warnings.simplefilter("always")
+        ...     with speedflags.fast_math(amp="fp16", device="cpu", label="on purpose"):
+        ...         pass
+        >>> [w for w in caught if issubclass(w.category, speedflags.SpeedflagsWarning)]
+        []
+    """
+    from .errors import DeviceUnavailableWarning, SlowPathWarning  # local: a base module too
+
+    return quiet(SlowPathWarning, DeviceUnavailableWarning)

@@ -21,12 +21,14 @@ from typing import Any
 __all__ = [
     "AbandonedFrameWarning",
     "CompileFallbackWarning",
+    "DeviceUnavailableWarning",
     "DriftWarning",
     "InvalidTypeError",
     "InvalidValueError",
     "LedgerOrderError",
     "LedgerReentryError",
     "LeverConflictWarning",
+    "LeverFileNotFoundError",
     "LeverInGraphError",
     "LeverUnavailableError",
     "MixedTF32APIError",
@@ -112,6 +114,25 @@ class LeverUnavailableError(SpeedflagsError, RuntimeError):
         ...     print("no effect on cpu" in str(exc))
         True
     """
+
+
+class LeverFileNotFoundError(SpeedflagsError, FileNotFoundError):
+    """A lever or bench file that does not exist: the message names the call and the file.
+
+    Also a ``FileNotFoundError`` (``filename`` is the path as given, ``errno`` is ``ENOENT``),
+    so ``except FileNotFoundError`` and ``except OSError`` keep working.
+
+    Example:
+        >>> import speedflags
+        >>> try:
+        ...     speedflags.load_levers("no-such-levers.json")
+        ... except FileNotFoundError as exc:
+        ...     print(type(exc).__name__, exc.filename)
+        LeverFileNotFoundError no-such-levers.json
+    """
+
+    def __str__(self) -> str:  # the message alone, not OSError's "[Errno 2] ...: 'path'"
+        return str(self.strerror if self.strerror is not None else super().__str__())
 
 
 class LeverInGraphError(SpeedflagsError, RuntimeError):
@@ -301,7 +322,11 @@ class LeverConflictWarning(SpeedflagsWarning):
 
 
 class SlowPathWarning(SpeedflagsWarning):
-    """A requested lever runs slower than the default on this device (fp16 autocast on a CPU).
+    """A requested lever makes this device slower than it is without it: bf16 or fp16
+    autocast on a CPU without the instructions for the dtype, where PyTorch emulates it.
+
+    Once per process, lever value and device, with what it costs; ``strict=True`` refuses
+    such a lever instead, and ``amp="auto"`` never picks an emulated dtype.
 
     Example:
         >>> import warnings, speedflags
@@ -309,6 +334,22 @@ class SlowPathWarning(SpeedflagsWarning):
         ...     warnings.simplefilter("ignore", speedflags.SlowPathWarning)
         ...     with speedflags.fast_math(amp="bf16", device="cpu"):
         ...         pass
+    """
+
+
+class DeviceUnavailableWarning(SpeedflagsWarning):
+    """A block targets a device this PyTorch cannot use (``device="cuda"`` without CUDA).
+
+    Its levers change nothing there: autocast for the device stays off in effect (as
+    ``torch.autocast("cuda")`` warns and disables itself where CUDA is not available), and
+    the process-wide flags it sets are read by no kernel. The block is still entered and
+    restored, and its records say why; ``strict=True`` refuses it instead. Once per process,
+    device and lever.
+
+    Example:
+        >>> import warnings, speedflags
+        >>> issubclass(speedflags.DeviceUnavailableWarning, speedflags.SpeedflagsWarning)
+        True
     """
 
 

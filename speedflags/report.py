@@ -25,16 +25,19 @@ from ._fast_math import fast_math
 from ._hardware import capabilities, resolve_device
 from ._ledger.history import json_default
 from ._ledger.ledger import ledger
+from ._measure.lever_files import plain_value
+from ._measure.vocabulary import verdicts_here
 from ._recommend import recommended
 from ._status import snapshot, tf32_status
 from ._version import __version__
-from ._watch.writers import last_writers
+from ._watch.writers import last_writers, watching
 from .levers import _fp32_model as family
 from .levers import _fp32_torch as family_io
 from .levers import autocast as autocast_module
 from .levers import sdpa as sdpa_module
+from .levers import registry
 
-__all__ = ["build_report", "render_report"]
+__all__ = ["build_report", "lever_verdicts", "render_report"]
 
 
 def _api_in_use() -> str:
@@ -182,7 +185,10 @@ def build_report(
         "levers": snapshot(),
         # snapshot key -> the write that set its current value (speedflags.watch() saw it)
         "last_written_by": last_writers(),
+        "watching": watching(),
         "recommended": {"levers": rec.levers, "reasons": rec.reasons},
+        # each value tune would try, in the words verify, bench and tune use
+        "lever_verdicts": lever_verdicts(target),
     }
     compared = distributed.rank_state() if distributed.process_group() is not None else None
     if apply:
@@ -214,6 +220,27 @@ def build_report(
     if compared is not None:
         report["ranks"] = gather_ranks(report, compared)
     return report
+
+
+def lever_verdicts(device: torch.device) -> list[dict[str, Any]]:
+    """Each lever value ``tune`` would try, with its word on ``device`` (in effect, no effect
+    here, in effect, emulated: slower, refused by this PyTorch) and the reason: what the
+    device's answers say, not measured (``speedflags verify`` measures).
+
+    Example:
+        >>> import torch
+        >>> from speedflags.report import lever_verdicts
+        >>> found = {v["label"]: v["status"] for v in lever_verdicts(torch.device("cpu"))}
+        >>> found["tf32=True"]
+        'no effect here'
+    """
+    levers = [(spec.name, plain_value(spec.name, spec.validate(value)))
+              for spec in registry.REGISTRY for value in spec.candidates]  # fmt: skip
+    out = []
+    for name, value in levers:
+        (found,) = verdicts_here({name: value}, device)
+        out.append({"label": found.label, "status": found.status, "reason": found.reason})
+    return out
 
 
 def _yes(flag: bool) -> str:
@@ -251,8 +278,21 @@ def render_report(report: dict[str, Any]) -> str:
     add("")
     flat: dict[str, Any] = {}
     _flatten("", report["levers"], flat)
-    lines += _render_levers(flat, report.get("last_written_by") or {})
+    lines += _render_levers(
+        flat, report.get("last_written_by") or {}, report.get("watching", False)
+    )
     add("")
+    verdicts = report.get("lever_verdicts") or []
+    if verdicts:
+        add(f"what each lever does on {report['device']} (`speedflags verify` measures it)")
+        width = max(len(v["label"]) for v in verdicts)
+        status_width = max(len(v["status"]) for v in verdicts)
+        for verdict in verdicts:
+            add(
+                f"  {verdict['label']:{width}s}  {verdict['status']:{status_width}s}  "
+                f"{verdict['reason']}".rstrip()
+            )
+        add("")
     rec = report["recommended"]
     shown = ", ".join(f"{k}={v!r}" for k, v in rec["levers"].items()) or "(none)"
     add(f"recommended for {report['device']}: {shown}")
@@ -283,15 +323,24 @@ def render_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _render_levers(flat: dict[str, Any], writers: dict[str, str]) -> list[str]:
+# what the column says of a value no write changed while the watch ran
+UNWRITTEN = "-"
+
+
+def _render_levers(flat: dict[str, Any], writers: dict[str, str], watching: bool) -> list[str]:
+    """The state, with a "last written by" column wherever a watch runs (or ran: writers
+    known), ``-`` for a value nothing wrote while it watched (as found)."""
     shown = {key: f"  {key} = {value!r}" for key, value in flat.items()}
-    if not writers:
+    if not writers and not watching:
         return ["levers and guarded settings (current state)", *shown.values()]
     width = max(len(line) for line in shown.values())
     heading = "levers and guarded settings (current state)"
-    lines = [f"{heading:{width}s}  last written by (speedflags.watch())"]
+    lines = [
+        f"{heading:{width}s}  last written by (speedflags.watch(); {UNWRITTEN}: not written "
+        "since it started)"
+    ]
     for key, line in shown.items():
-        lines.append(f"{line:{width}s}  {writers[key]}" if key in writers else line)
+        lines.append(f"{line:{width}s}  {writers.get(key, UNWRITTEN)}")
     return lines
 
 

@@ -246,6 +246,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
 
     def install(capability: tuple[int, int] = (8, 0), name: str = "NVIDIA A100-SXM4-80GB") -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -252,3 +255,121 @@ def test_tf32_on_a_turing_gpu_is_recorded_as_no_effect(fake_gpu) -> None:
     with pytest.raises(LeverUnavailableError, match="sm75"):
         with fast_math(tf32=True, device="cuda", strict=True):
             pass
+
+
+# --- emulated bf16 and a device this PyTorch cannot use are never silent ----------------------
+
+
+def _speedflags_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [
+        f"{w.category.__name__}: {w.message}"
+        for w in caught
+        if issubclass(w.category, speedflags.SpeedflagsWarning)
+    ]
+
+
+def test_amp_bf16_on_a_cpu_without_bf16_instructions_warns_once_with_the_cost(
+    fake_cpu: Callable[..., None],
+) -> None:
+    # Failed before: silent, and a 1024x1024 matmul ran 50x slower than fp32 there. The CPU
+    # is faked to an AVX2 Zen 3 (instructions alone decide: no bf16 kernel trial is needed);
+    # the arithmetic is real.
+    fake_cpu(ZEN3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for spec in (fast_math(amp="bf16", device="cpu"), fast_math(amp=torch.bfloat16)):
+            for _ in range(3):
+                with spec:
+                    assert autocast_dtype("cpu") == torch.bfloat16  # applied all the same
+        with speedflags.autocast("bf16", device="cpu"):
+            pass
+
+        @speedflags.speedup(amp="BF16", device="cpu")
+        def step() -> None:
+            pass
+
+        step()
+    said = _speedflags_warnings(caught)
+    assert len(said) == 1, said
+    assert said[0].startswith("SlowPathWarning: amp='bfloat16' on cpu is slower than without it")
+    assert "tens of times slower than fp32" in said[0] and "strict=True refuses it" in said[0]
+    with pytest.raises(LeverUnavailableError, match="emulated"):
+        with fast_math(amp="bf16", device="cpu", strict=True):
+            pytest.fail("strict must refuse an emulated lever")
+
+
+AMX_ONLY = dataclasses.replace(ZEN4, avx512_bf16=False, amx_bf16=True)
+
+
+@pytest.mark.parametrize("features", [ZEN4, AMX_ONLY], ids=["zen4", "amx"])
+def test_amp_bf16_on_a_cpu_with_bf16_instructions_never_warns(
+    fake_cpu: Callable[..., None], features: object
+) -> None:
+    fake_cpu(features, {torch.bfloat16: KernelTrial("bfloat16")})  # faked: and the kernels run
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with fast_math(amp="bf16", device="cpu", strict=True):
+                assert autocast_dtype("cpu") == torch.bfloat16
+    assert _speedflags_warnings(caught) == []
+
+
+WARNINGS_OF_A_PROCESS = """
+import warnings
+warnings.simplefilter("always")
+import speedflags
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        with speedflags.fast_math(amp="bf16", device="cpu"):
+            pass
+    with speedflags.fast_math(amp="bfloat16", device="cpu", label="another spec"):
+        pass
+said = [w for w in caught if issubclass(w.category, speedflags.SlowPathWarning)]
+print(len(said), bool(speedflags.capabilities("cpu").bf16))
+"""
+
+
+def test_one_process_on_this_cpu_warns_exactly_once_where_bf16_is_emulated() -> None:
+    # This CPU and this PyTorch, unfaked, in a process of its own: once on a CPU without bf16
+    # instructions (an AVX2 EPYC), never on one with them (Zen 4/5, AMX Xeons).
+    out = subprocess.run(
+        [sys.executable, "-c", WARNINGS_OF_A_PROCESS],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout.split()  # fmt: skip
+    count, native = int(out[0]), out[1] == "True"
+    assert count == (0 if native else 1), out
+    assert native == bool(CPU.bf16)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("levers", [dict(amp="bf16"), dict(tf32=True), dict(amp="auto")])
+def test_a_cuda_lever_without_cuda_warns_as_torch_autocast_does(levers: dict) -> None:
+    # Failed before: fast_math(amp="bf16", device="cuda") did nothing and said nothing here.
+    before = speedflags.snapshot()
+    name = next(iter(levers))
+    if levers.get("amp") == "auto":  # "auto" finds no dtype on a missing device: nothing set
+        with pytest.warns(speedflags.DeviceUnavailableWarning, match="its levers change nothing"):
+            with fast_math(device="cuda", **levers) as frame:
+                assert frame.levers == ()
+        return
+    with pytest.warns(speedflags.DeviceUnavailableWarning) as caught:
+        for _ in range(2):
+            with fast_math(device="cuda", **levers):
+                pass
+    assert len(caught) == 1
+    said = str(caught[0].message)
+    assert f"{name}=" in said and "on cuda: CUDA is not available here" in said
+    assert "changes nothing" in said and "strict=True refuses it" in said
+    assert ("torch.autocast('cuda')" in said) == (name == "amp")
+    with pytest.raises(LeverUnavailableError, match="CUDA is not available"):
+        with fast_math(device="cuda", strict=True, **levers):
+            pytest.fail("strict must refuse")
+    assert speedflags.snapshot() == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_bare_block_for_cuda_without_cuda_warns_too() -> None:
+    with pytest.warns(speedflags.DeviceUnavailableWarning, match="its levers change nothing"):
+        with fast_math(device="cuda", label="the recommended levers") as frame:
+            assert frame.levers == ()

@@ -1,4 +1,5 @@
-"""``speedflags bench --config FILE``: the seed-style YAML, a tune lever file, bad files."""
+"""``speedflags bench --config FILE``: the example YAML (examples/configs/speed.yaml), a tune
+lever file, bad files."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 
 from speedflags.__main__ import main
 from speedflags._tune.result import Row, TuneResult
-from speedflags.bench.config_file import load_bench_file
+from speedflags.bench.config_file import load_bench_file, load_for_cli
 from speedflags.errors import InvalidValueError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +38,7 @@ def test_the_seed_style_yaml_reads_as_configurations_workloads_and_settings() ->
     shown = {c.name: (dict(c.levers), c.dtype, c.baseline) for c in bench.configs}
     assert shown == {
         "fp32": ({"amp": False, "matmul_precision": "highest"}, None, True),
-        "speedkit": ({"amp": "bf16", "matmul_precision": "high"}, None, False),
+        "bf16-tf32": ({"amp": "bf16", "matmul_precision": "high"}, None, False),
         "medium": ({"matmul_precision": "medium"}, None, False),
         "pure-bf16": ({}, torch.bfloat16, False),
     }
@@ -52,16 +53,22 @@ def test_bench_runs_the_seed_style_yaml(tmp_path: Path, capsys: pytest.CaptureFi
     out = tmp_path / "seed.json"
     assert main(["bench", "--config", str(SEED), *TINY, "--json", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "configurations from" in err and "speedkit: fast_math(" in err
+    assert "configurations from" in err and "bf16-tf32: fast_math(" in err
     data = json.loads(out.read_text())
     assert (
-        data["settings"]["configs"]["speedkit"] == "fast_math(amp='bf16', matmul_precision='high')"
+        data["settings"]["configs"]["bf16-tf32"] == "fast_math(amp='bf16', matmul_precision='high')"
     )
     assert data["settings"]["passes"] == 1  # the command line wins over the file's 3
     groups = {r["group"] for r in data["results"]}
-    assert groups == {"mlp-train cpu 16", "matmul cpu 16"}
+    # a configuration that runs emulated here (bf16 on a CPU without bf16 instructions) is
+    # measured once more, at a small size, in a group of its own
+    bench_file, _ = load_for_cli(str(SEED))
+    assert bench_file is not None
+    emulated = any(c.emulated(torch.device("cpu")) for c in bench_file.configs)
+    expected = {"mlp-train cpu 16", "matmul cpu 16"}
+    assert groups == expected | ({f"{g} (emulated)" for g in expected} if emulated else set())
     baseline = [r for r in data["results"] if r["baseline"]]
-    assert [r["config"] for r in baseline] == ["fp32", "fp32"]
+    assert [r["config"] for r in baseline] == ["fp32"] * (4 if emulated else 2)  # one a group
     assert all(r["speedup"] == 1.0 for r in baseline)
     assert "amp='bf16'" in data["environment"]["verdicts"]
 
@@ -146,5 +153,5 @@ def test_the_examples_take_their_levers_from_the_same_file(tmp_path: Path) -> No
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "levers from" in done.stdout and "speedkit = fast_math(amp='bf16'" in done.stdout
+    assert "levers from" in done.stdout and "bf16-tf32 = fast_math(amp='bf16'" in done.stdout
     assert "speedflags (amp='bf16', matmul_precision='high')" in done.stdout

@@ -182,3 +182,41 @@ def test_gpu_environment_records_driver_clocks_and_power(
 def test_no_nvidia_smi_means_no_gpu_state(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "")
     assert results_module._nvidia_smi(0) == {}
+
+
+def test_a_speedup_within_the_noise_of_its_passes_is_marked_and_said() -> None:
+    # Made-up medians (no timing is asserted): per-pass ratios of 1.01x, 0.99x and 1.02x are
+    # no difference beyond their noise; 2x in every pass is.
+    same = [
+        Result("g", "fp32", baseline=True, median_s=1.0, pass_medians_s=(1.0, 1.2, 1.1)),
+        Result("g", "flash", median_s=0.99, pass_medians_s=(0.99, 1.21, 1.08)),
+        Result("g", "medium", median_s=0.5, pass_medians_s=(0.5, 0.6, 0.55)),
+    ]
+    done = {r.config: r for r in finish(same)}
+    assert done["flash"].within_noise and not done["medium"].within_noise
+    assert done["medium"].noise == pytest.approx(0.0, abs=1e-12)
+    assert not done["fp32"].within_noise  # the baseline is no comparison
+    lines = render(list(done.values())).splitlines()
+    flash = next(line for line in lines if " flash " in f" {line} ")
+    assert "1.01x ~" in flash
+    assert "~ within the noise of its interleaved passes: no difference shown" in lines[-1]
+    assert "~" not in next(line for line in lines if " medium " in f" {line} ")
+    # a file keeps both: the noise and the word
+    assert done["flash"].to_dict()["within_noise"] is True
+
+
+def test_one_pass_without_quartiles_has_no_noise_and_no_mark() -> None:
+    done = finish(rows())
+    assert all(r.noise is None for r in done if not r.baseline and r.speedup is not None)
+    assert "~" not in render(done)
+
+
+def test_an_emulated_row_is_marked_and_said() -> None:
+    emulated = [
+        Result("g (emulated)", "fp32", baseline=True, median_s=0.001),
+        Result("g (emulated)", "amp-bf16", median_s=0.05, verdict="in effect, emulated: slower"),
+    ]
+    text = render(finish(emulated))
+    line = next(line for line in text.splitlines() if "amp-bf16" in line)
+    assert "amp-bf16 (emulated)" in line and "0.02x" in line and "~" not in line
+    assert "(emulated): in effect, emulated: slower: measured once, at a small size" in text

@@ -69,19 +69,37 @@ def test_every_runnable_configuration_is_measured_in_every_pass(
     events: list[Progress] = []
     result = run(tiny(), events.append)
     assert not result.interrupted and result.flags_restored
-    configs = measured(result)
+    group = [r for r in result.results if r.group == "matmul cpu 32"]
+    once = [r for r in result.results if r.group == "matmul cpu 32 (emulated)"]
+    assert len(group) + len(once) == len(result.results)
+    configs = [r.config for r in group if not r.skipped]
     assert configs[0] == "fp32"
     runnable = [c.name for c in WORKLOADS["matmul"].configs if c.unavailable(CPU) is None]
     assert configs == runnable  # the capability answer decides, and nothing raised
     assert "tf32" not in configs  # no TF32 on any CPU
-    skipped = {r.config: r.skipped for r in result.results if r.skipped}
+    skipped = {r.config: r.skipped for r in group if r.skipped}
     if kind == "amx-xeon-torch-2.1":  # the machine: the fp16 rows skipped, with why
         assert "has no float16 matmul on CPU" in str(skipped["pure-fp16"])
         assert "pure-bf16" in configs and "amp-bf16" in configs
     if kind == "amx-xeon" and cpu_kernels(torch.float16).runs:  # a recent PyTorch
         assert "pure-fp16" in configs
         assert ("amp-fp16" in configs) is CPU_AUTOCAST_FP16
-    for row in result.results:
+    # an emulated configuration (bf16 or fp16 without the instructions) is measured once, in
+    # a group of its own beside the baseline, marked; its row in the group says where
+    emulated = [c.name for c in WORKLOADS["matmul"].configs if c.emulated(CPU)]
+    if kind == "zen3":  # AVX2: the bf16 configurations run emulated, and fp16 where it runs
+        assert {"amp-bf16", "pure-bf16"} <= set(emulated)
+        assert ("pure-fp16" in emulated) is cpu_kernels(torch.float16).runs  # not on 2.1
+    assert [r.config for r in once] == (["fp32", *emulated] if emulated else [])
+    for name in emulated:
+        assert skipped[name].startswith("in effect, emulated: slower: ")
+        assert skipped[name].endswith("; measured once, at size 32 (the group below)")
+    for row in once:
+        assert len(row.pass_medians_s) == 1 and row.rounds == 2  # once: 1 pass, 2 rounds
+        assert row.verdict == ("" if row.baseline else "in effect, emulated: slower")
+        assert row.speedup is not None and row.median_s is not None and row.median_s > 0
+        assert row.noise == (0.0 if row.baseline else None)  # once: no noise estimate
+    for row in group:
         if row.skipped:
             assert row.median_s is None and row.skipped
             continue
@@ -89,11 +107,11 @@ def test_every_runnable_configuration_is_measured_in_every_pass(
         assert row.rounds == 4  # 2 rounds x 2 passes
         assert row.median_s is not None and row.median_s > 0
         assert row.rel_error is not None and row.flops == 2 * 32**3
-        assert row.group == "matmul cpu 32" and row.levers
+        assert row.levers and not row.verdict
         assert row.speedup is not None and row.pct_of_fastest is not None
     done = [e for e in events if e.kind == "done"]
-    # interleaved: fp32, medium, ... then again fp32, medium, ...
-    assert [e.config for e in done] == configs + configs
+    # interleaved: fp32, medium, ... then again fp32, medium, ...; then the emulated, once
+    assert [e.config for e in done] == configs + configs + [r.config for r in once]
     assert [e.step for e in done] == list(range(1, len(done) + 1))
     assert done[-1].step == done[-1].steps
     assert all(e.median_s for e in done)
@@ -101,7 +119,7 @@ def test_every_runnable_configuration_is_measured_in_every_pass(
 
 def test_results_keep_configuration_order_with_skips_in_place() -> None:
     result = run(tiny(passes=1))
-    names = [r.config for r in result.results]
+    names = [r.config for r in result.results if r.group == "matmul cpu 32"]
     assert names == [
         "fp32",
         "tf32",
@@ -202,7 +220,12 @@ def test_a_configuration_pytorch_refuses_on_its_first_call_is_skipped_with_its_m
     # Stands for a dtype kernel the capabilities did not foresee: PyTorch raises on the first
     # call (as PyTorch 2.1 does for a float16 CPU matmul). The run goes on without it.
     real = MatmulProblem.runner
-    configs = (Config("fp32", baseline=True), Config("refused"), Config("after"))
+    # (each sets a lever, so that neither is identical to the baseline: those are not timed)
+    configs = (
+        Config("fp32", baseline=True),
+        Config("refused", {"sdpa": "math"}),
+        Config("after", {"sdpa": "flash"}),
+    )
 
     def refusing(self: MatmulProblem, config: Any) -> Runner:
         if config.name != "refused":
@@ -252,3 +275,18 @@ def test_a_configuration_that_raises_after_running_ends_the_run(
     monkeypatch.setattr(MatmulProblem, "runner", failing_later)
     with pytest.raises(RuntimeError, match="a real failure"):
         run(tiny(min_rounds=10))
+
+
+def test_a_configuration_identical_to_the_baseline_is_not_timed_against_it() -> None:
+    # Failed before: the same configuration twice was timed and credited with a speedup
+    # (the examples printed +23 % and -57 % for it). Now the row says so, with no figure.
+    configs = (
+        Config("fp32", baseline=True),
+        Config("fp32-again", {"tf32": False, "amp": False}),
+        Config("nothing"),
+    )
+    result = run(tiny(configs=configs))
+    rows = {r.config: r for r in result.results}
+    for name in ("fp32-again", "nothing"):
+        assert rows[name].skipped == "identical to the baseline: nothing to compare it with"
+        assert rows[name].speedup is None and rows[name].median_s is None

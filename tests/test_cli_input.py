@@ -162,6 +162,28 @@ def test_bench_compare_refuses_a_file_that_is_not_a_result(
     assert str(path) in line and message in line
 
 
+@pytest.mark.parametrize("given", [["nope.json", "b.json"], ["a.json", "nope.json"]])
+def test_bench_compare_names_the_option_and_the_missing_file(
+    tmp_path: Path, given: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Failed before: "speedflags bench --compare: [Errno 2] No such file or directory: ..."
+    existing = tmp_path / "a.json"
+    existing.write_text('{"format": "speedflags-bench/1", "results": []}')  # a result file
+    paths = [str(existing) if name == "a.json" else str(tmp_path / name) for name in given]
+    assert main(["bench", "--compare", *paths]) == 2
+    missing = next(p for p in paths if p.endswith("nope.json"))
+    line = _one_line_naming(capsys.readouterr().err, f"--compare {missing!r}")
+    assert line == f"speedflags bench: --compare {missing!r}: no such file"
+
+
+def test_bench_compare_with_one_file_is_one_line_naming_the_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "--compare", "nope.json"]) == 2
+    line = _one_line_naming(capsys.readouterr().err, "--compare")
+    assert "expected 2 arguments" in line and "usage:" not in line
+
+
 def test_bench_and_tune_refuse_a_gpu_index_the_machine_lacks(
     steps: Path,
     fake_gpu: Callable[..., None],
@@ -209,7 +231,7 @@ def test_tune_refuses_levers_naming_no_lever_or_an_unknown_one(
     assert main(["tune", f"{steps}:step", "--levers", levers]) == 2
     line = _one_line_naming(capsys.readouterr().err, f"--levers {levers!r}")
     assert (
-        "valid: amp, compile, cudnn_benchmark, matmul_precision, "
+        "valid: amp, compile, cudnn_benchmark, matmul_precision, memory_format, param_dtype, "
         "reduced_precision_reduction, sdpa, tf32" in line
     )
     assert not (steps.parent / "factory-ran").exists()

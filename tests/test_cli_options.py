@@ -245,3 +245,32 @@ def test_bench_bounds_its_counts_and_says_the_bound(
     assert main(args) == 2
     line = one_line_naming(capsys.readouterr().err, f"{option} {value}")
     assert line.endswith(f"must be from {bound}")
+
+
+# --- what argparse itself refuses is one line too -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["bench", "--passes", "x"], "--passes"),
+        (["bench", "--compare", "only-one.json"], "--compare"),
+        (["bench", "--bogus"], "--bogus"),
+        (["verify", "--levers"], "--levers"),
+        (["tune"], "FILE.py:FACTORY"),
+        (["nothing-such"], "'nothing-such'"),
+    ],
+)
+def test_an_option_argparse_refuses_is_one_line_not_the_usage_block(
+    args: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Failed before: argparse printed its usage block (five lines or more) above the reason.
+    assert main(args) == 2
+    line = one_line_naming(capsys.readouterr().err, option)
+    assert line.startswith("speedflags") and "usage:" not in line
+    assert line.endswith("--help)")
+
+
+def test_help_still_shows_the_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: speedflags tune")

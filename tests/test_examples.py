@@ -1,5 +1,7 @@
 """Every example runs with ``--smoke`` (as ``make examples`` runs them), prints its speedup
-against fp32 and leaves every flag as it found it (each checks with speedflags.snapshot()).
+against fp32 (or says in words why there is none to show) and leaves every flag as it found
+it (each checks with speedflags.snapshot()); with ``--levers cudnn_benchmark=true``, which
+changes nothing on any CPU, each says so instead of crediting the lever with a figure.
 
 Each runs in its own process, with this checkout first on ``PYTHONPATH``. The integration
 examples are skipped where their library is not installed.
@@ -9,15 +11,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import ZEN3
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -41,10 +45,9 @@ SCRIPTS: dict[str, str | None] = {
 }
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Every runnable example, started at once: they import torch and their trainers, which
-    is most of their time, in parallel. Each test then waits for its own."""
+def _launch(tmp_path_factory: pytest.TempPathFactory, *args: str) -> dict[str, Any]:
+    """Every runnable example, started at once with ``args``: they import torch and their
+    trainers, which is most of their time, in parallel. Each test then waits for its own."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["HF_HUB_OFFLINE"] = "1"
@@ -55,7 +58,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             cwd = tmp_path_factory.mktemp("example")
             processes[script] = (
                 subprocess.Popen(
-                    [sys.executable, str(EXAMPLES / script), "--smoke"],
+                    [sys.executable, str(EXAMPLES / script), *args],
                     cwd=cwd,
                     env=env,
                     stdout=subprocess.PIPE,
@@ -64,23 +67,69 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                 ),
                 cwd,
             )
-    yield processes
+    return processes
+
+
+def _stop(processes: dict[str, Any]) -> None:
     for process, _ in processes.values():
         if process.poll() is None:
             process.kill()
             process.wait()
 
 
-@pytest.mark.parametrize("script", list(SCRIPTS))
-def test_example_runs_with_smoke(script: str, launched: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    processes = _launch(tmp_path_factory, "--smoke")
+    yield processes
+    _stop(processes)
+
+
+@pytest.fixture(scope="module")
+def launched_no_effect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    # started when its first test runs, after the plain --smoke runs: four at a time
+    processes = _launch(tmp_path_factory, "--smoke", "--levers", "cudnn_benchmark=true")
+    yield processes
+    _stop(processes)
+
+
+def _finished(script: str, launched: dict[str, Any]) -> str:
     if SCRIPTS[script] is not None:
         pytest.skip(f"needs {SCRIPTS[script]}")
     process, cwd = launched[script]
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
-    assert "speedup vs fp32:" in output
     assert "flags as found at the start: yes" in output
     assert not list(cwd.iterdir()), "the example left files in its working directory"
+    return str(output)
+
+
+def _result_line(output: str) -> str:
+    (line,) = [line for line in output.splitlines() if "speedup vs fp32: " in line]
+    return line
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_example_runs_with_smoke(script: str, launched: dict[str, Any]) -> None:
+    line = _result_line(_finished(script, launched))
+    said = line.split("speedup vs fp32: ", 1)[1]
+    # a figure with its noise, or words: never a bare figure
+    figure = re.fullmatch(r"\d+\.\d\dx \(±\d+%, 3 interleaved passes\).*", said)
+    assert figure or said.startswith("none shown: "), line
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_a_lever_without_effect_gets_words_not_a_speedup(
+    script: str, launched_no_effect: dict[str, Any]
+) -> None:
+    # Failed before: cifar10_resnet.py --smoke credited cudnn_benchmark=True with 5.15x on a
+    # CPU, where it changes nothing (the fp32 run went first and paid the one-time costs).
+    # cuDNN's autotuning has no effect on any CPU: the example says so, with no figure.
+    line = _result_line(_finished(script, launched_no_effect))
+    assert "speedflags (cudnn_benchmark=True)" in line
+    said = line.split("speedup vs fp32: ", 1)[1]
+    assert said.startswith("none shown: no lever has an effect on cpu, so both runs did the same")
+    assert "cudnn_benchmark=True: no effect on cpu: cuDNN autotuning is for CUDA" in said
+    assert not re.search(r"\d\.\d\dx", said)  # no speedup figure anywhere in it
 
 
 def test_long_runs_say_how_long_they_take_and_where_they_are(
@@ -108,3 +157,52 @@ def test_long_runs_say_how_long_they_take_and_where_they_are(
         ["fp32: step 2/3", " loss 2.0000"],
     ]
     assert all("elapsed, about" in line and line.endswith(" left") for line in lines[1:])
+
+
+@pytest.fixture
+def common(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import _common
+
+    return _common
+
+
+CPU = torch.device("cpu")
+# per-pass seconds per step, as interleaved() returns them (made up: no timing is asserted)
+CLEAR = {"fp32": [0.20, 0.30, 0.21], "speedflags": [0.10, 0.15, 0.105]}  # 2x in every pass
+NOISY = {"fp32": [0.20, 0.30, 0.21], "speedflags": [0.25, 0.20, 0.22]}  # 1.05x, ±15 %
+
+
+def test_the_speedup_line_says_its_noise_or_gives_words(common: Any) -> None:
+    line = common.speedup_line("demo", CLEAR, {"matmul_precision": "medium"}, CPU)
+    if common.verdicts_here({"matmul_precision": "medium"}, CPU)[0].status == "no effect here":
+        assert "none shown: no lever has an effect on cpu" in line  # AVX2, or PyTorch 2.1
+    else:
+        assert line.endswith("speedup vs fp32: 2.00x (±0%, 3 interleaved passes)")
+    # a step that is not faster beyond the noise says so
+    line = common.speedup_line("demo", NOISY, {"sdpa": "flash"}, CPU)  # in effect on any CPU
+    assert "speedup vs fp32: none shown: within the noise (1.05x, ±" in line
+    # no levers (nothing recommended), or fp32's own: no figure at all
+    line = common.speedup_line("demo", CLEAR, {}, CPU)
+    assert line.endswith("none shown: no lever to apply: speedflags.recommended('cpu') is empty, "
+                         "none is faster here")  # fmt: skip
+    line = common.speedup_line("demo", CLEAR, {"tf32": False, "amp": False}, CPU)
+    assert line.endswith("none shown: these levers are fp32's own, so both runs did the same work")
+    line = common.speedup_line("demo", CLEAR, {"tf32": True, "cudnn_benchmark": True}, CPU)
+    assert "none shown: no lever has an effect on cpu" in line and "2.00x" not in line
+
+
+def test_an_emulated_lever_is_named_beside_its_figure(
+    common: Any, fake_cpu: Callable[..., None]
+) -> None:
+    fake_cpu(ZEN3)  # no bf16 instructions (faked where this CPU has them)
+    slow = {"fp32": [0.10, 0.12, 0.11], "speedflags": [2.0, 2.4, 2.2]}
+    line = common.speedup_line("demo", slow, {"amp": "bf16"}, CPU)
+    assert "speedup vs fp32: 0.05x (±0%, 3 interleaved passes)" in line
+    assert line.endswith("(in effect, emulated: slower here: amp='bf16')")
+
+
+def test_fewer_than_three_passes_are_refused(common: Any) -> None:
+    with pytest.raises(SystemExit, match="at least 3"):
+        common.passes(2, smoke=False)
+    assert common.passes(None, smoke=True) == 3 and common.passes(None, smoke=False) == 5

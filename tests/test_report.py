@@ -114,3 +114,51 @@ def test_report_lists_the_pytorch_features_it_found(capsys: pytest.CaptureFixtur
     if not has_order:  # PyTorch 2.4: says what speedflags does without it
         assert "cannot put them first" in features["SDPA priority order"]["note"]
     assert features["SDPA backends"]["note"].startswith("flash, efficient")
+
+
+def test_report_says_what_each_lever_does_here_in_the_shared_words(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from speedflags._measure.lever_files import plain_value
+    from speedflags._measure.route import effect_here
+    from speedflags._measure.vocabulary import status_of
+    from speedflags.levers.registry import REGISTRY
+
+    assert main(["report", "--device", "cpu", "--json"]) == 0
+    found = {v["label"]: v for v in json.loads(capsys.readouterr().out)["lever_verdicts"]}
+    expected = {}
+    for spec in REGISTRY:
+        for raw in spec.candidates:
+            value = spec.validate(raw)
+            effect = effect_here(spec.name, value, torch.device("cpu"))
+            expected[f"{spec.name}={plain_value(spec.name, value)!r}"] = status_of(effect)
+    assert {label: v["status"] for label, v in found.items()} == expected
+    bf16 = speedflags.capabilities("cpu").bf16
+    # never "no effect here" for an emulated dtype (the words of verify, bench and tune)
+    assert found["amp='bf16'"]["status"] == ("in effect" if bf16 else "in effect, emulated: slower")
+    assert found["tf32=True"]["status"] == "no effect here"
+    assert main(["report", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "what each lever does on cpu (`speedflags verify` measures it)" in text
+    line = next(line for line in text.splitlines() if line.strip().startswith("amp='bf16'"))
+    assert found["amp='bf16'"]["status"] in line
+
+
+def test_the_last_written_by_column_shows_from_the_command_line_under_a_watch() -> None:
+    # Failed before: the column showed only for values written while a watch ran, and from
+    # the command line nothing writes one, so SPEEDFLAGS_WATCH=1 never showed it.
+    env = {**os.environ, "SPEEDFLAGS_WATCH": "1"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "speedflags", "report", "--device", "cpu"],
+        capture_output=True, text=True, timeout=120, env=env, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    heading = next(line for line in shown if line.startswith("levers and guarded settings"))
+    assert "last written by (speedflags.watch(); -: not written since it started)" in heading
+    benchmark = next(line for line in shown if line.strip().startswith("cudnn_benchmark ="))
+    assert benchmark.rstrip().endswith(" -")
+    env.pop("SPEEDFLAGS_WATCH")
+    unwatched = subprocess.run(
+        [sys.executable, "-m", "speedflags", "report", "--device", "cpu"],
+        capture_output=True, text=True, timeout=120, env=env, check=True,
+    ).stdout  # fmt: skip
+    assert "last written by" not in unwatched

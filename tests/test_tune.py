@@ -186,18 +186,22 @@ def test_levers_without_effect_are_skipped_with_the_reason(
     linear = torch.nn.Linear(4, 4)
     result = run(linear, (torch.ones(2, 4),), {}, levers=NO_COMPILE, clock=ticking(), plan=QUICK)
     tf32 = row(result, tf32=True)
-    assert tf32.note.startswith("skipped (no effect)") and "TF32" in tf32.note
+    # the words every tool shares (speedflags._measure.vocabulary)
+    assert tf32.note.startswith("skipped (no effect here)") and "TF32" in tf32.note
     assert tf32.error is None and tf32.speedup is None
     fp16, amp_fp16 = speedflags.capabilities("cpu").fp16, row(result, amp="fp16")
     if not CPU_AUTOCAST_FP16:  # PyTorch 2.1's CPU autocast refuses fp16
-        assert amp_fp16.note.startswith("skipped (unsupported)")
+        assert amp_fp16.note.startswith("skipped (refused by this PyTorch)")
     elif fp16:  # fp16 instructions and kernels: tried (emulated if this CPU lacks them)
         assert amp_fp16.error is not None and not amp_fp16.note.startswith("skipped")
     elif fp16.missing_kernel:  # fp16 instructions, no fp16 kernels in this PyTorch
-        assert amp_fp16.note.startswith("skipped (unsupported)")
+        assert amp_fp16.note.startswith("skipped (refused by this PyTorch)")
         assert "has no float16 matmul on CPU" in amp_fp16.note
-    else:  # emulated
-        assert amp_fp16.note.startswith("skipped (slower)")
+    else:  # emulated: timed once, to show what it costs; never raced, never accepted
+        assert amp_fp16.note.startswith("in effect, emulated: slower: timed once (")
+        assert amp_fp16.verdict == "in effect, emulated: slower"
+        assert amp_fp16.speedup is not None and amp_fp16.error is not None
+        assert not amp_fp16.accepted and amp_fp16.rounds == 1
     # a Linear calls no attention: no SDPA backend can change it
     flash = row(result, sdpa=["flash"])
     assert flash.note == "skipped (not called): the step calls no scaled_dot_product function"

@@ -88,6 +88,17 @@ def test_load_levers_reads_a_hand_written_file_and_checks_it(tmp_path: Path) -> 
         speedflags.load_levers(tmp_path / "missing.toml")
 
 
+def test_a_missing_lever_file_is_a_speedflags_error_naming_the_file(tmp_path: Path) -> None:
+    # Failed before: a raw FileNotFoundError ("[Errno 2] No such file or directory: ...").
+    missing = tmp_path / "missing.toml"
+    with pytest.raises(speedflags.LeverFileNotFoundError) as caught:
+        speedflags.load_levers(missing)
+    assert isinstance(caught.value, (FileNotFoundError, speedflags.SpeedflagsError))
+    assert caught.value.filename == str(missing)
+    assert str(caught.value).startswith(f"load_levers({str(missing)!r}): no such file")
+    assert "[Errno" not in str(caught.value)
+
+
 def test_yaml_without_pyyaml_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,10 +202,12 @@ def test_cli_errors_say_what_is_wrong(
 def test_cli_refuses_a_budget_that_is_not_positive(
     steps: Path, budget: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["tune", f"{steps}:step", "--budget", budget])
-    assert exit_info.value.code == 2
-    assert "argument --budget" in capsys.readouterr().err
+    # Failed before: argparse printed its five-line usage block above the reason.
+    assert main(["tune", f"{steps}:step", "--budget", budget]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"speedflags tune: --budget '{budget}'")
+    assert "usage:" not in lines[0]
 
 
 def test_cli_refuses_an_output_it_cannot_write_before_running(

@@ -149,6 +149,33 @@ def test_sdpbackend_members_are_accepted() -> None:
     assert spec.levers == {"sdpa": ["math", "flash"]}
 
 
+@pytest.mark.parametrize(
+    ("word", "dtype"),
+    [
+        ("bf16", torch.bfloat16),
+        ("BF16", torch.bfloat16),
+        ("bfloat16", torch.bfloat16),
+        ("BFloat16", torch.bfloat16),
+        ("torch.bfloat16", torch.bfloat16),
+        ("fp16", torch.float16),
+        ("FP16", torch.float16),
+        ("float16", torch.float16),
+        ("Half", torch.float16),
+        (" torch.float16 ", torch.float16),
+    ],
+)
+def test_amp_takes_pytorchs_dtype_names_in_any_case(word: str, dtype: torch.dtype) -> None:
+    # Failed before: amp="bfloat16" (PyTorch's own name) and amp="BF16" were refused.
+    spec = fast_math(amp=word, device="cpu")  # type: ignore[arg-type]
+    assert spec.levers == {"amp": str(dtype).replace("torch.", "")}
+    step = speedflags.speedup(amp=word, device="cpu")(lambda: None)  # type: ignore[arg-type]
+    assert step.stats.levers == spec.levers  # type: ignore[attr-defined]
+
+
+def test_amp_auto_in_any_case_is_auto() -> None:
+    assert fast_math(amp="AUTO").levers == {"amp": "auto"}  # type: ignore[arg-type]
+
+
 def test_spec_repr_and_levers() -> None:
     spec = fast_math(tf32=True, amp="bf16")
     assert repr(spec) == "<speedflags fast_math(tf32=True, amp='bf16')>"

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from conftest import ZEN3, ZEN4, needs_cpu_autocast_fp16
 
 import speedflags
 from speedflags.__main__ import main
+from speedflags._hardware import KernelTrial
 from speedflags._measure import causes, probes
 from speedflags._measure import route as route_module
 from speedflags._measure import verdicts as check_module
@@ -24,6 +27,7 @@ from speedflags._measure.lever_files import plain_value
 from speedflags._measure.route import MediumRoute, effect_here, medium_route
 from speedflags._measure.verdicts import judge
 from speedflags._measure.verification import Verdict, Verification
+from speedflags._measure.vocabulary import status_of
 from speedflags.errors import InvalidTypeError, InvalidValueError
 from speedflags.levers.autocast import cpu_autocast_takes_fp16
 from speedflags.levers.registry import REGISTRY, lever_spec
@@ -56,10 +60,48 @@ def test_every_lever_value_of_the_registry_gets_a_verdict(run: Verification) -> 
 
 def test_each_verdict_follows_the_capability_and_is_measured(run: Verification) -> None:
     for verdict in run.verdicts[1:]:
-        effective = _effective(verdict.lever, verdict.value)
-        assert verdict.status == ("verified" if effective else "no effect here"), verdict
-        if not effective:
+        effect = effect_here(verdict.lever, lever_spec(verdict.lever).validate(verdict.value), CPU)
+        expected = {  # the capability's word, in the vocabulary every tool shares
+            "in effect": "verified",
+            "no effect here": "no effect here",
+            "in effect, emulated: slower": "in effect, emulated: slower",
+            "refused by this PyTorch": "refused by this PyTorch",
+        }[status_of(effect)]
+        assert verdict.status == expected, verdict
+        if expected != "verified":
             assert verdict.reason, verdict  # the capability's reason
+        if expected == "in effect, emulated: slower":  # measured in effect, and how much slower
+            assert verdict.measured["dtype"] in ("bfloat16", "float16")
+            assert "(a 256x256 matmul, 1 thread, 5 interleaved rounds)" in verdict.figure
+
+
+@pytest.mark.parametrize(
+    ("dtype", "word"),
+    [(torch.bfloat16, "bf16"), pytest.param(torch.float16, "fp16", marks=needs_cpu_autocast_fp16)],
+)
+def test_emulated_autocast_is_in_effect_and_slower_never_no_effect(
+    fake_cpu: Callable[..., None], dtype: torch.dtype, word: str
+) -> None:
+    # Failed before: verify said "no effect here" for bf16 autocast on an AVX2 CPU, whose
+    # output was bfloat16 with bf16's error. The CPU is faked to lack the instructions (so
+    # the branch runs on every CPU); the arithmetic is real (emulated where they are missing).
+    fake_cpu(ZEN3)
+    run = speedflags.verify("cpu", levers={"amp": [word]})
+    verdict = run.verdict("amp")
+    assert verdict.status == "in effect, emulated: slower"
+    assert verdict.measured["dtype"] == str(dtype).replace("torch.", "")
+    assert "emulated" in verdict.reason and verdict.measured["slower_factor"] > 0
+    assert run.ok and "emulated, so slower than without it: amp=" in str(run)
+    as_json = run.to_dict()["verdicts"][1]
+    assert as_json["status"] == "in effect, emulated: slower" != "no effect here"
+
+
+def test_emulated_autocast_on_a_cpu_with_the_instructions_is_verified(
+    fake_cpu: Callable[..., None],
+) -> None:
+    fake_cpu(ZEN4, {torch.bfloat16: KernelTrial("bfloat16")})  # AVX512-BF16, kernels run
+    verdict = speedflags.verify("cpu", levers={"amp": ["bf16"]}).verdict("amp")
+    assert verdict.status == "verified", verdict
 
 
 def test_the_baseline_is_fp32(run: Verification) -> None:
@@ -284,3 +326,22 @@ def test_bench_and_tune_results_record_the_verdicts() -> None:
     timed = [r for r in result.rows if r.speedup is not None]
     assert {r.label for r in timed} <= set(result.verdicts) | {"(fp32)"}
     assert result.to_dict()["tune"]["verdicts"] == result.verdicts
+
+
+def test_a_flag_left_changed_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A probe that leaves cudnn.benchmark on (injected: every real probe restores what it
+    # sets): the run says which setting reads differently, not only that one does.
+    from speedflags._measure import probes
+
+    def leaky(ctx: Any, value: Any) -> Any:
+        torch.backends.cudnn.benchmark = True
+        return probes.amp(ctx, None)
+
+    monkeypatch.setitem(probes.PROBES, "amp", leaky)
+    try:
+        run = speedflags.verify("cpu", levers={"amp": [False]})
+    finally:
+        torch.backends.cudnn.benchmark = False
+    assert not run.restored and run.unrestored == ("cudnn_benchmark",)
+    assert "FLAGS NOT RESTORED: cudnn_benchmark read differently than before" in str(run)
+    assert run.to_dict()["unrestored"] == ["cudnn_benchmark"]

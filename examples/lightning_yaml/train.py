@@ -2,15 +2,20 @@
 
 ``config.yaml`` (next to this script) sets the callback with ``class_path``/``init_args``:
 ``train`` levers around each training batch, full-precision validation, and NequIP's TF32
-schedule (on from epoch 0, off from epoch 4). The script fits the same model twice from the
-same weights: with plain fp32 levers in place of the configured callback, then with the
-configured one. It prints the time per training batch of each and the speedup, the schedule
-switches from the ledger's history, and checks that every flag ends as it began.
+schedule (on from epoch 0, off from epoch 4). The script fits the same model from the same
+weights with plain fp32 levers in place of the configured callback and with the configured
+one (or, with ``--levers``, a callback of those levers), in interleaved passes (one fit each:
+fp32, levers, fp32, ...), each timed from its second epoch (the first is its warm-up). It
+prints the time per training batch of each and the speedup with its noise (or, where the
+levers change nothing on the device, says so instead), the schedule switches from the
+ledger's history, and checks that every flag ends as it began.
 
     python examples/lightning_yaml/train.py --config examples/lightning_yaml/config.yaml
-    python examples/lightning_yaml/train.py --smoke      # a few seconds on a CPU (CI)
+    python examples/lightning_yaml/train.py --levers tf32=true,amp=bf16
+    python examples/lightning_yaml/train.py --smoke      # tiny sizes on a CPU (CI)
 
-Other arguments go to LightningCLI (``--trainer.max_epochs=10``, ``--model.width=256``).
+``--passes N`` sets the passes; other arguments go to LightningCLI
+(``--trainer.max_epochs=10``, ``--model.width=256``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,16 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # examples/_common.py
-from _common import FP32, Progress, flags_as_found, print_speedup, sync
+from _common import (
+    FP32,
+    Progress,
+    flags_as_found,
+    interleaved,
+    parse_levers,
+    passes,
+    speedup_line,
+    sync,
+)
 
 import speedflags
 from speedflags.integrations.lightning import SpeedFlagsCallback
@@ -124,10 +138,30 @@ class BatchTimer(pl.Callback):
         return sum(self.times) / max(len(self.times), 1)
 
 
+def _ours(argv: list[str]) -> tuple[list[str], bool, dict[str, Any] | None, int | None]:
+    """``--smoke``, ``--levers X`` and ``--passes N`` taken out of ``argv``; the rest goes
+    to LightningCLI."""
+    rest: list[str] = []
+    smoke, levers, count = False, None, None
+    items = iter(argv)
+    for arg in items:
+        name, sep, value = arg.partition("=")
+        if arg == "--smoke":
+            smoke = True
+        elif name in ("--levers", "--passes"):
+            value = value if sep else next(items, "")
+            if name == "--levers":
+                levers = parse_levers(value)
+            else:
+                count = int(value)
+        else:
+            rest.append(arg)
+    return rest, smoke, levers, count
+
+
 def main() -> None:
-    argv = sys.argv[1:]
-    smoke = "--smoke" in argv
-    argv = [a for a in argv if a != "--smoke"]
+    argv, smoke, given, count = _ours(sys.argv[1:])
+    count = passes(count, smoke)
     if not any(a == "--config" or a.startswith("--config=") for a in argv):
         argv = ["--config", str(HERE / "config.yaml"), *argv]
     if smoke:
@@ -135,29 +169,39 @@ def main() -> None:
     sys.argv = sys.argv[:1]  # everything goes through args=; LightningCLI warns about both
     cli = LightningCLI(ToyModel, ToyData, run=False, args=argv, save_config_callback=None)
     (configured,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, SpeedFlagsCallback)]
-    print(f"configured: {configured!r}")
+    if given is not None:  # --levers: a callback of those levers in place of the configured one
+        configured = SpeedFlagsCallback(train=given, validate={"amp": False})
+    print(f"levers: {configured!r}; {count} interleaved passes (one fit each)")
 
     with flags_as_found():
         start = copy.deepcopy(cli.model.state_dict())
-        fp32_timer, fast_timer = (
-            BatchTimer(Progress("fp32", 2)),
-            BatchTimer(Progress("speedflags")),
-        )
-        plain = SpeedFlagsCallback(train=FP32, validate=FP32)
-        cli.instantiate_trainer(callbacks=[plain, fp32_timer]).fit(
-            cli.model, datamodule=cli.datamodule
-        )
-        cli.model.load_state_dict(start)
-        speedflags.ledger().clear_history()
-        cli.trainer.callbacks.append(fast_timer)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        left = [2 * count]
 
+        def fit(callback: SpeedFlagsCallback, label: str) -> float:
+            cli.model.load_state_dict(start)
+            timer = BatchTimer(Progress(label, left[0]))
+            left[0] -= 1
+            cli.instantiate_trainer(callbacks=[callback, timer]).fit(
+                cli.model, datamodule=cli.datamodule
+            )
+            return timer.seconds
+
+        plain = SpeedFlagsCallback(train=FP32, validate=FP32)
+        speedflags.ledger().clear_history()
+        times = interleaved(
+            {
+                "fp32": lambda label: fit(plain, label),
+                "speedflags": lambda label: fit(configured, label),
+            },
+            count,
+        )
         switches = [r for r in speedflags.ledger().history if r.action == "switch"]
-        for record in switches:
+        for record in switches[: len(switches) // count]:  # the first fit's (each fit's alike)
             print(f"schedule: {record.reason}: {record.after}")
         levers: dict[str, Any] = configured.levers("train")
         name = "Lightning MLP (from epoch 1, across the schedule)"
-        print_speedup(name, fp32_timer.seconds, fast_timer.seconds, levers, smoke)
+        device = next(cli.model.parameters()).device
+        print(speedup_line(name, times, levers, device, smoke))
 
 
 if __name__ == "__main__":

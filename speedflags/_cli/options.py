@@ -31,8 +31,9 @@ import argparse
 import importlib.util
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .._measure.output_paths import check_output
 from .._measure.timing import MAX_ROUNDS
@@ -42,13 +43,40 @@ from ..errors import SpeedflagsError
 from ..levers import registry
 from ..levers.registry import lever_spec
 
-__all__ = ["MAX_PASSES", "UsageError", "check", "tunable_levers"]
+__all__ = ["MAX_PASSES", "Parser", "UsageError", "check", "tunable_levers"]
 
 MAX_PASSES = 100  # interleaved passes of bench over its configurations
 
 
 class UsageError(Exception):
     """A bad command line: one line naming the option, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line naming the option, as :func:`check`'s
+    are (``speedflags tune: --budget '-1': must be a positive, finite number``), not its
+    usage block; ``--help`` shows the usage. Sub-commands' parsers are of this class too.
+
+    Example:
+        >>> from speedflags._cli.options import Parser
+        >>> parser = Parser(prog="speedflags tune")
+        >>> _ = parser.add_argument("--budget", type=float)
+        >>> try:
+        ...     parser.parse_args(["--budget", "x"])
+        ... except SystemExit as exc:
+        ...     exc.code
+        2
+    """
+
+    def error(self, message: str) -> NoReturn:
+        found = re.match(r"argument (\S+?)(?:/\S+)?: (.*)", message, re.DOTALL)
+        if found:  # "argument --budget: '-1': ..." -> "--budget '-1': ..."
+            option, why = found.groups()
+            if option == "command":  # the sub-command's positional: say what is wrong alone
+                message = why
+            else:
+                message = f"{option}{' ' if why.startswith(chr(39)) else ': '}{why}"
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -165,7 +193,7 @@ def _plot(args: argparse.Namespace) -> None:
 
 def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     _not_empty(args, "--compare")
-    if args.compare:  # shows two files side by side; measures nothing
+    if args.compare:  # shows two files side by side; measures nothing (bench/cli.py reads them)
         return
     _not_empty(args, "--config", "--device", "--workload", "--sizes", "--json", "--plot")
     args.bench_file = None
@@ -251,12 +279,9 @@ def _gib(size: int) -> str:
 
 
 def tunable_levers() -> list[str]:
-    """What ``tune --levers`` accepts: the levers tune tries values of, and compile (not the
-    model levers: the command line gives tune no model)."""
-    tried = [
-        n for n in registry.LEVER_NAMES if lever_spec(n).candidates and not lever_spec(n).per_model
-    ]
-    return sorted([*tried, COMPILE])
+    """What ``tune --levers`` accepts: the levers tune tries values of, and compile (the model
+    levers are tried when the factory's step is the model itself)."""
+    return sorted([*(n for n in registry.LEVER_NAMES if lever_spec(n).candidates), COMPILE])
 
 
 def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ from typing import (
 import torch
 
 from .. import _warn
-from .._hardware import DeviceLike, capabilities, default_device, normalize_device
+from .._hardware import DeviceLike, capabilities, default_device, missing_cuda, normalize_device
 from .._ledger.decorate import decorate
 from .._ledger.history import Where
 from .._ledger.ledger import ledger
@@ -31,7 +31,12 @@ from .._ledger.program import Frame, LeverItem, Program
 from .._ledger.scope import FrameScope
 from .._short_repr import short_repr, short_str
 from .._tracing import hooked, is_compiling
-from ..errors import InvalidTypeError, LeverUnavailableError, SlowPathWarning
+from ..errors import (
+    DeviceUnavailableWarning,
+    InvalidTypeError,
+    LeverUnavailableError,
+    SlowPathWarning,
+)
 from ..levers.autocast import AUTO
 from ..levers.lever_sets import document_levers
 from ..levers.registry import check_levers, check_model, lever_spec, shown_levers
@@ -57,7 +62,8 @@ class Plan(NamedTuple):
     device: str
     program: Program
     refusals: tuple[str, ...]
-    slow: tuple[tuple[Any, str], ...]
+    # (cause, message, category): said once per process and cause, on the first entry
+    warnings: tuple[tuple[Any, str, type[Warning]], ...]
 
 
 def make_plan(
@@ -73,6 +79,7 @@ def make_plan(
     declarations as the spec found them when it was built (a lever unregistered since
     still applies and restores)."""
     shown_device = capabilities(device).device
+    no_device = missing_cuda(device)
     reasons: dict[str, str] = {}
     skipped = []
     if recommend:
@@ -85,7 +92,7 @@ def make_plan(
             skipped.append(("*", reasons["*"]))
     items: list[LeverItem] = []
     refusals = []
-    slow = []
+    said: list[tuple[Any, str, type[Warning]]] = []
     for name, value in requested:
         note = reasons.get(name, "")
         spec = specs[name] if specs is not None and name in specs else lever_spec(name)
@@ -103,16 +110,25 @@ def make_plan(
         if effect.unsupported:  # this PyTorch would raise: recorded as skipped instead
             skipped.append((name, f"{shown}: {effect.reason}"))
             continue
-        if effect.slow:
-            slow.append(
-                (
-                    (name, shown_device, str(value)),
-                    f"{shown} on {shown_device}: {effect.reason}. Use amp='bf16', or "
-                    "strict=True to refuse it.",
-                )
+        if no_device is not None:  # device="cuda" without CUDA: never silent
+            like = " (torch.autocast('cuda') warns and disables itself there too)" * (name == "amp")
+            message = (
+                f"{shown} on {shown_device}: {no_device}, so it changes nothing{like}; the "
+                "block is entered and restored as usual. strict=True refuses it."
             )
+            said.append((("no device", shown_device, name), message, DeviceUnavailableWarning))
+        elif effect.slow:  # emulated: it works, at a fraction of the speed
+            auto = " amp='auto' turns autocast on only where the dtype is native;" * (name == "amp")
+            message = (
+                f"{shown} on {shown_device} is slower than without it: {effect.reason}.{auto} "
+                "strict=True refuses it."
+            )
+            said.append((("slow", shown_device, name, str(value)), message, SlowPathWarning))
         items.append((lever, value, "; ".join(r for r in (note, effect.reason) if r)))
-    return Plan(shown_device, Program(items, skipped), tuple(refusals), tuple(slow))
+    if no_device is not None and not said:  # amp="auto", a bare fast_math(): nothing applied
+        message = f"fast_math on {shown_device}: {no_device}, so its levers change nothing"
+        said.append((("no device", shown_device, "*"), message, DeviceUnavailableWarning))
+    return Plan(shown_device, Program(items, skipped), tuple(refusals), tuple(said))
 
 
 def resolve_auto(device: torch.device) -> tuple[torch.dtype | None, str]:
@@ -252,8 +268,9 @@ class FastMath(FrameScope):
             plan = self._plan_cache = make_plan(
                 self._requested, self._recommend, self._strict, device, self._model, self._specs
             )
-            for cause, message in plan.slow:
-                _warn.warn_once(cause, message, SlowPathWarning)
+            if not plan.refusals:
+                for cause, message, category in plan.warnings:
+                    _warn.warn_once(cause, message, category)
         if plan.refusals:
             raise LeverUnavailableError(
                 f"{short_str(self._label)}: strict=True refuses levers that have no native "

@@ -243,7 +243,9 @@ def cpu_kernels(dtype: torch.dtype) -> KernelTrial:
 
 
 _NO_INSTRUCTIONS = {
-    torch.bfloat16: "no AVX512-BF16, AMX or Arm BF16 instructions: bf16 runs emulated on this CPU",
+    torch.bfloat16: "no AVX512-BF16, AMX or Arm BF16 instructions: bf16 on this CPU is "
+    "emulated, tens of times slower than fp32 (a 1024x1024 matmul: 45x with 2 threads, 80x "
+    "with 1, on an AVX2 AMD EPYC)",
     torch.float16: "no AVX512-FP16 or AMX-FP16 instructions: fp16 on this CPU is emulated, "
     "typically 40 to 1000 times slower than fp32",
 }

@@ -16,6 +16,10 @@ and nothing here imports a tool (``tests/test_package_layers.py`` checks both):
   levels, the operators and kernels that ran), :mod:`.causes` (why a lever is not in
   effect), :mod:`.route` (what ``matmul_precision="medium"`` does on this CPU, found by
   trying; the effect every tool reads);
+- saying it honestly: :mod:`.vocabulary` (the one set of words every tool says a lever's
+  effect with, "in effect, emulated: slower" among them), :mod:`.noise` (paired-pass
+  speedups, their noise, whether a difference is within it), :mod:`.emulation` (what an
+  emulated lever costs, timed on a small matmul);
 - files: :mod:`.lever_files` (lever files: ``load_levers``, JSON, TOML, YAML),
   :mod:`.output_paths` (output files checked before a run), :mod:`.plot_axes` (the
   speedup-against-error axes).

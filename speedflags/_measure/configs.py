@@ -18,7 +18,7 @@ import torch
 from torch.amp.autocast_mode import autocast  # 2.1's stubs: not from torch or torch.amp
 
 from .._fast_math import fast_math
-from .._hardware import capabilities
+from .._hardware import capabilities, cpu_kernels
 from ..levers import Effect
 from ..levers.lever_sets import baseline_levers
 from ..levers.registry import lever_spec
@@ -180,6 +180,55 @@ class Config:
         if effects and not any(e.effective for e in effects):
             return "; ".join(e.reason for e in effects)
         return None
+
+    def emulated(self, device: torch.device) -> bool:
+        """Whether what keeps this configuration from being measured is emulation alone: a
+        slow lever (bf16 or fp16 autocast on a CPU without the instructions) or an input
+        dtype the device has no native arithmetic for, and nothing this PyTorch refuses.
+        ``bench`` measures such a configuration once, at a small size, marked as emulated.
+
+        Example:
+            >>> import torch
+            >>> from speedflags import capabilities
+            >>> from speedflags._measure.configs import Config
+            >>> amp = Config("amp-bf16", {"amp": "bf16"})
+            >>> amp.emulated(torch.device("cpu")) == (not capabilities("cpu").bf16)
+            True
+        """
+        if self.baseline or self.unavailable(device) is None:
+            return False
+        dtype_emulated = False
+        if self.dtype is not None:
+            caps = capabilities(device)
+            cap = caps.bf16 if self.dtype == torch.bfloat16 else caps.fp16
+            if cap.missing_kernel:  # refused by this PyTorch, not emulated
+                return False
+            dtype_emulated = not cap and device.type == "cpu"
+            if dtype_emulated and not cpu_kernels(self.dtype).runs:
+                return False  # no instructions, and no kernel either (fp16 on PyTorch 2.1)
+        effects = [self._effect(name, value, device) for name, value in self.levers.items()]
+        if any(e.unsupported for e in effects):
+            return False
+        return dtype_emulated or any(e.slow for e in effects)
+
+    def identical_to_baseline(self) -> bool:
+        """Whether this configuration sets nothing the baseline does not already set: timing
+        it against the baseline would compare a thing with itself.
+
+        Example:
+            >>> from speedflags._measure.configs import Config
+            >>> Config("off", {"tf32": False, "amp": False}).identical_to_baseline()
+            True
+            >>> Config("tf32", {"tf32": True}).identical_to_baseline()
+            False
+        """
+        if self.baseline or self.dtype is not None:
+            return False
+        return all(
+            name in BASELINE_LEVERS
+            and lever_spec(name).validate(value) == lever_spec(name).validate(BASELINE_LEVERS[name])
+            for name, value in self.levers.items()
+        )
 
     def notes(self, device: torch.device) -> tuple[str, ...]:
         """The levers of this configuration that have no effect on ``device``, and why."""

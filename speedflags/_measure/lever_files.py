@@ -13,6 +13,7 @@ needs PyYAML, an optional extra: ``pip install 'speedflags[yaml]'``.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import math
@@ -23,7 +24,7 @@ from typing import Any, Union
 import torch
 
 from .._short_repr import SHOWN_CHARS, short_repr
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InvalidTypeError, InvalidValueError, LeverFileNotFoundError
 from ..levers import registry
 from ..levers.autocast import _BY_NAME as _AMP_NAMES
 from ..levers.registry import check_levers, lever_spec
@@ -174,6 +175,8 @@ def read_file(path: PathLike, call: str = "load_levers") -> dict[str, Any]:
             f"{shown}: not valid {kind}: nested too deeply to read (a lever file is two "
             "tables deep)"
         ) from None
+    except FileNotFoundError:
+        raise _missing(text_path, shown) from None
     except OSError as exc:  # the file as the user named it, shortened
         if len(text_path) <= SHOWN_CHARS:
             raise
@@ -185,6 +188,17 @@ def read_file(path: PathLike, call: str = "load_levers") -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidValueError(f"{shown}: expected a table of levers, got {type(data).__name__}")
     return data
+
+
+def _missing(path: str, shown: str) -> LeverFileNotFoundError:
+    where = os.path.abspath(path)
+    looked = "" if where == path else f" (looked for {short_repr(where)})"
+    return LeverFileNotFoundError(
+        errno.ENOENT,
+        f"{shown}: no such file{looked}; `speedflags tune --out FILE` and TuneResult.save(FILE) "
+        "write one",
+        path,
+    )
 
 
 def _tomllib() -> Any:
@@ -216,7 +230,8 @@ def load_levers(path: PathLike) -> dict[str, Any]:
         InvalidTypeError: a name that is not a lever, or a ``path`` that is not a str or
             ``os.PathLike`` (``load_levers(path=None): expected a str or os.PathLike path
             to a .json, .toml or .yaml file, got NoneType``).
-        FileNotFoundError: no such file.
+        LeverFileNotFoundError: no such file (the message names the call and the file;
+            also a ``FileNotFoundError``).
         ImportError: a ``.yaml`` file without PyYAML.
 
     Example:

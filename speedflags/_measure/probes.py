@@ -415,7 +415,12 @@ def param_dtype(ctx: Context, value: torch.dtype | None) -> Observation:
         f"the Linear's matmul ran on {' and '.join(dtypes) or 'no matmul seen'} operands, output "
         f"{_dtype_name(out.dtype)}, error {error:.1e} ({arithmetic(error, 'fp16')})"
     )
-    measured = {"operands": dtypes, "dtype": _dtype_name(out.dtype), "error": error}
+    measured = {  # dtype: what it computed in (as amp's probe says it); output: what it gave
+        "dtype": dtypes[0] if len(dtypes) == 1 else "mixed",
+        "operands": dtypes,
+        "output": _dtype_name(out.dtype),
+        "error": error,
+    }
     in_effect = dtypes == [_dtype_name(want)] and out.dtype == x.dtype
     return Observation(in_effect, figure, measured, inside)
 

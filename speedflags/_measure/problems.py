@@ -178,7 +178,7 @@ class MatmulProblem(Problem):
 
 
 class MlpTrainProblem(Problem):
-    """Seed 002's train step: ``Linear(d, d)`` x3 with GELU, forward, backward, AdamW.
+    """The 3×Linear(d, d) AdamW train step: ``Linear(d, d)`` x3, GELU, forward, backward.
 
     FLOP: the eight GEMMs of a step (three forward, three weight gradients, two input
     gradients: the input itself needs none), ``8 * 2 * batch * d^2``; the optimizer, GELU

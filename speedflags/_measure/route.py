@@ -31,6 +31,7 @@ from . import probes
 __all__ = ["MediumRoute", "effect_here", "medium_route"]
 
 _CPU = torch.device("cpu")
+NO_EFFECT_ON_CPU = "no effect on cpu: "
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,8 @@ def try_medium_route() -> MediumRoute:
         True
     """
     effect = lever_spec("matmul_precision").lever("cpu").available("medium", _CPU)
-    if not effect.effective:
-        return MediumRoute("none", effect.reason)
+    if not effect.effective:  # the reason in words of its own: effect_here says "no effect"
+        return MediumRoute("none", effect.reason.removeprefix(NO_EFFECT_ON_CPU))
     if not _onednn_enabled():
         return MediumRoute("none", "oneDNN is disabled (torch.backends.mkldnn.enabled is False)")
     ctx = probes.Context(_CPU)
@@ -158,5 +159,5 @@ def effect_here(name: str, value: Any, device: torch.device) -> Effect:
         return effect
     route = medium_route()
     if not route.effective:
-        return Effect(False, f"no effect on cpu: {route.reason}")
+        return Effect(False, f"{NO_EFFECT_ON_CPU}{route.reason}")
     return Effect(True, f"routes float32 CPU matmuls through oneDNN; {route.reason}")

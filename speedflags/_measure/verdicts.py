@@ -13,13 +13,25 @@ import torch
 from .._hardware import DeviceLike, capabilities, cudnn_version_or_none, resolve_device
 from .._short_repr import short_repr
 from .._status import snapshot
+from .._warn import measuring
 from ..errors import InvalidValueError
 from ..levers import registry
 from ..levers.registry import LeverSpec, lever_spec
+from ..levers.sdpa import settle_first_call
 from . import causes, probes
+from .emulation import slowdown
 from .lever_files import LeversArg, named_levers, plain_value
 from .route import effect_here
-from .verification import NO_EFFECT, NOT_IN_EFFECT, UNMEASURED, VERIFIED, Verdict, Verification
+from .verification import Verdict, Verification
+from .vocabulary import (
+    EMULATED,
+    NO_EFFECT,
+    NOT_IN_EFFECT,
+    REFUSED,
+    UNMEASURED,
+    VERIFIED,
+    slower,
+)
 
 __all__ = ["verify"]
 
@@ -38,9 +50,13 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
     long fp16/bf16 GEMMs differ from their fp32-reduction results (CUDA) for the
     reductions. The baseline itself is checked first: fp32 everywhere.
 
-    Each value gets a :class:`~speedflags._measure.verification.Verdict`: *verified* (with the
-    figure), *no effect here* (with the capability's reason), or *requested but not in
-    effect* (with the cause found: ``NVIDIA_TF32_OVERRIDE=0``,
+    Each value gets a :class:`~speedflags._measure.verification.Verdict`, in the words
+    ``report``, ``bench`` and ``tune`` use (:mod:`speedflags._measure.vocabulary`):
+    *verified* (with the figure), *in effect, emulated: slower* (bf16 or fp16 autocast on a
+    CPU without the instructions: the figure, and how many times slower a small matmul ran,
+    measured), *no effect here* (with the capability's reason), *refused by this PyTorch*
+    (a value it raises for on the device, never applied), or *requested but not in effect*
+    (with the cause found: ``NVIDIA_TF32_OVERRIDE=0``,
     ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``, a mixed TF32 state, a disabled cuDNN or oneDNN,
     a kernel refusing the inputs). Takes seconds (a profiler start on CUDA).
 
@@ -78,17 +94,21 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
         if index is None:
             target = torch.device("cuda", torch.cuda.current_device())
     wanted = _wanted(levers)
+    ctx = probes.Context(target)  # on CUDA, in use from here (the probes' inputs)
+    settle_first_call()  # PyTorch's own first SDPA call's write, before the state is read
     before = snapshot()
-    ctx = probes.Context(target)
-    verdicts = [_baseline(ctx)]
-    for spec in registry.REGISTRY:
-        for value in wanted.get(spec.name, ()):
-            verdicts.append(_one(ctx, spec, value))
+    with measuring():  # emulated levers are entered on purpose: their verdict says so
+        verdicts = [_baseline(ctx)]
+        for spec in registry.REGISTRY:
+            for value in wanted.get(spec.name, ()):
+                verdicts.append(_one(ctx, spec, value))
+    changed = _changed(before, snapshot())
     return Verification(
         device=str(target),
         verdicts=verdicts,
         environment=environment(target),
-        restored=snapshot() == before,
+        restored=not changed,
+        unrestored=changed,
         elapsed_s=round(time.perf_counter() - started, 3),
     )
 
@@ -133,6 +153,8 @@ def _one(ctx: probes.Context, spec: LeverSpec, raw: Any) -> Verdict:
     shown = plain_value(spec.name, value)
     device = ctx.device
     effect = effect_here(spec.name, value, device)  # "medium" on a CPU: as measured
+    if effect.unsupported:  # this PyTorch raises for it here: never applied, nothing to probe
+        return Verdict(spec.name, shown, REFUSED, reason=effect.reason)
     blocked = causes.environment_block(spec.name, device)
     supported = (effect.effective and not effect.slow) or blocked is not None
     probe = probes.PROBES.get(spec.name)
@@ -143,11 +165,32 @@ def _one(ctx: probes.Context, spec: LeverSpec, raw: Any) -> Verdict:
             warnings.simplefilter("ignore")  # a kernel's refusal is reported as the cause
             obs = probe(ctx, value)
     except Exception as exc:
-        if not supported:
+        if not supported and not effect.slow:
             return Verdict(spec.name, shown, NO_EFFECT, reason=effect.reason)
         return Verdict(spec.name, shown, UNMEASURED, reason=_failure(exc))
+    if effect.slow and blocked is None:
+        return _emulated(spec.name, value, obs, device, effect.reason)
     return judge(spec.name, value, effect.reason if not supported else "", obs, device,
                  notes=effect.reason)  # fmt: skip
+
+
+def _emulated(
+    name: str, value: Any, obs: probes.Observation | None, device: torch.device, reason: str
+) -> Verdict:
+    """An emulated lever (bf16 autocast on a CPU without bf16 instructions): in effect when
+    the probe says so (its output and error are the dtype's), with the slowdown measured."""
+    shown = plain_value(name, value)
+    if obs is None or not obs.in_effect:  # the probe saw nothing change: say what it saw
+        return judge(name, value, reason, obs, device)
+    found = slowdown({name: shown}, device)
+    measured = {**obs.measured, "slower_factor": 1.0 / found.factor if found.factor else None}
+    figure = f"{obs.figure}; {slower(found.factor, found.how)}"
+    return Verdict(name, shown, EMULATED, figure, reason, measured)
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, ...]:
+    """The names whose state differs between two snapshots."""
+    return tuple(name for name in {**before, **after} if before.get(name) != after.get(name))
 
 
 def judge(

@@ -7,13 +7,22 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["NOT_IN_EFFECT", "NO_EFFECT", "UNMEASURED", "VERIFIED", "Verdict", "Verification"]
+from .vocabulary import EMULATED, NO_EFFECT, NOT_IN_EFFECT, REFUSED, UNMEASURED, VERIFIED
 
-VERIFIED = "verified"
-NO_EFFECT = "no effect here"
-NOT_IN_EFFECT = "requested but not in effect"
-UNMEASURED = "could not be measured"
+__all__ = [
+    "EMULATED",
+    "NOT_IN_EFFECT",
+    "NO_EFFECT",
+    "REFUSED",
+    "UNMEASURED",
+    "VERIFIED",
+    "Verdict",
+    "Verification",
+]
+
 FORMAT = "speedflags-verify/1"
+# not a failure: measured in effect (emulated included), or nothing the device can change
+_OK = (VERIFIED, EMULATED, NO_EFFECT, REFUSED)
 
 
 @dataclass(frozen=True)
@@ -25,10 +34,14 @@ class Verdict:
             reference every other lever is compared with (every lever off).
         value: the value entered, in the words a user writes (``True``, ``"bf16"``,
             ``["flash"]``).
-        status: :data:`VERIFIED` (measured in effect), :data:`NO_EFFECT` (the device cannot
-            use it: ``reason`` says why), :data:`NOT_IN_EFFECT` (the device can, the flags
-            say it is on, and the measurement says it is not: ``reason`` gives the cause
-            where one is found) or :data:`UNMEASURED` (the probe failed: ``reason``).
+        status: a word of the shared vocabulary (:mod:`speedflags._measure.vocabulary`):
+            :data:`VERIFIED` (measured in effect), :data:`EMULATED` (measured in effect,
+            emulated, so slower than without it: ``figure`` gives the factor measured),
+            :data:`NO_EFFECT` (the device cannot use it: ``reason`` says why),
+            :data:`REFUSED` (the installed PyTorch raises for it here: never applied),
+            :data:`NOT_IN_EFFECT` (the device can, the flags say it is on, and the
+            measurement says it is not: ``reason`` gives the cause where one is found) or
+            :data:`UNMEASURED` (the probe failed: ``reason``).
         figure: the measurement in words (``"matmul error 2.9e-04 (TF32) against 2.4e-07
             off"``); empty when nothing was measured.
         reason: why not (the capability's reason, or the cause found).
@@ -57,8 +70,9 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        """Verified, or without effect on this device (not a failure)."""
-        return self.status in (VERIFIED, NO_EFFECT)
+        """Not a failure: verified (emulated included), without effect on this device, or
+        refused by this PyTorch."""
+        return self.status in _OK
 
     def summary(self) -> str:
         """``status: figure; reason`` in one line (what bench and tune results keep)."""
@@ -82,6 +96,7 @@ class Verification:
         environment: device name, PyTorch, CUDA and cuDNN versions, the TF32 environment
             overrides.
         restored: every flag read as before once ``verify`` returned.
+        unrestored: the levers and settings that did not (their ``snapshot()`` names).
         elapsed_s: how long it took.
 
     ``ok`` is true when every verdict is verified or without effect here and the flags came
@@ -105,10 +120,11 @@ class Verification:
     environment: dict[str, Any] = field(default_factory=dict)
     restored: bool = True
     elapsed_s: float | None = None
+    unrestored: tuple[str, ...] = ()
 
     @property
     def failed(self) -> list[Verdict]:
-        """The verdicts that are neither verified nor without effect here."""
+        """The verdicts that are failures (requested but not in effect, or unmeasured)."""
         return [v for v in self.verdicts if not v.ok]
 
     @property
@@ -141,6 +157,7 @@ class Verification:
             "device": self.device,
             "ok": self.ok,
             "restored": self.restored,
+            "unrestored": list(self.unrestored),
             "elapsed_s": self.elapsed_s,
             "environment": self.environment,
             "verdicts": [v.to_dict() for v in self.verdicts],
@@ -182,11 +199,19 @@ def render(run: Verification) -> str:
     if failed:
         names = ", ".join(v.label for v in failed)
         lines.append(f"NOT VERIFIED: {names}")
+    elif any(v.status == EMULATED for v in run.verdicts):
+        names = ", ".join(v.label for v in run.verdicts if v.status == EMULATED)
+        lines.append(
+            "every lever took effect or has no effect here; "
+            f"emulated, so slower than without it: {names}"
+        )
     else:
         lines.append("every lever took effect or has no effect here")
     lines[-1] += (
         "; every flag reads as before"
         if run.restored
-        else "; FLAGS NOT RESTORED: some lever reads differently than before"
+        else "; FLAGS NOT RESTORED: "
+        + (", ".join(run.unrestored) or "some lever")
+        + " read differently than before"
     )
     return "\n".join(lines)

@@ -6,8 +6,8 @@ count, float64 reference, one :class:`~speedflags._measure.problems.Runner` per 
 
 =============  ===========================================================================
 ``matmul``     ``a @ b``, n x n float32 (size: n)
-``mlp-train``  seed 002's workload: ``Linear(d, d)`` x3 with GELU, batch ``min(512, d)``;
-               forward, MSE loss, backward and an AdamW step (size: d)
+``mlp-train``  the 3×Linear(d, d) AdamW train step: ``Linear(d, d)`` x3 with GELU, batch
+               ``min(512, d)``; forward, MSE loss, backward and an AdamW step (size: d)
 ``sdpa``       ``scaled_dot_product_attention`` with each backend (size: sequence length)
 ``conv``       a 3x3 ``conv2d``, with and without ``cudnn_benchmark``; CUDA only
                (size: height = width)
@@ -137,7 +137,7 @@ WORKLOADS: dict[str, Workload] = {
         ),
         Workload(
             "mlp-train",
-            "seed 002 train step",
+            "3×Linear(d, d) AdamW train step",
             "d: Linear(d, d) x3, batch min(512, d)",
             {"cpu": (1024, 2048), "cuda": (4096, 8192)},
             64,

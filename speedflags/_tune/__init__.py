@@ -27,7 +27,8 @@ from .._measure.lever_files import LeversArg, load_levers, named_levers
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ..levers import registry
-from ..levers.registry import lever_spec
+from ..levers._model_shadow import fsdp_owner
+from ..levers.registry import check_model, lever_spec
 from .candidates import verdicts_of
 from .compare import Plan
 from .result import Row, TuneResult
@@ -44,6 +45,7 @@ def tune(
     seconds: float | None = None,
     levers: LeversArg = None,
     device: DeviceLike = None,
+    model: torch.nn.Module | None = None,
     **kwargs: Any,
 ) -> TuneResult:
     """Find the fastest levers whose error on ``fn(*args, **kwargs)`` stays within ``budget``.
@@ -84,6 +86,12 @@ def tune(
             (``deterministic``: never faster) is left out; give it values to time it.
         device: the device the levers target (default: the device of the first tensor
             found in the arguments or the modules, else CUDA if available, else CPU).
+        model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``) act
+            on: given, they are candidates like the others (tune's own keyword: a step
+            that takes a ``model`` argument gets it positionally). When ``fn`` is itself a
+            module (``tune(net, x)``), it is the model. For an accepted
+            ``param_dtype`` the row also gives the gap of the step's output to fp32's after
+            several steps in a row (a train step's loss after that many optimizer steps).
 
     Returns:
         A :class:`TuneResult`: ``.best`` (``fast_math`` keyword arguments, ``{}`` when
@@ -110,7 +118,9 @@ def tune(
         >>> all(not row.accepted for row in result.rows)
         True
     """
-    return run(fn, args, kwargs, budget=budget, seconds=seconds, levers=levers, device=device)
+    return run(
+        fn, args, kwargs, budget=budget, seconds=seconds, levers=levers, device=device, model=model
+    )
 
 
 def run(
@@ -122,6 +132,7 @@ def run(
     seconds: float | None = None,
     levers: LeversArg = None,
     device: DeviceLike = None,
+    model: torch.nn.Module | None = None,
     progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] | None = None,
     plan: Plan | None = None,
@@ -134,6 +145,10 @@ def run(
     if seconds is not None:
         seconds = _positive("seconds", seconds)
     wanted, try_compile = _wanted(levers)
+    if model is not None:
+        check_model("tune", model, tuple(_model_levers(wanted)))
+    elif isinstance(fn, torch.nn.Module) and fsdp_owner(fn) is None:
+        model = fn  # the step is the model: its model levers are candidates too
     target = _device(device, fn, args, kwargs)
     search = Search(
         fn,
@@ -144,6 +159,7 @@ def run(
         device=target,
         wanted=wanted,
         try_compile=try_compile,
+        model=model,
         plan=plan or Plan(),
         clock=clock,
         progress=progress,
@@ -251,3 +267,13 @@ def _first_device(values: Sequence[Any], depth: int = 0) -> torch.device | None:
 def _choices() -> str:
     """What ``levers=`` may name: every lever (registered ones too) and compile."""
     return ", ".join(sorted((*registry.LEVER_NAMES, COMPILE)))
+
+
+def _model_levers(wanted: Mapping[str, Sequence[Any]] | None) -> list[tuple[str, Any]]:
+    """The model levers tune would try (every one when ``wanted`` is None), as checked
+    pairs: what ``model=`` is for."""
+    return [
+        (spec.name, None)
+        for spec in registry.REGISTRY
+        if spec.per_model and (wanted is None or spec.name in wanted)
+    ]

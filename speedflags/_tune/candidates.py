@@ -1,8 +1,11 @@
 """What ``tune`` tries: the registry's candidates that can matter for this step on this device.
 
 A candidate is skipped, with the reason kept in its row, when the lever has no effect on
-the device or makes it slower (``Lever.available``; ``matmul_precision="medium"`` on a CPU
-as tried: :func:`speedflags._measure.route.effect_here`), or when the step never calls a torch
+the device or this PyTorch refuses it (``Lever.available``; ``matmul_precision="medium"`` on
+a CPU as tried: :func:`speedflags._measure.route.effect_here`), in the words of
+:mod:`speedflags._measure.vocabulary`; one that runs emulated (bf16 autocast on a CPU without
+bf16 instructions) is not raced either, but its row says so, and the search times it once
+so that the table shows what it costs; or when the step never calls a torch
 function whose kernels the lever changes (``LeverSpec.ops``: no attention for ``sdpa``,
 no convolution for ``cudnn_benchmark``), as recorded by a ``TorchFunctionMode`` during the
 fp32 reference call. Skipping those is not only quicker: a lever without effect can only
@@ -20,6 +23,7 @@ import torch
 from .._measure.lever_files import plain_levers
 from .._measure.route import effect_here
 from .._measure.verdicts import recorded
+from .._measure.vocabulary import EMULATED, IN_EFFECT, status_of
 from ..errors import InvalidValueError
 from ..levers import registry
 from ..levers.registry import check_levers
@@ -74,11 +78,14 @@ def candidates(
     device: torch.device,
     wanted: Mapping[str, Sequence[Any]] | None = None,
     calls: frozenset[str] | None = None,
+    model: bool = False,
 ) -> tuple[list[Levers], list[Row]]:
     """The single-lever candidates for ``device``, and rows for those skipped, with why.
 
     ``wanted`` maps lever names to the values to try (default: every lever's registry
-    ``candidates``); ``calls`` are the torch functions the step calls (``None``: unknown).
+    ``candidates``); ``calls`` are the torch functions the step calls (``None``: unknown);
+    ``model``: a model was given, so the model levers are candidates too (without one, a
+    model lever named in ``wanted`` gets a row saying why it was not tried).
 
     Example:
         >>> import torch
@@ -97,26 +104,30 @@ def candidates(
     for spec in registry.REGISTRY:
         if wanted is not None and spec.name not in wanted:
             continue
-        if spec.per_model:  # tune has no model to give them (yet)
-            continue
         values = spec.candidates if wanted is None else wanted[spec.name]
+        if spec.per_model and not model:
+            if wanted is not None:  # asked for by name: say why it was not tried
+                note = "skipped (no model): give tune(..., model=net) to try it"
+                skipped.extend(
+                    Row(plain_levers(((spec.name, spec.check("tune", raw)),)), note=note)
+                    for raw in values
+                )
+            continue
         for raw in values:
             value = spec.check("tune", raw, f"levers[{spec.name!r}]")
             levers: Levers = ((spec.name, value),)
             effect = effect_here(spec.name, value, device)  # "medium" on a CPU: as measured
-            if effect.slow or not effect.effective:
-                why = (
-                    "slower"
-                    if effect.slow
-                    else "unsupported"
-                    if effect.unsupported
-                    else "no effect"
-                )
-                skipped.append(Row(plain_levers(levers), note=f"skipped ({why}): {effect.reason}"))
+            status = status_of(effect)
+            if status not in (IN_EFFECT, EMULATED):
+                note = f"skipped ({status}): {effect.reason}"
+                skipped.append(Row(plain_levers(levers), note=note, verdict=status))
             elif _calls_none(spec.ops, calls):
                 functions = "/".join(spec.ops)
                 note = f"skipped (not called): the step calls no {functions} function"
                 skipped.append(Row(plain_levers(levers), note=note))
+            elif status == EMULATED:  # timed once by the search, never raced
+                note = f"{EMULATED}: {effect.reason}"
+                skipped.append(Row(plain_levers(levers), note=note, verdict=EMULATED))
             else:
                 tried.append(levers)
     return tried, skipped

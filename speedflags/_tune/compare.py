@@ -1,30 +1,24 @@
 """When one timing beats another: paired passes, their spread, and the minimum gain.
 
-Two candidates timed in the same interleaved passes are compared pass by pass: each pass
-gives one ratio of their medians, taken within seconds of each other, so a neighbour's load
-that comes and goes (on a shared machine it can slow everything tenfold for a while) hits
-both sides of a ratio alike. The speedup is the geometric mean of the ratios; its noise is
-the standard error of their logarithms (``stdev / √passes``, about the relative error of
-the speedup). A candidate is faster "beyond the noise" when its gain exceeds both
+The arithmetic is shared with ``bench`` and the examples (:mod:`speedflags._measure.noise`):
+two candidates timed in the same interleaved passes are compared pass by pass, each pass
+giving one ratio of their medians; the speedup is the geometric mean of the ratios and its
+noise the standard error of their logarithms. With fewer than three paired passes (the short
+timing), the pooled medians are compared instead, each median's standard error estimated
+from its rounds. A candidate is faster "beyond the noise" when its gain exceeds both
 :data:`MIN_GAIN` and :data:`Z` times that noise.
-
-With fewer than three paired passes (the short timing), the pooled medians are compared
-instead, each median's standard error estimated from its rounds (1.253 σ / √n, σ from the
-interquartile range, which one slow outlier does not move).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
+from .._measure.noise import MIN_GAIN, Z, speedup_and_noise
+from .._measure.noise import median_error as _median_error
 from .._measure.timing import Timing
 
 __all__ = ["MIN_GAIN", "Plan", "Z", "compare", "faster", "median_error"]
-
-MIN_GAIN = 0.03  # below a 3 % gain a lever is not worth its accuracy cost, whatever the noise
-Z = 2.5  # about a 97.5 % one-sided bound with six passes (Student's t, 5 degrees of freedom)
 
 
 @dataclass(frozen=True)
@@ -51,11 +45,11 @@ def median_error(timing: Timing | None) -> float:
         >>> round(median_error(Timing.of([[0.9, 1.0, 1.0, 1.1]])), 3)
         0.023
     """
-    quartiles = None if timing is None else timing.quartiles
-    if timing is None or quartiles is None or timing.rounds < 3 or timing.median <= 0:
+    if timing is None:
         return math.inf
-    sigma = (quartiles[1] - quartiles[0]) / 1.349
-    return 1.253 * sigma / math.sqrt(timing.rounds) / timing.median
+    quartiles = timing.quartiles
+    q1, q3 = quartiles if quartiles is not None else (None, None)
+    return _median_error(timing.median, q1, q3, timing.rounds)
 
 
 def compare(fast: Timing | None, slow: Timing | None) -> tuple[float, float]:
@@ -74,11 +68,10 @@ def compare(fast: Timing | None, slow: Timing | None) -> tuple[float, float]:
     """
     if fast is None or slow is None or fast.median <= 0 or slow.median <= 0:
         return math.nan, math.inf
-    a, b = fast.pass_medians, slow.pass_medians
-    if len(a) == len(b) >= 3 and min(a) > 0 and min(b) > 0:
-        logs = [math.log(s / f) for f, s in zip(a, b, strict=True)]
-        return math.exp(statistics.fmean(logs)), statistics.stdev(logs) / math.sqrt(len(logs))
-    return slow.median / fast.median, math.hypot(median_error(fast), median_error(slow))
+    return speedup_and_noise(
+        fast.pass_medians, slow.pass_medians, fast.median, slow.median,
+        median_error(fast), median_error(slow),
+    )  # fmt: skip
 
 
 def faster(fast: Timing | None, slow: Timing | None) -> bool:

@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._measure.lever_files import PathLike, write_file
+from .._measure.noise import within_noise
 from .._measure.plot_axes import speedup_axes
+from .._measure.vocabulary import EMULATED
 
 __all__ = ["PLOT_MISSING", "Row", "TuneResult"]
 
@@ -34,6 +36,12 @@ class Row:
         median_s: its median time per call; rounds: timed calls; noise: the relative
             standard error of ``speedup`` (from the spread of its paired passes, see
             :mod:`speedflags._tune.compare`).
+        verdict: a word of the shared vocabulary where the candidate is not plainly in
+            effect: ``"in effect, emulated: slower"`` for one timed once only (bf16 autocast
+            on a CPU without bf16 instructions), never accepted.
+        drift: for a ``param_dtype`` candidate within the budget, the largest relative gap of the
+            step's outputs to fp32's after several steps in a row from the same start (a
+            train step's loss after that many optimizer steps).
 
     Example:
         >>> from speedflags._tune.result import Row
@@ -52,6 +60,16 @@ class Row:
     median_s: float | None = None
     noise: float | None = None
     rounds: int = 0
+    verdict: str = ""
+    drift: float | None = None
+
+    @property
+    def within_noise(self) -> bool:
+        """Whether ``speedup`` is no difference from fp32 beyond its ``noise`` (False where
+        either is unknown)."""
+        if self.speedup is None or self.noise is None:
+            return False
+        return within_noise(self.speedup, self.noise)
 
     @property
     def label(self) -> str:
@@ -63,8 +81,9 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if out["error"] is not None and not math.isfinite(out["error"]):
-            out["error"] = None  # JSON and TOML have no portable infinity; the note says why
+        for name in ("error", "drift"):
+            if out[name] is not None and not math.isfinite(out[name]):
+                out[name] = None  # JSON and TOML have no portable infinity; the note says why
         return out
 
 
@@ -211,7 +230,15 @@ class TuneResult:
 def _choice(result: TuneResult) -> str:
     if result.best:
         return "fast_math(" + ", ".join(f"{k}={v!r}" for k, v in result.best.items()) + ")"
-    if not any(row.speedup is not None for row in result.rows):
+    raced = [row for row in result.rows if row.speedup is not None and row.verdict != EMULATED]
+    emulated = [row.label for row in result.rows if row.verdict == EMULATED]
+    if not raced and emulated:
+        # the only levers timed run emulated here: say that, not "no lever beats it"
+        return (
+            f"plain fp32 (nothing is faster here: {', '.join(emulated)} run emulated, slower; "
+            "every other candidate was skipped or failed)"
+        )
+    if not raced:
         # every candidate skipped (no effect here) or failed: "beats" would claim a race
         # that was never run
         return "plain fp32 (nothing was measured against it: every candidate was skipped or failed)"
@@ -226,12 +253,20 @@ def ms(seconds: float | None) -> str:
 
 
 def _cells(row: Row) -> tuple[str, str, str, str, str]:
-    speedup = "-" if row.speedup is None else f"{row.speedup:.2f}x"
+    if row.speedup is None:
+        speedup = "-"
+    else:
+        speedup = f"{row.speedup:.2f}x" if row.speedup >= 0.1 else f"{row.speedup:.2g}x"
+        speedup += " ~" if row.within_noise else ""
     if row.error is None:
         error = "-"
     else:
         error = "inf" if not math.isfinite(row.error) else f"{row.error:.1e}"
-    return (row.label, speedup, error, "yes" if row.accepted else "no", row.note)
+    note = row.note
+    if row.drift is not None:  # param_dtype: what several steps in a row do
+        gap = "inf" if not math.isfinite(row.drift) else f"{row.drift:.1e}"
+        note = "; ".join(n for n in (note, f"output gap to fp32 after several steps {gap}") if n)
+    return (row.label, speedup, error, "yes" if row.accepted else "no", note)
 
 
 def render(result: TuneResult) -> str:
@@ -250,6 +285,10 @@ def render(result: TuneResult) -> str:
         left = cells[0].ljust(widths[0])
         mid = [cells[1].rjust(widths[1]), cells[2].ljust(widths[2]), cells[3].ljust(widths[3])]
         lines.append(f"  {left}  {'  '.join(mid)}  {cells[4]}".rstrip())
+    if any(row.within_noise for row in result.rows):
+        lines.append(
+            "  ~ within the noise of its interleaved passes: no difference from fp32 shown"
+        )
     lines.append(f"best: {_choice(result)}")
     if result.confidence != "clear":
         lines.append(f"confidence: {result.confidence_note or result.confidence}")

@@ -3,8 +3,10 @@
 1. **Reference.** The step runs once in plain fp32 with every lever off (the bench's
    baseline frame, ``fast_math(**baseline_levers())``); its outputs are the reference.
 2. **Candidates.** Each lever's ``candidates`` from the registry (or the user's), less those
-   with no effect on the device or that make it slower (``Lever.available``), with the
-   reason kept in the row.
+   with no effect on the device or that this PyTorch refuses (``Lever.available``), with
+   the reason kept in the row. One that runs emulated (bf16 autocast on a CPU without bf16
+   instructions) is timed once beside fp32 after the singles (:mod:`.emulated`), marked
+   so and never accepted: the table shows what it would cost.
 3. **Accuracy first.** One call per candidate: its error against the reference. Over the
    budget, not finite, or raising: rejected, never timed.
 4. **Successive halving.** A short timing of every survivor beside fp32; the slower half
@@ -42,11 +44,15 @@ import torch
 from .._fast_math import fast_math
 from .._measure.rounds import measure_rounds, warm_up
 from .._measure.timing import Timing, plan_rounds, synchronize, timer_for
+from .._measure.vocabulary import EMULATED
 from .._status import snapshot
+from .._warn import measuring
 from ..levers.lever_sets import with_baseline
+from ..levers.registry import check_levers, lever_spec
 from .candidates import calls_of, can_compile, candidates, combinations
 from .compare import Plan, compare, faster
 from .duel import confidence, contenders, duel, rotated
+from .emulated import time_once
 from .entry import Entry, StepRunner
 from .result import TuneResult, ms
 from .state import Outputs, StepState, check_reference, error_against, reference_outputs
@@ -56,6 +62,7 @@ __all__ = ["COMPILE", "COMPILE_MIN_S", "KEEP_AT_LEAST", "Search"]
 COMPILE = "compile"
 COMPILE_MIN_S = 30.0  # compiling is not interruptible: try it only with this much time left
 KEEP_AT_LEAST = 3  # halving keeps the faster half, but never fewer than this
+DRIFT_STEPS = 5  # param_dtype's candidates: the output's gap to fp32 after this many steps
 
 
 class Search:
@@ -76,6 +83,7 @@ class Search:
         device: torch.device,
         wanted: Mapping[str, Sequence[Any]] | None = None,
         try_compile: bool = True,
+        model: torch.nn.Module | None = None,
         plan: Plan | None = None,
         clock: Callable[[], float] | None = None,
         progress: Callable[[str], None] | None = None,
@@ -83,6 +91,7 @@ class Search:
         self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs)
         self.budget, self.seconds, self.device = budget, seconds, device
         self.wanted, self.try_compile, self.plan = wanted, try_compile, plan or Plan()
+        self.model = model
         self.clock = clock or timer_for(device)
         self.say = progress or (lambda line: None)
         self.started = time.perf_counter()
@@ -110,17 +119,22 @@ class Search:
         weights until the outermost autocast exits, so a frame held open across calls would
         time stale casts (and, in a train step, compute with them).
         """
-        levers = with_baseline(entry.levers)
+        levers: dict[str, Any] = with_baseline(entry.levers)
+        # the model, for a frame that sets a model lever (fast_math refuses it without one)
+        model = self.model if any(lever_spec(name).per_model for name in levers) else None
         if entry.compile:
             from .._speedup import speedup  # local: speedup imports the compile machinery
 
             # eager's RNG in compiled code: dropout draws the numbers fp32 drew, so the
             # error measures the arithmetic, not other random masks
             options = {"options": {"fallback_random": True}}
-            entry.call = speedup(compile=options, device=self.device, **levers)(self.fn)
+            entry.call = speedup(compile=options, device=self.device, model=model, **levers)(
+                self.fn
+            )
         else:
             label = f"speedflags tune {entry.row.label if entry.levers else 'fp32'}"
-            entry.call = fast_math(**levers, device=self.device, label=label)(self.fn)
+            spec = fast_math(**levers, device=self.device, label=label, model=model)
+            entry.call = spec(self.fn)
         return entry
 
     def _step(self, entry: Entry) -> Callable[..., Any]:
@@ -296,6 +310,28 @@ class Search:
                 entry.row.note = f"accepted, but {best.row.label} is chosen"
         return best
 
+    def _drift(self, fp32: Entry, entry: Entry) -> None:
+        """The gap between ``entry``'s output and fp32's after :data:`DRIFT_STEPS` steps in a
+        row from the same start (a train step's loss: what the lower precision, and the
+        float32 master weights it keeps, do over several optimizer steps); the step's state
+        is put back before each run and after."""
+        reference: Outputs = []
+        gap = math.inf
+        for each in (fp32, entry):
+            self.state.restore()
+            step = self._step(each)
+            out = None
+            for _ in range(DRIFT_STEPS):
+                out = step(*self.args, **self.kwargs)
+            synchronize(self.device)
+            if each is fp32:
+                reference = reference_outputs(out)
+            else:
+                gap, _ = error_against(out, reference)
+        self.state.restore()
+        entry.row.drift = gap
+        self.say(f"{entry.row.label}: output gap to fp32 after {DRIFT_STEPS} steps {gap:.1e}")
+
     def _compile(self, fp32: Entry, best: Entry | None) -> Entry | None:
         if self.left() < COMPILE_MIN_S:
             self.notes.append(f"note: compile not tried: less than {COMPILE_MIN_S:.0f} s left")
@@ -313,7 +349,7 @@ class Search:
             if not entry.rejected:
                 kept = best.row.accepted if best is not None else False
                 self._settle(fp32, [entry], also=[best] if best is not None else [])
-                if best is not None:  # chosen already; this round only compares with it
+                if best is not None:  # chosen already; this timing only compares with it
                     best.row.accepted, best.row.note = kept, ""
         if entry.row.accepted and best is not None and not faster(entry.timing, best.timing):
             entry.row.accepted = False
@@ -325,7 +361,8 @@ class Search:
     def run(self) -> TuneResult:
         """Tune; put every flag and the step's state back as they were, whatever happens."""
         try:
-            return self._run()
+            with measuring():  # emulated candidates are entered on purpose: their rows say so
+                return self._run()
         finally:
             self.state.finish()
 
@@ -343,11 +380,18 @@ class Search:
         self.reference = reference_outputs(self._call(fp32))
         self.say(f"reference: plain fp32; state reset before each call: {self.state.describe()}")
         check_reference(self.reference)
-        singles, rows = candidates(self.device, self.wanted, calls)
+        singles, rows = candidates(self.device, self.wanted, calls, model=self.model is not None)
         entries = [Entry(levers, "lever") for levers in singles]
         for entry in entries:
             self._check(entry)
         self._settle(fp32, self._halve(fp32, [e for e in entries if not e.rejected]))
+        emulated = []
+        for row in [r for r in rows if r.verdict == EMULATED]:
+            once = Entry(check_levers("tune", row.levers), "lever")
+            once.row.note = row.note.removeprefix(f"{EMULATED}: ")
+            time_once(self, fp32, once)
+            emulated.append(once.row)
+        rows = [r for r in rows if r.verdict != EMULATED]
         accepted = [e for e in entries if e.row.accepted]
         pairs = [(e.levers, e.row.speedup or 0.0) for e in accepted]
         combos = [Entry(levers, "combination") for levers in combinations(pairs)]
@@ -361,6 +405,9 @@ class Search:
         if top and self.left() > 0:
             duel(self, fp32, top)
         best = self._choose(entries)
+        for entry in entries:  # what computing in a lower dtype does to a run of steps
+            if not entry.rejected and dict(entry.levers).get("param_dtype") is not None:
+                self._drift(fp32, entry)
         sure, why = confidence(entries, best)
         compiled = None
         if self.try_compile and can_compile():
@@ -371,7 +418,7 @@ class Search:
             self.notes.append("warning: some lever reads differently than before tuning")
         return TuneResult(
             best=dict(best.row.levers) if best is not None else {},
-            rows=[e.row for e in entries] + rows,
+            rows=[e.row for e in entries] + emulated + rows,
             budget=self.budget,
             device=str(self.device),
             reference_s=fp32.timing.median if fp32.timing is not None else None,

@@ -8,7 +8,22 @@ import threading
 from . import watcher as _watcher_module
 from .setters import flatten
 
-__all__ = ["last_writers"]
+__all__ = ["last_writers", "watching"]
+
+
+def watching() -> bool:
+    """Whether a :func:`speedflags.watch` is running in this process (``SPEEDFLAGS_WATCH=1``
+    starts one at import).
+
+    Example:
+        >>> import speedflags
+        >>> from speedflags._watch.writers import watching
+        >>> with speedflags.watch():
+        ...     watching()
+        True
+    """
+    watcher = _watcher_module._WATCHER
+    return watcher is not None and watcher.count > 0
 
 
 def last_writers() -> dict[str, str]:

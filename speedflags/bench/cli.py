@@ -25,6 +25,8 @@ import argparse
 import sys
 from typing import Any
 
+from .._short_repr import short_repr
+
 __all__ = ["add_parser", "command"]
 
 # checked against WORKLOADS by a test
@@ -34,12 +36,15 @@ DESCRIPTION = """\
 Measure what each lever buys on this machine, with its accuracy cost beside it: for each
 workload and configuration, the median time, the speedup over the fp32 baseline, FLOP/s, the
 share of the fastest configuration, and the relative error against float64. Configurations
-the device cannot run are skipped with the reason.
+are timed in interleaved passes, each warmed up; a speedup within the noise of its passes is
+marked ~. Configurations with no effect on the device, refused by this PyTorch or identical
+to the baseline are skipped with the reason; emulated ones (bf16 or fp16 on a CPU without
+the instructions) are measured once, at a small size, in a group marked (emulated).
 
 workloads (size means):
   matmul     float32 (n x n) @ (n x n); fp32, tf32, matmul precision high/medium, bf16 and
              fp16 autocast, and pure bf16/fp16 inputs (size: n)
-  mlp-train  Linear(d, d) x3 train step with AdamW (the seed 002 workload), fp32 against
+  mlp-train  3xLinear(d, d) AdamW train step (GELU, batch min(512, d)), fp32 against
              fast_math(tf32=True, amp="bf16") (size: d)
   sdpa       scaled_dot_product_attention with each backend (size: sequence length)
   conv       3x3 conv2d with and without cudnn_benchmark, CUDA only (size: height = width)
@@ -138,11 +143,18 @@ def _compare(paths: tuple[str, str]) -> int:
     from .results import BenchRun
     from .table import render_compare
 
-    try:
-        a, b = (BenchRun.load(p) for p in paths)
-    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not a result file
-        print(f"speedflags bench --compare: {exc}", file=sys.stderr)
-        return 2
+    runs = []
+    for path in paths:  # in order: the first file that cannot be read is the one named
+        try:
+            runs.append(BenchRun.load(path))
+        except OSError as exc:
+            why = "no such file" if isinstance(exc, FileNotFoundError) else exc.strerror
+            print(f"speedflags bench: --compare {short_repr(path)}: {why}", file=sys.stderr)
+            return 2
+        except ValueError as exc:  # not JSON, or not a result file: the message names the file
+            print(f"speedflags bench --compare: {exc}", file=sys.stderr)
+            return 2
+    a, b = runs
     print(render_compare(a, b))
     return 0
 

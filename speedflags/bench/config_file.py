@@ -1,8 +1,7 @@
 """``speedflags bench --config FILE``: the configurations, workloads and settings in one file.
 
 A bench file (YAML, TOML or JSON, by suffix; YAML needs ``pip install 'speedflags[yaml]'``)
-names what to compare and how hard, as the seed speedkit's ``bench --config speed.yaml``
-does::
+names what to compare and how hard::
 
     device: cuda              # optional: cpu, cuda or cuda:N (default: cuda if available)
     passes: 3                 # interleaved passes over the configurations
@@ -15,12 +14,13 @@ does::
     baseline: fp32            # optional: the configuration the others are compared with
     configs:                  # name -> fast_math levers, an input dtype, or a lever file
       fp32: {}                                  # every lever off (always the starting point)
-      speedkit: {tf32: true, amp: bf16}
-      seed-style: {precision: bf16, tf32_matmul_precision: high, sdp_backend: flash}
+      bf16-tf32: {tf32: true, amp: bf16}
+      other-names: {precision: bf16, tf32_matmul_precision: high, sdp_backend: flash}
       pure-bf16: {dtype: bf16}                  # bf16 inputs and weights: the ceiling
       tuned: levers.toml                        # what `speedflags tune --out` saved
 
-The seed's knob names are accepted beside speedflags' own: ``precision`` (``fp32``,
+Knob names that hand-written speed configs often use are accepted beside speedflags' own:
+``precision`` (``fp32``,
 ``bf16``, ``fp16``: autocast), ``tf32_matmul_precision`` (``matmul_precision``) and
 ``sdp_backend`` (``flash``, ``mem_efficient``, ``math``: ``sdpa``). A lever file saved by
 ``tune`` (a ``levers`` table) may also be given as the whole ``--config``: it is compared
@@ -53,8 +53,8 @@ from ..levers.registry import check_levers
 __all__ = ["BenchFile", "load_bench_file"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# the seed speedkit's knob names -> (lever, value translation)
-SEED_KNOBS: dict[str, tuple[str, dict[Any, Any]]] = {
+# other common knob names -> (lever, value translation)
+OTHER_KNOBS: dict[str, tuple[str, dict[Any, Any]]] = {
     "precision": ("amp", {"fp32": False, "bf16": "bf16", "fp16": "fp16"}),
     "tf32_matmul_precision": ("matmul_precision", {}),
     "sdp_backend": ("sdpa", {"mem_efficient": "efficient"}),
@@ -185,15 +185,15 @@ class _Reader:
                 if value not in DTYPES:
                     raise self.fail(f"{key}.dtype", value, f"valid: {', '.join(DTYPES)}")
                 dtype = DTYPES[value]
-            elif knob in SEED_KNOBS:
-                lever, words = SEED_KNOBS[knob]
+            elif knob in OTHER_KNOBS:
+                lever, words = OTHER_KNOBS[knob]
                 if isinstance(value, str) and value in words:
                     value = words[value]
                 levers[lever] = value
             elif knob in registry.LEVER_NAMES:
                 levers[knob] = value
             else:
-                valid = ", ".join((*registry.LEVER_NAMES, *SEED_KNOBS, "dtype"))
+                valid = ", ".join((*registry.LEVER_NAMES, *OTHER_KNOBS, "dtype"))
                 raise self.fail(key, knob, f"not a lever; valid: {valid}")
         try:
             check_levers(f"{self.where}: {key}", levers)
@@ -222,7 +222,8 @@ def load_bench_file(path: str) -> BenchFile:
         InvalidValueError: a bad key or value (the message names the file, the key, the
             value and the valid choices), or a file that does not parse.
         InvalidTypeError: a lever value of the wrong type.
-        FileNotFoundError: no such file. ImportError: ``.yaml`` without PyYAML.
+        LeverFileNotFoundError: no such file (a ``FileNotFoundError``).
+        ImportError: ``.yaml`` without PyYAML.
     """
     reader = _Reader(path)
     data = read_file(path, reader.where)

@@ -22,6 +22,7 @@ import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-expor
 
 from .._hardware import capabilities, cudnn_version_or_none
 from .._ledger.history import json_default
+from .._measure.noise import within_noise
 from .._measure.output_paths import make_parent_folder
 from .._status import snapshot
 from .._version import __version__
@@ -37,6 +38,8 @@ class Result:
 
     ``group`` is what speedups are relative to: the results of one group share a workload,
     a device and a size, and one of them is the ``baseline``. Times are seconds per call.
+    ``noise`` is the relative standard error of ``speedup``; :attr:`within_noise` says
+    whether the speedup is no difference beyond it.
 
     Example:
         >>> from speedflags.bench.results import Result
@@ -70,6 +73,18 @@ class Result:
     # CUDA: the most memory allocated while building and running it, above what was
     # allocated before (its model, casts and activations); None on a CPU
     peak_bytes: int | None = None
+    # the relative standard error of ``speedup`` (from its interleaved passes; None: unknown)
+    noise: float | None = None
+    # a word of the shared vocabulary where the row is not plainly in effect: "in effect,
+    # emulated: slower" for a row measured once at a small size (speedflags._measure.vocabulary)
+    verdict: str = ""
+
+    @property
+    def within_noise(self) -> bool:
+        """Whether ``speedup`` is no difference beyond its noise (False where unknown)."""
+        if self.speedup is None or self.noise is None or self.baseline:
+            return False
+        return within_noise(self.speedup, self.noise)
 
     @property
     def flop_per_s(self) -> float | None:
@@ -82,6 +97,7 @@ class Result:
         out["pass_medians_s"] = list(self.pass_medians_s)
         out["notes"] = list(self.notes)
         out["flop_per_s"] = self.flop_per_s
+        out["within_noise"] = self.within_noise
         return out
 
     @classmethod

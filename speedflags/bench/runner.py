@@ -9,7 +9,12 @@ over all timed rounds of all passes.
 
 A configuration whose first call raises (a dtype the installed PyTorch has no kernel for,
 which the capabilities did not foresee) is skipped with PyTorch's message; a later call that
-raises ends the run.
+raises ends the run. A configuration identical to the baseline is not timed against it (the
+row says so). An emulated configuration (bf16 or fp16 autocast, or such inputs, on a CPU
+without the instructions: tens of times slower) is measured once, beside the baseline, in a
+group of its own at a small size (:data:`EMULATED_SIZE` at most), marked "(emulated)", so that
+the table shows what it costs and why nothing recommends it; its rows in the other groups say
+where it was measured.
 
 Ctrl-C (``KeyboardInterrupt``) stops the run between or inside measurements: the frames
 being measured restore every flag as the exception leaves them, and the run returns what
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -29,12 +34,17 @@ from .._measure.configs import Config
 from .._measure.rounds import measure_rounds, warm_up
 from .._measure.timing import Timing, plan_calls, plan_rounds, synchronize, timer_for
 from .._measure.verdicts import recorded
+from .._measure.vocabulary import EMULATED, phrase
 from .._measure.workloads import WORKLOADS, Problem, Runner, Workload
 from .._status import snapshot
+from .._warn import measuring
 from .results import BenchRun, Result, environment, gpu_state
 from .table import finish
 
-__all__ = ["Progress", "Settings", "run"]
+__all__ = ["EMULATED_SIZE", "Progress", "Settings", "run"]
+
+EMULATED_SIZE = 256  # an emulated configuration is measured once, at this size at most
+ONCE_ROUNDS = 3  # ...in this many timed rounds, after a warm-up call
 
 
 @dataclass(frozen=True)
@@ -121,10 +131,16 @@ class _Entry:
     error: float | None = None
     passes: list[list[float]] = field(default_factory=list)
     peak_bytes: int | None = None
+    verdict: str = ""
 
 
 def _group_name(workload: Workload, device: torch.device, size: int | None) -> str:
     return f"{workload.name} {device}" + (f" {size}" if size is not None else "")
+
+
+def _emulated_size(settings: Settings, workload: Workload) -> int:
+    sizes = [size for w, size in settings.plan() if w is workload and size is not None]
+    return min([EMULATED_SIZE, *sizes])
 
 
 class _Run:
@@ -136,22 +152,26 @@ class _Run:
         self.plan = settings.plan()
         self.step = 0
         self.steps = sum(len(settings.configs_of(w)) for w, _ in self.plan) * settings.passes
+        # workload name -> (workload, the emulated configurations to measure once)
+        self.emulated: dict[str, tuple[Workload, list[Config]]] = {}
 
     def tell(
         self, kind: str, group: str, config: str, message: str, median: float | None = None
     ) -> None:
         self.progress(Progress(kind, self.step, self.steps, group, config, message, median))
 
-    def skip(self, row: Result, configs: int = 1) -> Result:
-        self.steps -= self.settings.passes * configs
+    def skip(self, row: Result, configs: int = 1, passes: int | None = None) -> Result:
+        self.steps -= (self.settings.passes if passes is None else passes) * configs
         self.tell(
             "skip", row.group, row.config, f"{row.group}: skipped {row.config}: {row.skipped}"
         )
         return row
 
-    def group(self, workload: Workload, size: int | None) -> None:
+    def group(self, workload: Workload, size: int | None, emulated: Sequence[Config] = ()) -> None:
+        """Measure ``workload`` at ``size``; with ``emulated``, the group that measures those
+        configurations once, beside the baseline."""
         device = self.settings.device
-        name = _group_name(workload, device, size)
+        name = _group_name(workload, device, size) + (" (emulated)" if emulated else "")
         reason = workload.unavailable(device)
         if reason is not None or size is None:
             row = Result(name, "(all)", workload=workload.name, skipped=reason or "no sizes")
@@ -161,18 +181,31 @@ class _Run:
         problem = workload.build(size, device)
         problem.reference()
         rows: list[Result | _Entry] = []
-        for config in self.settings.configs_of(workload):
+        configs = self.settings.configs_of(workload)
+        if emulated:
+            configs = tuple(c for c in configs if c.baseline) + tuple(emulated)
+        for config in configs:
             why = problem.skip_reason(config)
+            if config.identical_to_baseline():
+                why = "identical to the baseline: nothing to compare it with"
+            elif why is not None and config.emulated(device):
+                if emulated:
+                    rows.append(_Entry(config, verdict=EMULATED))
+                    continue
+                once = _emulated_size(self.settings, workload)
+                why = phrase(EMULATED, f"{why}; measured once, at size {once} (the group below)")
+                self.emulated.setdefault(workload.name, (workload, []))[1].append(config)
             if why is None:
                 rows.append(_Entry(config))
                 continue
             row = Result(name, config.name, workload.name, str(device), size, skipped=why)
-            rows.append(self.skip(row))
+            passes = 1 if emulated else self.settings.passes
+            rows.append(self.skip(row, passes=passes))
         try:
-            for index in range(self.settings.passes):
+            for index in range(1 if emulated else self.settings.passes):
                 for entry in [e for e in rows if isinstance(e, _Entry)]:
                     try:
-                        self.measure(name, problem, entry, index)
+                        self.measure(name, problem, entry, index, once=bool(emulated))
                     except (RuntimeError, NotImplementedError) as exc:
                         if entry.passes:  # it ran before: a failure, not a refusal
                             raise
@@ -195,10 +228,13 @@ class _Run:
         return self.skip(Result(name, config.name, problem.workload, str(problem.device),
                                 problem.size, skipped=why))  # fmt: skip
 
-    def measure(self, name: str, problem: Problem, entry: _Entry, index: int) -> None:
+    def measure(
+        self, name: str, problem: Problem, entry: _Entry, index: int, once: bool = False
+    ) -> None:
         settings, device = self.settings, self.settings.device
         self.step += 1
-        label = f"{name} {entry.config.name}, pass {index + 1}/{settings.passes}"
+        passes = 1 if once else settings.passes
+        label = f"{name} {entry.config.name}, pass {index + 1}/{passes}"
         self.tell("start", name, entry.config.name, label)
         held = None
         if entry.runner is None:
@@ -206,7 +242,13 @@ class _Run:
             entry.runner = problem.runner(entry.config)
         runner = entry.runner
         with entry.config.frames(device, runner.model):
-            if index == 0:
+            if once:  # an emulated configuration's group: one warm-up call, a few rounds
+                entry.error = problem.error(runner)
+                synchronize(device)
+                estimate = warm_up(runner, self.clock, 1, 0.0)
+                entry.calls = plan_calls(estimate, device)
+                entry.rounds = max(1, min(settings.min_rounds, ONCE_ROUNDS))
+            elif index == 0:
                 entry.error = problem.error(runner)
                 synchronize(device)
                 estimate = warm_up(runner, self.clock, settings.warmup_rounds, settings.warmup_s)
@@ -246,6 +288,7 @@ class _Run:
             input_sets=problem.sets,
             notes=entry.config.notes(problem.device),
             peak_bytes=entry.peak_bytes,
+            verdict=entry.verdict,
         )
 
 
@@ -311,8 +354,12 @@ def run(
     interrupted = False
     started = time.perf_counter()
     try:
-        for workload, size in state.plan:
-            state.group(workload, size)
+        with measuring():  # emulated rows are measured on purpose: the table marks them
+            for workload, size in state.plan:
+                state.group(workload, size)
+            for workload, configs in state.emulated.values():
+                state.steps += 1 + len(configs)  # the baseline and each, once
+                state.group(workload, _emulated_size(settings, workload), configs)
     except KeyboardInterrupt:
         interrupted = True
     env["elapsed_s"] = round(time.perf_counter() - started, 3)

@@ -7,15 +7,19 @@ print the same columns computed the same way.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 
+from .._measure.noise import median_error, speedup_and_noise
+from .._measure.vocabulary import EMULATED
 from .results import BenchRun, Result, describe_source
 
 __all__ = ["finish", "render", "render_compare"]
 
 
 def finish(results: Iterable[Result]) -> list[Result]:
-    """Fill in ``speedup`` (baseline median / median) and ``pct_of_fastest`` per group.
+    """Fill in ``speedup`` (baseline median / median), its ``noise`` (from the interleaved
+    passes, :mod:`speedflags._measure.noise`) and ``pct_of_fastest`` per group.
 
     A group without a measured baseline gets no speedup. Order is kept.
 
@@ -28,13 +32,13 @@ def finish(results: Iterable[Result]) -> list[Result]:
         [('fp32', 1.0, 25.0), ('amp-bf16', 4.0, 100.0)]
     """
     rows = list(results)
-    baseline: dict[str, float] = {}
+    baseline: dict[str, Result] = {}
     fastest: dict[str, float] = {}
     for row in rows:
         if row.median_s is None or row.skipped:
             continue
         if row.baseline:
-            baseline.setdefault(row.group, row.median_s)
+            baseline.setdefault(row.group, row)
         fastest[row.group] = min(fastest.get(row.group, row.median_s), row.median_s)
     out = []
     for row in rows:
@@ -42,14 +46,30 @@ def finish(results: Iterable[Result]) -> list[Result]:
             out.append(row)
             continue
         base = baseline.get(row.group)
+        speedup = noise = None
+        if base is not None and base.median_s is not None:
+            speedup = base.median_s / row.median_s
+            # a row measured once (emulated) has no noise worth a word: it is far apart
+            noise = 0.0 if row is base else None if row.verdict else _noise(row, base)
         out.append(
             dataclasses.replace(
                 row,
-                speedup=base / row.median_s if base is not None else None,
+                speedup=speedup,
+                noise=noise,
                 pct_of_fastest=100.0 * fastest[row.group] / row.median_s,
             )
         )
     return out
+
+
+def _noise(row: Result, base: Result) -> float | None:
+    fast, slow = row.median_s or 0.0, base.median_s or 0.0  # both measured: finish() checks
+    _, noise = speedup_and_noise(
+        row.pass_medians_s, base.pass_medians_s, fast, slow,
+        median_error(fast, row.q1_s, row.q3_s, row.rounds),
+        median_error(slow, base.q1_s, base.q3_s, base.rounds),
+    )  # fmt: skip
+    return noise if math.isfinite(noise) else None  # None: too few rounds to know
 
 
 def _time(seconds: float | None) -> str:
@@ -71,7 +91,13 @@ def _rate(flop_per_s: float | None) -> str:
 
 
 def _ratio(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}x"
+    if value is None:
+        return "–"
+    return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"  # 0.0081x, not 0.01x
+
+
+def _speedup(row: Result) -> str:
+    return _ratio(row.speedup) + (" ~" if row.within_noise else "")
 
 
 def _pct(value: float | None) -> str:
@@ -123,13 +149,14 @@ def render(results: Sequence[Result]) -> str:
         order.setdefault(row.group, len(order))
     measured = [r for r in results if not r.skipped and r.median_s is not None]
     for row in sorted(measured, key=lambda r: order[r.group]):  # stable: keeps config order
-        label = row.config + (" *" if row.notes else "")
+        label = row.config + (" (emulated)" if row.verdict == EMULATED else "")
+        label += " *" if row.notes else ""
         lines.append(
             [
                 row.group if row.group != last_group else "",
                 label,
                 _time(row.median_s),
-                _ratio(row.speedup),
+                _speedup(row),
                 _rate(row.flop_per_s),
                 _pct(row.pct_of_fastest),
                 _error(row.rel_error),
@@ -137,6 +164,19 @@ def render(results: Sequence[Result]) -> str:
         )
         last_group = row.group
     out = _grid(header, lines, left=2) if lines else ["(nothing measured)"]
+    if any(r.within_noise for r in measured):
+        out.append("")
+        out.append(
+            "~ within the noise of its interleaved passes: no difference shown (under 3 %, or "
+            "under 2.5 standard errors)"
+        )
+    emulated = [r for r in measured if r.verdict == EMULATED]
+    if emulated:
+        out.append("")
+        out.append(
+            f"(emulated): {EMULATED}: measured once, at a small size, to show what it costs; "
+            "never recommended here"
+        )
     noted = [(r.group, r.config, note) for r in results if not r.skipped for note in r.notes]
     if noted:
         out.append("")

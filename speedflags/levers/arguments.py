@@ -43,10 +43,11 @@ SdpaName = Literal["flash", "efficient", "cudnn", "math"]
 # torch.nn.attention.SDPBackend (2.2+) and torch.backends.cuda.SDPBackend (2.1) are enums
 SdpaArg = SdpaName | enum.Enum | Sequence[SdpaName | enum.Enum]
 DeterministicArg = bool | Literal["warn"]
-# torch.bfloat16 or torch.float16 (a type checker cannot tell dtypes apart); False: off
-AmpArg = Literal["bf16", "fp16", "auto", False] | torch.dtype
-# torch.bfloat16 or torch.float16; False: the parameters' own dtype (given with model=)
-ParamDtypeArg = Literal["bf16", "fp16", False] | torch.dtype
+# torch.bfloat16 or torch.float16 (a type checker cannot tell dtypes apart); False: off. At
+# run time any case is read ("BF16"), and "half" too.
+AmpArg = Literal["bf16", "fp16", "bfloat16", "float16", "auto", False] | torch.dtype
+# as amp (without "auto"); False: the parameters' own dtype (given with model=)
+ParamDtypeArg = Literal["bf16", "fp16", "bfloat16", "float16", False] | torch.dtype
 # torch.channels_last; False: the weights' own layout (given with model=)
 MemoryFormatArg = Literal["channels_last", False] | torch.memory_format
 

@@ -24,8 +24,21 @@ from ._base import UNSET, Effect, SimpleLever
 from .spec import MATMUL_OPS, Shorthand, declare
 
 AUTO = "auto"
-_BY_NAME = {"bf16": torch.bfloat16, "fp16": torch.float16}
-CHOICES = "'bf16', 'fp16', 'auto', torch.bfloat16, torch.float16 or False"
+_BY_NAME = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the words speedflags writes
+# ...and every spelling it reads, in any case: its own, and PyTorch's dtype names
+DTYPE_SPELLINGS = {
+    **_BY_NAME,
+    "bfloat16": torch.bfloat16,
+    "torch.bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "torch.float16": torch.float16,
+    "torch.half": torch.float16,
+}
+CHOICES = (
+    "'bf16' (or 'bfloat16'), 'fp16' (or 'float16', 'half'), 'auto' (in any case), "
+    "torch.bfloat16, torch.float16 or False"
+)
 
 # None stands for "autocast off" (amp=False); "auto" is resolved per device when entered.
 AmpValue = torch.dtype | str | None
@@ -33,7 +46,17 @@ AutocastState = tuple[bool, torch.dtype]
 
 
 def validate_amp(value: object) -> AmpValue:
-    """Normalise an ``amp=`` argument: a dtype, ``None`` for off, or ``"auto"``."""
+    """Normalise an ``amp=`` argument: a dtype, ``None`` for off, or ``"auto"``.
+
+    Strings are read in any case, in speedflags' words and PyTorch's dtype names.
+
+    Example:
+        >>> from speedflags.levers.autocast import validate_amp
+        >>> validate_amp("BF16"), validate_amp("bfloat16"), validate_amp("Float16")
+        (torch.bfloat16, torch.bfloat16, torch.float16)
+        >>> validate_amp(False) is None, validate_amp("Auto")
+        (True, 'auto')
+    """
     if value is False:
         return None
     if isinstance(value, torch.dtype):
@@ -41,10 +64,11 @@ def validate_amp(value: object) -> AmpValue:
             return value
         raise InvalidValueError(f"autocast runs in bf16 or fp16; valid: {CHOICES}")
     if isinstance(value, str):
-        if value == AUTO:
+        word = value.strip().lower()
+        if word == AUTO:
             return AUTO
-        if value in _BY_NAME:
-            return _BY_NAME[value]
+        if word in DTYPE_SPELLINGS:
+            return DTYPE_SPELLINGS[word]
         raise InvalidValueError(f"not an autocast dtype; valid: {CHOICES}")
     raise InvalidTypeError(f"expected {CHOICES}, got {type(value).__name__}")
 
@@ -189,7 +213,9 @@ class AutocastLever(SimpleLever):
             if caps.bf16:
                 return Effect(True, "")
             why = f"bf16 is not native on {caps.device}: {caps.bf16.reason}"
-            return Effect(False, why, unsupported=caps.bf16.missing_kernel)
+            if caps.bf16.missing_kernel:  # the instructions are there; PyTorch's kernels are not
+                return Effect(False, why, unsupported=True)
+            return Effect(False, why, device.type == "cpu")  # emulated: slower than fp32
         if device.type == "cpu" and not cpu_autocast_takes_fp16():
             return Effect(False, CPU_FP16_MISSING, unsupported=True)
         if caps.fp16:

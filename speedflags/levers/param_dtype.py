@@ -22,6 +22,7 @@ from .._hardware import capabilities
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Effect
 from ._model_lever import OFF, ModelLever
+from .autocast import DTYPE_SPELLINGS
 from .spec import MATMUL_OPS, declare
 
 __all__ = [
@@ -30,17 +31,20 @@ __all__ = [
     "validate_param_dtype",
 ]
 
-_BY_NAME = {"bf16": torch.bfloat16, "fp16": torch.float16}
-CHOICES = "'bf16', 'fp16', torch.bfloat16, torch.float16 or False"
+CHOICES = (
+    "'bf16' (or 'bfloat16'), 'fp16' (or 'float16', 'half') in any case, torch.bfloat16, "
+    "torch.float16 or False"
+)
 
 
 def validate_param_dtype(value: object) -> torch.dtype | None:
     """Normalise a ``param_dtype=`` argument: a dtype, or ``None`` for off (``False``).
+    Strings are read as ``amp=`` reads them (any case, PyTorch's dtype names too).
 
     Example:
-        >>> from speedflags.levers.param_dtype import validate_param_dtype
-        >>> validate_param_dtype("bf16"), validate_param_dtype(False)
-        (torch.bfloat16, None)
+        >>> from speedflags.levers.param_dtype import validate_param_dtype as valid
+        >>> valid("bf16"), valid("Float16"), valid(False)
+        (torch.bfloat16, torch.float16, None)
     """
     if value is False:
         return None
@@ -49,8 +53,9 @@ def validate_param_dtype(value: object) -> torch.dtype | None:
             return value
         raise InvalidValueError(f"a model computes in bf16 or fp16 here; valid: {CHOICES}")
     if isinstance(value, str):
-        if value in _BY_NAME:
-            return _BY_NAME[value]
+        dtype = DTYPE_SPELLINGS.get(value.strip().lower())
+        if dtype is not None:
+            return dtype
         raise InvalidValueError(f"not a compute dtype; valid: {CHOICES}")
     raise InvalidTypeError(f"expected {CHOICES}, got {type(value).__name__}")
 
@@ -123,7 +128,7 @@ DECLARED = (
         effect_of=param_dtype_effect,
         describe=describe_param_dtype,
         order=80,
-        values="'bf16', 'fp16', torch.bfloat16, torch.float16 or False (with model=)",
+        values=f"{CHOICES} (with model=)",
         summary=(
             "the model computes with bf16/fp16 casts of its float32 parameters, made once per "
             "parameter version (norm layers stay float32); the parameters stay the parameters"

@@ -97,6 +97,19 @@ def _settle_torch_first_call() -> None:
         pass
 
 
+def settle_first_call() -> None:
+    """PyTorch's pending first-call write of the SDPA priority order, made now (where it is
+    pending and CUDA is in use): for a tool that compares the state before and after its own
+    work (``verify``), so that PyTorch's one write is not taken for a lever left changed.
+
+    Example:
+        >>> from speedflags.levers.sdpa import settle_first_call
+        >>> settle_first_call()  # nothing to do without a GPU in use
+    """
+    if _torch_write_pending:
+        _settle_torch_first_call()
+
+
 SdpaState = tuple[tuple[bool | None, ...], tuple[int, ...] | None]
 
 

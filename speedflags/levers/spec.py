@@ -9,7 +9,7 @@ lever the same way with :func:`speedflags.register_lever`.
 Example:
     >>> from speedflags.levers.registry import lever_spec
     >>> spec = lever_spec("cudnn_benchmark")
-    >>> spec.scope, spec.shorthand, spec.baseline, spec.candidates
+    >>> spec.scope, spec.shorthand.name, spec.baseline, spec.candidates
     ('process', 'cudnn_benchmark', False, (True,))
 """
 
