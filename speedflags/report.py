@@ -34,8 +34,8 @@ from ._watch.writers import last_writers, watching
 from .levers import _fp32_model as family
 from .levers import _fp32_torch as family_io
 from .levers import autocast as autocast_module
-from .levers import sdpa as sdpa_module
 from .levers import registry
+from .levers import sdpa as sdpa_module
 
 __all__ = ["build_report", "lever_verdicts", "render_report"]
 

@@ -259,6 +259,7 @@ AUTOCAST_SHORTHAND = Shorthand(
     name="autocast",
     parameter="dtype",
     default=UNSET,
+    device_positional=True,
     doc="""Autocast in ``dtype`` on ``device`` for a block: ``fast_math(amp=dtype, device=device)``.
 
     Scope: thread (like ``torch.autocast``). Restores the thread's autocast flag and dtype.

@@ -37,13 +37,18 @@ MATMUL_OPS = ("mm", "matmul", "linear", "einsum", "conv", "lstm", "gru", "rnn", 
 class Shorthand:
     """The single-lever function a lever gets (``speedflags.sdpa_backend("flash")``).
 
+    Each shorthand also takes ``fast_math``'s ``device=``, ``strict=`` and ``label=``
+    keywords (``autocast`` takes ``device`` positionally too); its label names the call
+    (``"sdpa_backend('flash', 'math')"``). ``speedflags/_shorthands.pyi`` is their typed
+    face, kept equal to these declarations by a test.
+
     Attributes:
         name: its public name.
         parameter: the name of its one positional parameter (``"enabled"``).
+        doc: its docstring (with an example; the function's scope and what it restores).
         default: that parameter's default (``UNSET``: required).
         variadic: the parameter is ``*backends`` (every positional argument, as a tuple).
-        doc: its docstring (with an example; the function's scope and what it restores).
-        annotation: the parameter's type, for ``help()`` and editors.
+        device_positional: ``device`` may also be given positionally, after the parameter.
     """
 
     name: str
@@ -51,7 +56,7 @@ class Shorthand:
     doc: str
     default: Any = UNSET
     variadic: bool = False
-    annotation: Any = Any
+    device_positional: bool = False
 
 
 @dataclass(frozen=True)
