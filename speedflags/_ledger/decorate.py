@@ -29,6 +29,7 @@ from .._short_repr import short_repr
 from ..errors import InvalidTypeError, SpeedflagsError
 from .entering import call_framed, cancel_open
 from .interrupts import PENDING, critical, deliver_pending
+from .suspend import Suspended
 from .tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ def decorate(
             to_send: Any = None
             to_throw: BaseException | None = None
             agen = func(*args, **kwargs)
+            held = Suspended()  # what its body holds across each yield and await
             try:
                 while True:
                     if to_throw is not None:
@@ -100,8 +102,8 @@ def decorate(
                         to_throw = None
                     else:
                         step = agen.asend(to_send)
-                    try:
-                        item = await _Stepped(step.__await__(), driver, where)
+                    try:  # the step's StopIteration is a yield: the body suspends
+                        item = await _Stepped(step.__await__(), driver, where, held, True)
                     except StopAsyncIteration:
                         return
                     try:
@@ -109,7 +111,7 @@ def decorate(
                     except GeneratorExit:
                         # closed early by the consumer: the generator's cleanup runs
                         # with the levers, like every other step
-                        await _Stepped(agen.aclose().__await__(), driver, where)
+                        await _Stepped(agen.aclose().__await__(), driver, where, held)
                         raise
                     except BaseException as exc:
                         to_throw = exc
@@ -126,7 +128,8 @@ def decorate(
         @functools.wraps(func)
         async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
             where = caller_where()
-            return await _Stepped(func(*args, **kwargs).__await__(), driver, where)
+            held = Suspended()
+            return await _Stepped(func(*args, **kwargs).__await__(), driver, where, held)
 
         return coroutine_wrapper  # type: ignore[return-value]
 
@@ -134,7 +137,8 @@ def decorate(
 
         @functools.wraps(func)
         def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-            return (yield from _steps(func(*args, **kwargs), driver, caller_where()))
+            it = func(*args, **kwargs)
+            return (yield from _steps(it, driver, caller_where(), Suspended()))
 
         return generator_wrapper  # type: ignore[return-value]
 
@@ -216,8 +220,15 @@ class _Driver:
         self.ledger = scope.ledger
 
 
-def _steps(it: Any, driver: _Driver, where: Where) -> Generator[Any, Any, Any]:
-    """Drive a generator-like ``it`` (send/throw/close), one frame around every step."""
+def _steps(
+    it: Any, driver: _Driver, where: Where, held: Suspended, stop_yields: bool = False
+) -> Generator[Any, Any, Any]:
+    """Drive a generator-like ``it`` (send/throw/close), one frame around every step.
+
+    ``held`` keeps what the body holds across each suspension (:mod:`.suspend`);
+    ``stop_yields``: ``it`` is an async generator's ``asend``/``athrow``, whose
+    ``StopIteration`` is a ``yield`` of the body, not its end.
+    """
     to_send: Any = None
     to_throw: BaseException | None = None
     try:
@@ -225,15 +236,15 @@ def _steps(it: Any, driver: _Driver, where: Where) -> Generator[Any, Any, Any]:
             try:
                 if to_throw is not None:
                     exc, to_throw = to_throw, None
-                    item = _step(driver, where, it.throw, exc)
+                    item = _step(driver, where, held, stop_yields, it.throw, exc)
                 else:
-                    item = _step(driver, where, it.send, to_send)
+                    item = _step(driver, where, held, stop_yields, it.send, to_send)
             except StopIteration as stop:
                 return stop.value
             try:
                 to_send = yield item
             except GeneratorExit:
-                _step(driver, where, it.close)
+                _step(driver, where, held, None, it.close)
                 raise
             except BaseException as exc:
                 to_throw = exc
@@ -258,7 +269,14 @@ def _finish(it: Any) -> None:
     it.close()  # its cleanup yielded again: closed without it
 
 
-def _step(driver: _Driver, where: Where, advance: Callable[..., Any], *args: Any) -> Any:
+def _step(
+    driver: _Driver,
+    where: Where,
+    held: Suspended,
+    stop_yields: bool | None,
+    advance: Callable[..., Any],
+    *args: Any,
+) -> Any:
     """``advance(*args)`` (one step of a generator or coroutine) inside its own frame.
 
     Opened and closed as a decorated plain call is: a frame whose open returned into an
@@ -266,36 +284,53 @@ def _step(driver: _Driver, where: Where, advance: Callable[..., Any], *args: Any
     its first instruction (a plain signal handler) is made again. The close itself runs in
     ``_end_step``, critical code: a :func:`~speedflags.signal_safe` handler called in it
     waits until the frame is closed, and runs there.
+
+    A step that ends with the body suspended (``advance`` returned, or raised the
+    ``StopIteration`` of an async generator's ``yield``: ``stop_yields``; ``None`` for a
+    close, which ends the body) sets aside what the body holds (``held``); the next step
+    puts it back once its frame is open.
     """
     mark = driver.ledger._last_id
     frame = None
+    suspends = False
     try:
         if driver.counter is not None:
             driver.counter.calls += 1
         frame = driver.scope.open_frame(driver.label, where)
+        if held:
+            held.resume(driver.ledger, frame, where)
         guard = driver.guard
         if guard is None:
-            return advance(*args)
-        with guard():
-            return advance(*args)
+            item = advance(*args)
+        else:
+            with guard():
+                item = advance(*args)
+        suspends = stop_yields is not None
+        return item
+    except StopIteration:
+        suspends = stop_yields is True
+        raise
     finally:
         try:
-            _end_step(driver, mark, frame, where)
+            _end_step(driver, mark, frame, where, held if suspends else None)
         except SpeedflagsError:
             raise
         except BaseException:  # interrupted before its try: end the step now
-            _end_step(driver, mark, frame, where)
+            _end_step(driver, mark, frame, where, held if suspends else None)
             raise
 
 
 @critical
-def _end_step(driver: _Driver, mark: int, frame: Any, where: Where) -> None:
+def _end_step(driver: _Driver, mark: int, frame: Any, where: Where, held: Suspended | None) -> None:
     # No frame: the open failed, or returned into an interruption (its frame is found by its
     # owner). A frame closed already: an earlier try got that far before being interrupted.
+    # ``held``: the body suspends; what it holds is set aside first.
     try:
         if frame is None:
             cancel_open(driver.ledger, driver.scope, mark, where)
         elif not frame.closed:
+            if held is not None:
+                held.suspend(driver.ledger, frame, where)
             driver.ledger.close(frame, where)
     finally:  # signal_safe handlers deferred in here
         while True:  # no check point after the last test: see deliver_pending
@@ -307,12 +342,16 @@ def _end_step(driver: _Driver, mark: int, frame: Any, where: Where) -> None:
 class _Stepped:
     """An awaitable that runs another awaitable's iterator one frame per step."""
 
-    __slots__ = ("_driver", "_it", "_where")
+    __slots__ = ("_driver", "_held", "_it", "_stop_yields", "_where")
 
-    def __init__(self, it: Any, driver: _Driver, where: Where):
+    def __init__(
+        self, it: Any, driver: _Driver, where: Where, held: Suspended, stop_yields: bool = False
+    ):
         self._it = it
         self._driver = driver
         self._where = where
+        self._held = held
+        self._stop_yields = stop_yields
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        return _steps(self._it, self._driver, self._where)
+        return _steps(self._it, self._driver, self._where, self._held, self._stop_yields)

@@ -19,6 +19,7 @@ from .history import History, Where
 from .notices import Failure, Notice
 from .program import Frame
 from .stacks import FrameStacks
+from .suspend import HELD_NOTE
 
 BURIED_NOTE = "closed under frames entered later; see the records around it"
 
@@ -157,6 +158,9 @@ class RarePaths:
         and the warning (the lists made on first use)."""
         notes = notes if notes is not None else [""] * frame.applied
         notices = notices if notices is not None else []
+        if getattr(frame, "suspending", False):  # a decorated generator's or coroutine's
+            notes[i] = HELD_NOTE  # body suspends: its own, set aside until it resumes
+            return notes, notices
         lever = frame.program.levers[i]
         notes[i], notice = _notices.drift(lever, found, frame.afters[i], frame.befores[i], frame)
         notices.append(notice)

@@ -157,6 +157,7 @@ class Frame:
         "owner",
         "program",
         "rank",
+        "suspending",
         "task",
         "thread",
         "thread_id",
@@ -179,6 +180,9 @@ class Frame:
     befores: list[Any]
     afters: list[Any]
     applied: int
+    # set (True) on a frame closing because the body of a decorated generator or coroutine
+    # suspends (.suspend), unset on every other: read with getattr, off the hot path
+    suspending: bool
 
     def close(self, where: Where = None) -> None:
         """Restore every lever this frame set to the state it found, and close it:

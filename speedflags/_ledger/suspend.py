@@ -1,0 +1,198 @@
+"""What the body of a decorated generator or coroutine holds across a ``yield`` or ``await``.
+
+A decorator on a generator, coroutine or async generator function (:mod:`.decorate`) opens
+a frame around each *step* of the body and closes it when the body suspends, so the code that
+runs meanwhile (the generator's consumer, other tasks on the event loop) never sees the
+decorator's levers. The body may hold state of its own across the suspension:
+
+- a block it entered and has not exited yet (``async with fast_math(...)``, a ``with`` around
+  a ``yield``): a frame open above the step's frame in its thread or task;
+- a change of its own to one of the step's levers that it still holds (``with
+  torch.autocast("cpu", enabled=False):`` around an ``await``).
+
+Both belong to the body. They are set aside with the step's levers when it suspends (the
+frames above the step's are closed, innermost first, each lever's state read before: what
+differs from what the frame applied is the body's, kept, not drift) and put back when it
+resumes (the step's frame opens, the states the body held are written back over its levers,
+and the frames are opened again above it, each as the same :class:`~.program.Frame`, with the
+states they held). So, across a suspension, the body finds everything as it left it, and the
+step's levers never override what the body set; meanwhile nothing of the body is in force.
+
+A frame's ``afters`` stay what it applied, whatever is put back over it: a lever found there
+when it closes is no drift (the body's own region ended: ``torch.autocast``'s exit writes back
+the state it found, the step's), and a change the body still holds when it ends is. A frame
+closing at a suspension (``frame.suspending``, unset on every other frame) finds no drift.
+The records say it: a ``restore`` whose note reads :data:`HELD_NOTE` when the step suspends,
+and a ``set`` whose reason reads :data:`PUT_BACK` when it resumes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .interrupts import PENDING, critical, deliver_pending
+from .own_writes import _WRITING, section
+from .program import Frame
+
+if TYPE_CHECKING:
+    from .history import Where
+    from .ledger import FlagLedger
+
+HELD_NOTE = "held by the body across a yield or await: put back when it resumes"
+PUT_BACK = "put back: held by the body across a yield or await"
+
+
+class Suspended:
+    """One call of a decorated generator, coroutine or async generator: what its body holds
+    while it is suspended (:meth:`suspend` when a step ends at a ``yield``/``await``,
+    :meth:`resume` once the next step's frame is open).
+
+    Example:
+        >>> from speedflags._ledger.suspend import Suspended
+        >>> held = Suspended()
+        >>> held.frames, held.states
+        ([], {})
+    """
+
+    __slots__ = ("frames", "states")
+
+    def __init__(self) -> None:
+        # lever index -> state: the step frame's levers the body changed and holds
+        self.states: dict[int, Any] = {}
+        # the frames the body holds, set aside, outermost first, each with its held states
+        self.frames: list[tuple[Frame, dict[int, Any]]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.states or self.frames)
+
+    def suspend(self, ledger: FlagLedger, step: Frame, where: Where) -> None:
+        """The body suspends: close the frames it holds above ``step`` (innermost first),
+        keeping what each holds, and read what it holds of ``step``'s levers; the caller
+        then closes ``step``, which finds no drift in what the body holds."""
+        frames = ledger._frames.get()
+        above = (
+            [f for f in frames[frames.index(step) + 1 :] if not f.closed] if step in frames else []
+        )
+        for frame in reversed(above):
+            states = _set_aside(ledger, frame)
+            ledger.close(frame, where)
+            self.frames.insert(0, (frame, states))
+        if not step.closed:
+            self.states = _set_aside(ledger, step)
+
+    def resume(self, ledger: FlagLedger, step: Frame, where: Where) -> None:
+        """The body resumes: ``step`` (just opened) takes back the states the body held of
+        its levers, and the frames it held open again above it, as they were."""
+        if self.states:
+            put_back(ledger, step, self.states, where)
+        frames, self.frames = self.frames, []
+        reopened: list[Frame] = []
+        try:
+            for frame, states in frames:
+                reopen(ledger, frame)
+                reopened.append(frame)
+                put_back(ledger, frame, states, frame._where)
+        except BaseException:  # none of them stays open: the step fails whole
+            for frame in reversed(reopened):
+                _close_open(ledger, frame, where)
+            raise
+
+
+def _set_aside(ledger: FlagLedger, frame: Frame) -> dict[int, Any]:
+    # What the body holds of ``frame``'s levers: each domain's state where it differs from
+    # what the frame applied (where the frame's entry is still the top of its stack: under
+    # another thread's frame, the state is that frame's). Marks the frame suspending.
+    program = frame.program
+    afters = frame.afters
+    states: dict[int, Any] = {}
+    with ledger.lock:
+        for i in range(frame.applied):
+            # the last lever of its domain in the frame, on top of its stack
+            if i in program.prev or not _on_top(ledger, frame, i):
+                continue
+            current = program.levers[i].read()
+            if current == afters[i]:
+                continue
+            states[i] = current
+        frame.suspending = True
+    return states
+
+
+def _on_top(ledger: FlagLedger, frame: Frame, i: int) -> bool:
+    # Lever i of frame is the top of its stack (under another thread's frame, the state is
+    # that frame's)
+    stack = ledger._stacks.get(frame.key(i))
+    if not stack:
+        return False
+    top, j = stack[-1]
+    return top is frame and j == i
+
+
+def _close_open(ledger: FlagLedger, frame: Frame, where: Where) -> None:
+    if not frame.closed:
+        ledger.close(frame, where)
+
+
+@critical
+def put_back(ledger: FlagLedger, frame: Frame, states: dict[int, Any], where: Where) -> None:
+    """Write back over ``frame``'s levers (just opened) the states the body held of them, and
+    record each as a ``set``. The frame's ``afters`` stay what it applied: what it finds
+    when it closes is compared with them (a change the body still holds then is drift)."""
+    try:
+        if states:
+            _write_back(ledger, frame, states, where)
+    finally:  # signal_safe handlers deferred in here
+        while True:  # no check point after the last test: see deliver_pending
+            if not PENDING:
+                break
+            deliver_pending()
+
+
+def _write_back(ledger: FlagLedger, frame: Frame, states: dict[int, Any], where: Where) -> None:
+    program = frame.program
+    with ledger.lock, section(ledger, frame.label, where):
+        tid = threading.get_ident()
+        _WRITING.add(tid)
+        try:
+            for i, state in states.items():
+                if not _on_top(ledger, frame, i):
+                    continue  # another thread's frame holds the domain now: it is theirs
+                lever = program.levers[i]
+                current = lever.read()
+                after = lever.restore(state, current) if current != state else current
+                ledger._ring.frame_one(frame, where, i, "set", PUT_BACK, current, after)
+        finally:
+            _WRITING.discard(tid)
+
+
+@critical
+def reopen(ledger: FlagLedger, frame: Frame) -> None:
+    """Open ``frame`` (closed when its body suspended) again, as the same object: a frame
+    opened anew with its levers, whose place ``frame`` then takes everywhere (its id, its
+    stack entries, the innermost of this context), so that whoever holds it closes it."""
+    try:
+        new = ledger.open(frame.program, frame.label, frame._where, frame.owner, frame.device)
+        with ledger.lock:
+            _adopt(ledger, frame, new)
+    finally:  # signal_safe handlers deferred in here
+        while True:  # no check point after the last test: see deliver_pending
+            if not PENDING:
+                break
+            deliver_pending()
+
+
+def _adopt(ledger: FlagLedger, frame: Frame, new: Frame) -> None:
+    # ``frame`` takes ``new``'s place: its state, its id, its stack entries, this context's
+    for name in _SLOTS:
+        setattr(frame, name, getattr(new, name))
+    frame.suspending = False
+    ledger._open[new.id] = frame
+    for i in range(new.applied):
+        stack = ledger._stacks[new.key(i)]
+        stack[:] = [(frame, k) if f is new else (f, k) for f, k in stack]
+    ledger._frames.set(tuple(frame if f is new else f for f in ledger._frames.get()))
+    new.closed = True
+
+
+_SLOTS = tuple(name for name in Frame.__slots__ if name != "suspending")
