@@ -7,6 +7,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import InvalidValueError
+
 __all__ = ["NOT_IN_EFFECT", "NO_EFFECT", "UNMEASURED", "VERIFIED", "Verdict", "Verification"]
 
 VERIFIED = "verified"
@@ -14,6 +16,22 @@ NO_EFFECT = "no effect here"
 NOT_IN_EFFECT = "requested but not in effect"
 UNMEASURED = "could not be measured"
 FORMAT = "speedflags-verify/1"
+
+
+class NoVerdictError(InvalidValueError, KeyError):
+    """:meth:`Verification.verdict` asked for a lever or value the run has no verdict for:
+    an ``InvalidValueError`` that is also the ``KeyError`` it used to raise.
+
+    Example:
+        >>> from speedflags._measure.verification import Verification
+        >>> try:
+        ...     Verification("cpu", []).verdict("amp")
+        ... except KeyError as exc:
+        ...     print(exc)
+        verdict('amp'): this run has no verdict for it; it has: none
+    """
+
+    __str__ = BaseException.__str__  # KeyError's would quote the message
 
 
 @dataclass(frozen=True)
@@ -117,7 +135,10 @@ class Verification:
         return self.restored and not self.failed
 
     def verdict(self, lever: str, value: Any = None) -> Verdict:
-        """The verdict of ``lever`` (its first value, or ``value``); ``KeyError`` if none.
+        """The verdict of ``lever`` (its first value, or ``value``).
+
+        Raises ``InvalidValueError`` (also a ``KeyError``) if this run has none, naming the
+        lever (and value) and the verdicts it has.
 
         Example:
             >>> from speedflags._measure.verification import Verdict, Verification
@@ -128,7 +149,9 @@ class Verification:
         for v in self.verdicts:
             if v.lever == lever and (value is None or v.value == value):
                 return v
-        raise KeyError(f"no verdict for {lever}={value!r}" if value is not None else lever)
+        asked = f"{lever}={value!r}" if value is not None else repr(lever)
+        have = ", ".join(dict.fromkeys(v.label for v in self.verdicts)) or "none"
+        raise NoVerdictError(f"verdict({asked}): this run has no verdict for it; it has: {have}")
 
     def summaries(self) -> dict[str, str]:
         """``{label: status and figure}`` for every lever value: what results record."""
