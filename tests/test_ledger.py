@@ -88,6 +88,38 @@ def test_history_is_bounded() -> None:
     assert json.loads(small.to_json())["records"][0]["seq"] == 191
 
 
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"before": {(0, 1): "on"}}, r"note\(before=\{\(0, 1\): 'on'\}\): not exportable: keys "),
+        ({"after": {"x": {1: {(2,): 3}}}}, r"note\(after=.*\): not exportable: keys must be str"),
+        ({"after": "cycle"}, r"note\(after=\[\[.*\): not exportable: Circular reference"),
+        ({"action": 3}, r"note\(action=3\): expected a str, got int"),
+        ({"label": None}, r"note\(label=None\): expected a str, got NoneType"),
+    ],
+)
+def test_a_note_to_json_cannot_write_is_refused_and_nothing_is_recorded(
+    given: dict[str, Any], message: str
+) -> None:
+    # Failed before: note(..., before={(0, 1): "on"}) was accepted, and every later to_json()
+    # raised "TypeError: keys must be str" until clear_history().
+    ledger = FlagLedger()
+    ledger.note("tf32", "heal", "before the refused one", before={"a": [1, 2.5, None]})
+    if given.get("after") == "cycle":
+        cycle: list[Any] = []
+        cycle.append(cycle)
+        given = {"after": cycle}
+    kwargs: dict[str, Any] = {"action": "note", **given}
+    action = kwargs.pop("action")
+    with pytest.raises(speedflags.InvalidTypeError, match=message):
+        ledger.note("x", action, "r", **kwargs)
+    records = json.loads(ledger.to_json())["records"]
+    assert [r["reason"] for r in records] == ["before the refused one"]
+    assert records[0]["before"] == {"a": [1, 2.5, None]}
+    ledger.note("x", "note", "sets export too", before=frozenset({"b", "a"}))
+    assert json.loads(ledger.to_json())["records"][-1]["before"] == ["a", "b"]
+
+
 @pytest.mark.parametrize("size", [0, -1, 2.5, True])
 def test_history_size_must_be_a_positive_int(size: Any) -> None:
     with pytest.raises(ValueError, match="history_size"):
