@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ._fast_math import FastMath
 from ._hardware import DeviceLike, normalize_device
 from ._ledger.ledger import ledger
-from ._short_repr import short_repr
+from ._short_repr import short_repr, type_name
 from .errors import InvalidTypeError, InvalidValueError, LedgerOrderError
 from .levers.registry import lever_spec
 
@@ -85,7 +85,7 @@ class Schedule:
         if not isinstance(strict, bool):
             raise InvalidTypeError(
                 f"{self._name}(strict={short_repr(strict)}): expected True or False, "
-                f"got {type(strict).__name__}"
+                f"got {type_name(strict)}"
             )
         entries = []
         for epoch in sorted(schedule, key=_epoch_order):

@@ -218,3 +218,21 @@ def test_short_repr_is_bounded_and_never_raises() -> None:
     for value in (deep, HUGE, LONG, dict.fromkeys(range(100), LONG), 10**10_000, _BrokenRepr()):
         assert len(short_repr(value)) <= SHOWN_CHARS + len(" (1000000 characters)")
     assert short_repr(_BrokenRepr()).startswith("<_BrokenRepr ")
+
+
+def test_a_numpy_bool_is_named_with_its_module() -> None:
+    # NumPy 2 names its boolean scalar type "bool": the message read "expected True or False,
+    # got bool" for np.True_ (numpy.bool_ on NumPy 1).
+    np = pytest.importorskip("numpy")
+    shown = f"numpy.{type(np.True_).__name__}"
+    for call in (
+        lambda: fast_math(tf32=np.True_),
+        lambda: fast_math(cudnn_benchmark=np.False_),
+        lambda: fast_math(strict=np.True_),
+        lambda: speedflags.speedup(inference=np.True_),
+        lambda: speedflags.Schedule({0: {}}, strict=np.True_),
+    ):
+        with pytest.raises(InvalidTypeError) as refused:
+            call()
+        assert str(refused.value).endswith(f"expected True or False, got {shown}")
+    assert not str(refused.value).endswith("got bool")
