@@ -236,3 +236,32 @@ def test_a_numpy_bool_is_named_with_its_module() -> None:
             call()
         assert str(refused.value).endswith(f"expected True or False, got {shown}")
     assert not str(refused.value).endswith("got bool")
+
+
+SHORTHAND_CALLS: dict[str, Callable[..., Any]] = {
+    "tf32": lambda **kw: speedflags.tf32(True, **kw),
+    "matmul_precision": lambda **kw: speedflags.matmul_precision("high", **kw),
+    "cudnn_benchmark": lambda **kw: speedflags.cudnn_benchmark(True, **kw),
+    "sdpa_backend": lambda **kw: speedflags.sdpa_backend("flash", "math", **kw),
+    "deterministic": lambda **kw: speedflags.deterministic("warn", **kw),
+    "reduced_precision_reduction": lambda **kw: speedflags.reduced_precision_reduction(False, **kw),
+    "autocast": lambda **kw: speedflags.autocast("bf16", **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(SHORTHAND_CALLS))
+def test_shorthands_take_device_and_label_as_fast_math_does(name: str) -> None:
+    # Failed before: sdpa_backend("flash", device="cpu") was a TypeError; the README says the
+    # shorthands have fast_math's semantics.
+    make = SHORTHAND_CALLS[name]
+    before = speedflags.snapshot()
+    with make(device="cpu", label="my block") as frame:
+        assert (frame.label, frame.device) == ("my block", "cpu")
+    assert speedflags.ledger().history[-1].label == "my block"
+    with make(device=torch.device("cpu")) as frame:
+        assert frame.label.startswith(f"{name}(") and frame.device == "cpu"
+    assert speedflags.snapshot() == before
+    with pytest.raises(InvalidTypeError, match=rf"^{name}\(label=3\): expected a str, got int$"):
+        make(label=3)
+    with pytest.raises(InvalidValueError, match=rf"^{name}\(device='gpu'\): not a device"):
+        make(device="gpu")
