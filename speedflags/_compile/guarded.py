@@ -44,6 +44,18 @@ handled (each fact probed on PyTorch 2.13; the tests inject every one of them):
   tell the two apart; it blames the step, and the next call that completes falls back. If
   that logger is silenced below WARNING, the frame still runs eagerly and safely, but the
   fallback cannot be seen, so it is not reported.
+- **An error out of a frame dynamo resumed after a graph break** (it could not compile it,
+  and ran it eagerly): that frame runs on what the compiled part before it produced, and a
+  compiled part that computes differently from eager code (a branch on
+  ``torch.compiler.is_compiling()``, as transformers' attention-mask helpers take: on
+  PyTorch 2.1.2 a float mask reaches an eager SDPA with a bf16 query) can make it raise
+  where the step run eagerly does not. The call cannot be retried (its compiled part ran),
+  so the error propagates, unchanged, and is taken for the step's own once (logged); raised
+  by the same frame in the same way on the next call too, it is compiling's: the step falls
+  back, with the warning and ``.stats`` saying so. A step's own error that repeats there
+  falls back too: later calls run it eagerly, where it raises as itself.
+- **Autocast a failed trace left entered** (PyTorch 2.1): ``.autocast_left`` puts the
+  thread's autocast back after a compiled call that failed.
 - **A tracing error before any of the call ran** (``fullgraph=True``, where dynamo traces
   the whole function first and ignores ``suppress_errors``, or an error dynamo does not
   suppress): the call is run eagerly. If that raises, the error propagates as the step's
