@@ -156,7 +156,9 @@ def deterministic(
     ``True``: ``torch.use_deterministic_algorithms(True)`` (an operation with no deterministic
     implementation raises) and ``torch.backends.cudnn.deterministic = True``; ``"warn"``: the
     same in warn-only mode (it warns instead); ``False``: all of it off. Often slower, never
-    faster. Refused together with ``cudnn_benchmark=True`` in one spec.
+    faster. Refused together with ``cudnn_benchmark=True``: in one spec, and entered while
+    ``torch.backends.cudnn.benchmark`` is on (inside a ``cudnn_benchmark=True`` block), as
+    ``cudnn_benchmark=True`` is while deterministic algorithms are on.
 
     Scope: process. Restores the deterministic mode, its warn-only flag and
     ``cudnn.deterministic`` exactly as found.
