@@ -253,6 +253,36 @@ def test_exit_from_another_thread_is_refused_and_changes_nothing() -> None:
     spec.__exit__(None, None, None)
 
 
+def test_stop_exit_and_close_from_another_thread_are_refused_alike() -> None:
+    # Failed before: scope.stop() from another thread did nothing (the frame stayed open, the
+    # flag set, no error), while __exit__ there raised. Now every way out refuses the same
+    # way, restores nothing, and the frame stays open for its own thread.
+    spec = fast_math(cudnn_benchmark=True, label="held by main")
+    frame = spec.start()
+    errors: list[str] = []
+
+    def other() -> None:
+        for leave in (spec.stop, lambda: spec.__exit__(None, None, None), frame.close):
+            try:
+                leave()
+            except LedgerOrderError as exc:
+                errors.append(str(exc))
+        spec_here = fast_math(tf32=True)
+        spec_here.stop()  # never started anywhere: nothing to do, as before
+
+    worker = threading.Thread(target=other, name="other")
+    worker.start()
+    worker.join(30)
+    assert len(errors) == 3 and len(set(errors)) == 1, errors
+    assert errors[0].startswith(
+        "frame 'held by main' was entered in thread 'MainThread' and cannot be exited from "
+        "thread 'other'; nothing was restored. It stays open for thread 'MainThread' to exit"
+    )
+    assert torch.backends.cudnn.benchmark is True and not frame.closed
+    spec.stop()
+    assert torch.backends.cudnn.benchmark is False and frame.closed
+
+
 def test_many_threads_entering_and_exiting_leave_the_base_state() -> None:
     before = speedflags.snapshot()
     specs = [
