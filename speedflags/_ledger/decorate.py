@@ -292,7 +292,7 @@ def _step(
     """
     mark = driver.ledger._last_id
     frame = None
-    suspends = False
+    ends = RAISED  # until the step says otherwise: an exception (an interruption) ends it
     try:
         if driver.counter is not None:
             driver.counter.calls += 1
@@ -305,32 +305,44 @@ def _step(
         else:
             with guard():
                 item = advance(*args)
-        suspends = stop_yields is not None
+        ends = RETURNED if stop_yields is None else SUSPENDED
         return item
     except StopIteration:
-        suspends = stop_yields is True
+        ends = SUSPENDED if stop_yields is True else RETURNED
         raise
     finally:
         try:
-            _end_step(driver, mark, frame, where, held if suspends else None)
+            _end_step(driver, mark, frame, where, held, ends)
         except SpeedflagsError:
             raise
         except BaseException:  # interrupted before its try: end the step now
-            _end_step(driver, mark, frame, where, held if suspends else None)
+            _end_step(driver, mark, frame, where, held, ends)
             raise
 
 
+# How a step ended: the body suspended (at a yield or await), returned (or was closed), or an
+# exception ended the step: the body's own (it has unwound its blocks then), or one that came
+# between its steps (an interruption while its frame or its held blocks were opened or closed:
+# the body is still suspended, holding them)
+SUSPENDED, RETURNED, RAISED = "suspended", "returned", "raised"
+
+
 @critical
-def _end_step(driver: _Driver, mark: int, frame: Any, where: Where, held: Suspended | None) -> None:
+def _end_step(
+    driver: _Driver, mark: int, frame: Any, where: Where, held: Suspended, ends: str
+) -> None:
     # No frame: the open failed, or returned into an interruption (its frame is found by its
     # owner). A frame closed already: an earlier try got that far before being interrupted.
-    # ``held``: the body suspends; what it holds is set aside first.
+    # Suspended: what the body holds is set aside first, its frames and its own states. Raised:
+    # its frames still open above the step's are set aside too (the body's exits, run later
+    # by its finishing, find them closed), so the step's close raises no order error in the
+    # exception's place; returned: a frame left open above is an order error, as for a call.
     try:
         if frame is None:
             cancel_open(driver.ledger, driver.scope, mark, where)
         elif not frame.closed:
-            if held is not None:
-                held.suspend(driver.ledger, frame, where)
+            if ends is not RETURNED:
+                held.suspend(driver.ledger, frame, where, ends is SUSPENDED)
             driver.ledger.close(frame, where)
     finally:  # signal_safe handlers deferred in here
         while True:  # no check point after the last test: see deliver_pending

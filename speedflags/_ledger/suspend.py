@@ -66,10 +66,12 @@ class Suspended:
     def __bool__(self) -> bool:
         return bool(self.states or self.frames)
 
-    def suspend(self, ledger: FlagLedger, step: Frame, where: Where) -> None:
+    def suspend(self, ledger: FlagLedger, step: Frame, where: Where, own: bool = True) -> None:
         """The body suspends: close the frames it holds above ``step`` (innermost first),
-        keeping what each holds, and read what it holds of ``step``'s levers; the caller
-        then closes ``step``, which finds no drift in what the body holds."""
+        keeping what each holds, and (``own``) read what it holds of ``step``'s levers;
+        the caller then closes ``step``, which finds no drift in what the body holds.
+        ``own=False``: the step ends by an exception, and only its frames are set aside
+        (a change of the step's levers it left is drift, as in any block)."""
         frames = ledger._frames.get()
         above = (
             [f for f in frames[frames.index(step) + 1 :] if not f.closed] if step in frames else []
@@ -78,7 +80,7 @@ class Suspended:
             states = _set_aside(ledger, frame)
             ledger.close(frame, where)
             self.frames.insert(0, (frame, states))
-        if not step.closed:
+        if own and not step.closed:
             self.states = _set_aside(ledger, step)
 
     def resume(self, ledger: FlagLedger, step: Frame, where: Where) -> None:
@@ -86,17 +88,12 @@ class Suspended:
         its levers, and the frames it held open again above it, as they were."""
         if self.states:
             put_back(ledger, step, self.states, where)
-        frames, self.frames = self.frames, []
-        reopened: list[Frame] = []
-        try:
-            for frame, states in frames:
-                reopen(ledger, frame)
-                reopened.append(frame)
-                put_back(ledger, frame, states, frame._where)
-        except BaseException:  # none of them stays open: the step fails whole
-            for frame in reversed(reopened):
-                _close_open(ledger, frame, where)
-            raise
+        frames = self.frames  # interrupted: the step's end sets aside those reopened again
+        while frames:
+            frame, states = frames[0]
+            reopen(ledger, frame)
+            del frames[0]
+            put_back(ledger, frame, states, frame._where)
 
 
 def _set_aside(ledger: FlagLedger, frame: Frame) -> dict[int, Any]:
@@ -127,11 +124,6 @@ def _on_top(ledger: FlagLedger, frame: Frame, i: int) -> bool:
         return False
     top, j = stack[-1]
     return top is frame and j == i
-
-
-def _close_open(ledger: FlagLedger, frame: Frame, where: Where) -> None:
-    if not frame.closed:
-        ledger.close(frame, where)
 
 
 @critical
