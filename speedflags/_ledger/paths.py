@@ -158,8 +158,10 @@ class RarePaths:
         and the warning (the lists made on first use)."""
         notes = notes if notes is not None else [""] * frame.applied
         notices = notices if notices is not None else []
-        if getattr(frame, "suspending", False):  # a decorated generator's or coroutine's
-            notes[i] = HELD_NOTE  # body suspends: its own, set aside until it resumes
+        held = getattr(frame, "suspending", None)  # a decorated generator's or coroutine's
+        if held is not None:  # body suspends: its own, set aside until it resumes (.suspend)
+            held[i] = found
+            notes[i] = HELD_NOTE
             return notes, notices
         lever = frame.program.levers[i]
         notes[i], notice = _notices.drift(lever, found, frame.afters[i], frame.befores[i], frame)

@@ -205,9 +205,10 @@ class Frame:
     befores: list[Any]
     afters: list[Any]
     applied: int
-    # set (True) on a frame closing because the body of a decorated generator or coroutine
-    # suspends (.suspend), unset on every other: read with getattr, off the hot path
-    suspending: bool
+    # on a frame closing because the body of a decorated generator or coroutine suspends: a
+    # dict its close fills with what the body holds (.suspend); unset or None on every other
+    # frame, read with getattr, off the hot path
+    suspending: dict[int, Any] | None
 
     def close(self, where: Where = None) -> None:
         """Restore every lever this frame set to the state it found, and close it:

@@ -21,7 +21,10 @@ step's levers never override what the body set; meanwhile nothing of the body is
 A frame's ``afters`` stay what it applied, whatever is put back over it: a lever found there
 when it closes is no drift (the body's own region ended: ``torch.autocast``'s exit writes back
 the state it found, the step's), and a change the body still holds when it ends is. A frame
-closing at a suspension (``frame.suspending``, unset on every other frame) finds no drift.
+closing at a suspension carries a dict, ``frame.suspending`` (unset or ``None`` on every other
+frame): its close puts there, instead of taking it for drift, each lever it finds changed (the
+last lever of its domain, on top of its stack: the ledger's drift check, read once), and that
+is what the body holds.
 The records say it: a ``restore`` whose note reads :data:`HELD_NOTE` when the step suspends,
 and a ``set`` whose reason reads :data:`PUT_BACK` when it resumes.
 """
@@ -68,20 +71,19 @@ class Suspended:
 
     def suspend(self, ledger: FlagLedger, step: Frame, where: Where, own: bool = True) -> None:
         """The body suspends: close the frames it holds above ``step`` (innermost first),
-        keeping what each holds, and (``own``) read what it holds of ``step``'s levers;
-        the caller then closes ``step``, which finds no drift in what the body holds.
+        keeping what each holds, and (``own``) mark ``step`` so that its close keeps what the
+        body holds of its levers (the caller closes it next) instead of taking it for drift.
         ``own=False``: the step ends by an exception, and only its frames are set aside
         (a change of the step's levers it left is drift, as in any block)."""
         frames = ledger._frames.get()
-        above = (
-            [f for f in frames[frames.index(step) + 1 :] if not f.closed] if step in frames else []
-        )
-        for frame in reversed(above):
-            states = _set_aside(ledger, frame)
-            ledger.close(frame, where)
-            self.frames.insert(0, (frame, states))
-        if own and not step.closed:
-            self.states = _set_aside(ledger, step)
+        if frames and frames[-1] is not step and step in frames:  # the body holds frames
+            for frame in reversed([f for f in frames[frames.index(step) + 1 :] if not f.closed]):
+                states: dict[int, Any] = {}  # filled by its close: what the body holds
+                frame.suspending = states
+                ledger.close(frame, where)
+                self.frames.insert(0, (frame, states))
+        if own:
+            step.suspending = self.states = {}
 
     def resume(self, ledger: FlagLedger, step: Frame, where: Where) -> None:
         """The body resumes: ``step`` (just opened) takes back the states the body held of
@@ -94,26 +96,6 @@ class Suspended:
             reopen(ledger, frame)
             del frames[0]
             put_back(ledger, frame, states, frame._where)
-
-
-def _set_aside(ledger: FlagLedger, frame: Frame) -> dict[int, Any]:
-    # What the body holds of ``frame``'s levers: each domain's state where it differs from
-    # what the frame applied (where the frame's entry is still the top of its stack: under
-    # another thread's frame, the state is that frame's). Marks the frame suspending.
-    program = frame.program
-    afters = frame.afters
-    states: dict[int, Any] = {}
-    with ledger.lock:
-        for i in range(frame.applied):
-            # the last lever of its domain in the frame, on top of its stack
-            if i in program.prev or not _on_top(ledger, frame, i):
-                continue
-            current = program.levers[i].read()
-            if current == afters[i]:
-                continue
-            states[i] = current
-        frame.suspending = True
-    return states
 
 
 def _on_top(ledger: FlagLedger, frame: Frame, i: int) -> bool:
@@ -178,7 +160,7 @@ def _adopt(ledger: FlagLedger, frame: Frame, new: Frame) -> None:
     # ``frame`` takes ``new``'s place: its state, its id, its stack entries, this context's
     for name in _SLOTS:
         setattr(frame, name, getattr(new, name))
-    frame.suspending = False
+    frame.suspending = None
     ledger._open[new.id] = frame
     for i in range(new.applied):
         stack = ledger._stacks[new.key(i)]
