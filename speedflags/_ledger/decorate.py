@@ -29,11 +29,11 @@ from .._short_repr import short_repr
 from ..errors import InvalidTypeError, SpeedflagsError
 from .entering import call_framed, cancel_open
 from .interrupts import PENDING, critical, deliver_pending
-from .suspend import Suspended
 from .tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 
 if TYPE_CHECKING:
     from .scope import FrameScope
+    from .suspend import Suspended
 
 F = TypeVar("F", bound=Callable[..., Any])
 Where = tuple[str, int] | None
@@ -94,7 +94,7 @@ def decorate(
             to_send: Any = None
             to_throw: BaseException | None = None
             agen = func(*args, **kwargs)
-            held = Suspended()  # what its body holds across each yield and await
+            held = suspended()  # what its body holds across each yield and await
             try:
                 while True:
                     if to_throw is not None:
@@ -128,7 +128,7 @@ def decorate(
         @functools.wraps(func)
         async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
             where = caller_where()
-            held = Suspended()
+            held = suspended()
             return await _Stepped(func(*args, **kwargs).__await__(), driver, where, held)
 
         return coroutine_wrapper  # type: ignore[return-value]
@@ -138,7 +138,7 @@ def decorate(
         @functools.wraps(func)
         def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
             it = func(*args, **kwargs)
-            return (yield from _steps(it, driver, caller_where(), Suspended()))
+            return (yield from _steps(it, driver, caller_where(), suspended()))
 
         return generator_wrapper  # type: ignore[return-value]
 
@@ -157,6 +157,14 @@ def decorate(
         )
 
     return own_code(wrapper)  # type: ignore[return-value]
+
+
+def suspended() -> Suspended:
+    """A new :class:`~.suspend.Suspended`, for one call of a decorated generator or coroutine
+    (its module loads at the first such call: ``import speedflags`` does not need it)."""
+    from .suspend import Suspended
+
+    return Suspended()
 
 
 def own_code(wrapper: F) -> F:

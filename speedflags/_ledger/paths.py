@@ -19,9 +19,10 @@ from .history import History, Where
 from .notices import Failure, Notice
 from .program import Frame
 from .stacks import FrameStacks
-from .suspend import HELD_NOTE
 
 BURIED_NOTE = "closed under frames entered later; see the records around it"
+# a decorated generator's or coroutine's step closing as its body suspends (.suspend)
+HELD_NOTE = "held by the body across a yield or await: put back when it resumes"
 
 
 class RarePaths:

@@ -36,13 +36,15 @@ from typing import TYPE_CHECKING, Any
 
 from .interrupts import PENDING, critical, deliver_pending
 from .own_writes import _WRITING, section
+from .paths import HELD_NOTE
 from .program import Frame
 
 if TYPE_CHECKING:
     from .history import Where
     from .ledger import FlagLedger
 
-HELD_NOTE = "held by the body across a yield or await: put back when it resumes"
+__all__ = ["HELD_NOTE", "PUT_BACK", "Suspended", "put_back", "reopen"]
+
 PUT_BACK = "put back: held by the body across a yield or await"
 
 
