@@ -13,9 +13,9 @@ counts
 
 The forms: a generator, a coroutine and an async generator, each decorated with
 ``fast_math(...)`` and with ``speedup(..., inference=True)`` (one ledger frame per step, as
-``docs/architecture.md`` says), and a generator and a coroutine whose body holds a block
-across each ``yield``/``await`` (set aside and put back at every step), consumed to the end
-and closed; and, where PyTorch has the
+``docs/architecture.md`` says), and a generator, a coroutine and an async generator whose
+body holds a block across each ``yield``/``await`` (set aside and put back at every step),
+consumed to the end and closed; and, where PyTorch has the
 ``fp32_precision`` API (2.9+) and so a mixed TF32 state can exist, an enter that the ledger
 refuses with ``MixedTF32APIError``: a ``with`` block, a decorated call, a decorated
 generator's step. Coroutines are driven by hand (``send(None)`` until done), so that
@@ -113,6 +113,25 @@ def decorated_forms(decorator: Callable[[Any], Any]) -> dict[str, Callable[[], N
                 await pause()
         return n
 
+    @decorator
+    async def held_async_generator(n: int) -> Any:
+        with fast_math(matmul_precision="high", device="cpu", label="held"):
+            for i in range(n):
+                work()
+                await pause()
+                yield i
+
+    def run_held_async_generator() -> None:
+        async def consume() -> None:
+            it = held_async_generator(STEPS)
+            try:
+                async for _ in it:
+                    pass
+            finally:
+                await it.aclose()
+
+        drive(consume())
+
     def run_held_generator() -> None:
         it = held_generator(STEPS)
         try:
@@ -152,6 +171,7 @@ def decorated_forms(decorator: Callable[[Any], Any]) -> dict[str, Callable[[], N
         "async generator": run_async_generator,
         "generator holding a block": run_held_generator,
         "coroutine holding a block": run_held_coroutine,
+        "async generator holding a block": run_held_async_generator,
     }
 
 

@@ -14,6 +14,7 @@ frame bookkeeping.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -117,9 +118,16 @@ def decorate(
                         to_throw = exc
             finally:
                 # whatever ended the loop (even a step that failed inside speedflags), the
-                # wrapped generator is closed and its cleanup runs
+                # wrapped generator is closed and its cleanup runs (inside the blocks it
+                # holds, set aside at its last yield, when they can be opened again)
+                if not agen.ag_running and held.frames:
+                    try:
+                        await _Stepped(agen.aclose().__await__(), driver, where, held)
+                    except Exception:  # its cleanup's own error, or the blocks refused
+                        if agen.ag_frame is None:
+                            raise
                 if not agen.ag_running:
-                    await agen.aclose()
+                    await agen.aclose()  # closed already: nothing to do
 
         return async_gen_wrapper  # type: ignore[return-value]
 
@@ -257,8 +265,19 @@ def _steps(
             except BaseException as exc:
                 to_throw = exc
     except BaseException:
-        _finish(it)
+        _finish_held(it, driver, where, held)
         raise
+
+
+def _finish_held(it: Any, driver: _Driver, where: Where, held: Suspended) -> None:
+    # _finish, inside the blocks the body holds (set aside when it last suspended, or as the
+    # step that failed ended) when they can be opened again: its cleanup exits them as it
+    # would have; else (refused again: the TF32 state is still mixed) without them
+    if held.frames:
+        with contextlib.suppress(Exception):  # _finish lets none of the body's out
+            _step(driver, where, held, None, _finish, it)
+            return
+    _finish(it)
 
 
 def _finish(it: Any) -> None:
@@ -300,7 +319,7 @@ def _step(
     """
     mark = driver.ledger._last_id
     frame = None
-    ends = RAISED  # until the step says otherwise: an exception (an interruption) ends it
+    ends = FAILED  # until the step says otherwise: it failed (was interrupted) before the body
     try:
         if driver.counter is not None:
             driver.counter.calls += 1
@@ -308,6 +327,7 @@ def _step(
         if held:
             held.resume(driver.ledger, frame, where)
         guard = driver.guard
+        ends = RAISED  # an exception from here on is the body's: it has ended
         if guard is None:
             item = advance(*args)
         else:
@@ -328,11 +348,11 @@ def _step(
             raise
 
 
-# How a step ended: the body suspended (at a yield or await), returned (or was closed), or an
-# exception ended the step: the body's own (it has unwound its blocks then), or one that came
-# between its steps (an interruption while its frame or its held blocks were opened or closed:
-# the body is still suspended, holding them)
-SUSPENDED, RETURNED, RAISED = "suspended", "returned", "raised"
+# How a step ended: the body suspended (at a yield or await), returned (or was closed), raised
+# (it has ended, its blocks unwound: one still open above the step's had its exit interrupted),
+# or the step failed before the body ran (an interruption while its frame or the blocks it
+# holds were opened: the body is still suspended, holding them)
+SUSPENDED, RETURNED, RAISED, FAILED = "suspended", "returned", "raised", "failed"
 
 
 @critical
@@ -341,16 +361,18 @@ def _end_step(
 ) -> None:
     # No frame: the open failed, or returned into an interruption (its frame is found by its
     # owner). A frame closed already: an earlier try got that far before being interrupted.
-    # Suspended: what the body holds is set aside first, its frames and its own states. Raised:
-    # its frames still open above the step's are set aside too (the body's exits, run later
-    # by its finishing, find them closed), so the step's close raises no order error in the
-    # exception's place; returned: a frame left open above is an order error, as for a call.
+    # Suspended: what the body holds is set aside first, its frames and its own states, kept
+    # for its next step. Failed: its frames open above the step's are set aside and kept (its
+    # finishing reopens them, so that its exits close them). Raised: they are closed for good
+    # (the body that held them has ended). Either way the step's close raises no order error
+    # in the exception's place. Returned: a frame left open above is an order error, as for
+    # a decorated call.
     try:
         if frame is None:
             cancel_open(driver.ledger, driver.scope, mark, where)
         elif not frame.closed:
             if ends is not RETURNED:
-                held.suspend(driver.ledger, frame, where, ends is SUSPENDED)
+                held.suspend(driver.ledger, frame, where, ends is SUSPENDED, ends is not RAISED)
             driver.ledger.close(frame, where)
     finally:  # signal_safe handlers deferred in here
         while True:  # no check point after the last test: see deliver_pending

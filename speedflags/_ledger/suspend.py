@@ -71,21 +71,29 @@ class Suspended:
     def __bool__(self) -> bool:
         return bool(self.states or self.frames)
 
-    def suspend(self, ledger: FlagLedger, step: Frame, where: Where, own: bool = True) -> None:
+    def suspend(
+        self, ledger: FlagLedger, step: Frame, where: Where, own: bool = True, keep: bool = True
+    ) -> None:
         """The body suspends: close the frames it holds above ``step`` (innermost first),
         keeping what each holds, and (``own``) mark ``step`` so that its close keeps what the
         body holds of its levers (the caller closes it next) instead of taking it for drift.
         ``own=False``: the step ends by an exception, and only its frames are set aside
-        (a change of the step's levers it left is drift, as in any block)."""
+        (a change of the step's levers it left is drift, as in any block); ``keep=False``:
+        the body has ended, and they are closed for good (its exits will not run)."""
         frames = ledger._frames.get()
         if frames and frames[-1] is not step and step in frames:  # the body holds frames
             for frame in reversed([f for f in frames[frames.index(step) + 1 :] if not f.closed]):
                 states: dict[int, Any] = {}  # filled by its close: what the body holds
                 frame.suspending = states
+                if keep:  # first: the close may raise an interruption held back in it
+                    self._keep(frame, states)
                 ledger.close(frame, where)
-                self.frames.insert(0, (frame, states))
         if own:
             step.suspending = self.states = {}
+
+    def _keep(self, frame: Frame, states: dict[int, Any]) -> None:
+        # outermost first; once (a reopen interrupted after it reopened left it listed)
+        self.frames[:] = [(frame, states)] + [e for e in self.frames if e[0] is not frame]
 
     def resume(self, ledger: FlagLedger, step: Frame, where: Where) -> None:
         """The body resumes: ``step`` (just opened) takes back the states the body held of
@@ -147,10 +155,14 @@ def reopen(ledger: FlagLedger, frame: Frame) -> None:
     """Open ``frame`` (closed when its body suspended) again, as the same object: a frame
     opened anew with its levers, whose place ``frame`` then takes everywhere (its id, its
     stack entries, the innermost of this context), so that whoever holds it closes it."""
+    mark = ledger._last_id
     try:
         new = ledger.open(frame.program, frame.label, frame._where, frame.owner, frame.device)
         with ledger.lock:
             _adopt(ledger, frame, new)
+    except BaseException:  # interrupted (a plain handler) before its place was all taken:
+        _adopt_orphan(ledger, frame, mark)  # take it now, as cancel_open finds an open's
+        raise
     finally:  # signal_safe handlers deferred in here
         while True:  # no check point after the last test: see deliver_pending
             if not PENDING:
@@ -169,6 +181,18 @@ def _adopt(ledger: FlagLedger, frame: Frame, new: Frame) -> None:
         stack[:] = [(frame, k) if f is new else (f, k) for f, k in stack]
     ledger._frames.set(tuple(frame if f is new else f for f in ledger._frames.get()))
     new.closed = True
+
+
+def _adopt_orphan(ledger: FlagLedger, frame: Frame, mark: int) -> None:
+    # The frame opened for ``frame`` after ``mark``, still this context's innermost under its
+    # own object: ``frame`` takes its place (again: _adopt is whole when repeated).
+    frames = ledger._frames.get()
+    new = frames[-1] if frames else None
+    if new is None or new is frame or new.owner is not frame.owner:
+        return
+    if new.id > mark and not new.closed:
+        with ledger.lock:
+            _adopt(ledger, frame, new)
 
 
 _SLOTS = tuple(name for name in Frame.__slots__ if name != "suspending")
