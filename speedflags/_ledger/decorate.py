@@ -95,7 +95,7 @@ def decorate(
             to_send: Any = None
             to_throw: BaseException | None = None
             agen = func(*args, **kwargs)
-            held = suspended()  # what its body holds across each yield and await
+            held = suspended(agen)  # what its body holds across each yield and await
             try:
                 while True:
                     if to_throw is not None:
@@ -120,7 +120,7 @@ def decorate(
                 # whatever ended the loop (even a step that failed inside speedflags), the
                 # wrapped generator is closed and its cleanup runs (inside the blocks it
                 # holds, set aside at its last yield, when they can be opened again)
-                if not agen.ag_running and held.frames:
+                if not agen.ag_running and held.frames and agen.ag_frame is not None:
                     try:
                         await _Stepped(agen.aclose().__await__(), driver, where, held)
                     except Exception:  # its cleanup's own error, or the blocks refused
@@ -136,8 +136,9 @@ def decorate(
         @functools.wraps(func)
         async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
             where = caller_where()
-            held = suspended()
-            return await _Stepped(func(*args, **kwargs).__await__(), driver, where, held)
+            body = func(*args, **kwargs)
+            held = suspended(body)
+            return await _Stepped(body.__await__(), driver, where, held)
 
         return coroutine_wrapper  # type: ignore[return-value]
 
@@ -146,7 +147,7 @@ def decorate(
         @functools.wraps(func)
         def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
             it = func(*args, **kwargs)
-            return (yield from _steps(it, driver, caller_where(), suspended()))
+            return (yield from _steps(it, driver, caller_where(), suspended(it)))
 
         return generator_wrapper  # type: ignore[return-value]
 
@@ -167,12 +168,12 @@ def decorate(
     return own_code(wrapper)  # type: ignore[return-value]
 
 
-def suspended() -> Suspended:
-    """A new :class:`~.suspend.Suspended`, for one call of a decorated generator or coroutine
-    (its module loads at the first such call: ``import speedflags`` does not need it)."""
+def suspended(body: Any) -> Suspended:
+    """A new :class:`~.suspend.Suspended`, for ``body``, one call of a decorated generator or
+    coroutine (its module loads at the first such call: ``import speedflags`` needs none)."""
     from .suspend import Suspended
 
-    return Suspended()
+    return Suspended(body)
 
 
 def own_code(wrapper: F) -> F:
@@ -273,7 +274,7 @@ def _finish_held(it: Any, driver: _Driver, where: Where, held: Suspended) -> Non
     # _finish, inside the blocks the body holds (set aside when it last suspended, or as the
     # step that failed ended) when they can be opened again: its cleanup exits them as it
     # would have; else (refused again: the TF32 state is still mixed) without them
-    if held.frames:
+    if held.frames and held.alive():
         with contextlib.suppress(Exception):  # _finish lets none of the body's out
             _step(driver, where, held, None, _finish, it)
             return
@@ -319,7 +320,7 @@ def _step(
     """
     mark = driver.ledger._last_id
     frame = None
-    ends = FAILED  # until the step says otherwise: it failed (was interrupted) before the body
+    ends = RAISED  # until the step says otherwise: an exception (an interruption) ends it
     try:
         if driver.counter is not None:
             driver.counter.calls += 1
@@ -327,7 +328,6 @@ def _step(
         if held:
             held.resume(driver.ledger, frame, where)
         guard = driver.guard
-        ends = RAISED  # an exception from here on is the body's: it has ended
         if guard is None:
             item = advance(*args)
         else:
@@ -348,11 +348,10 @@ def _step(
             raise
 
 
-# How a step ended: the body suspended (at a yield or await), returned (or was closed), raised
-# (it has ended, its blocks unwound: one still open above the step's had its exit interrupted),
-# or the step failed before the body ran (an interruption while its frame or the blocks it
-# holds were opened: the body is still suspended, holding them)
-SUSPENDED, RETURNED, RAISED, FAILED = "suspended", "returned", "raised", "failed"
+# How a step ended: the body suspended (at a yield or await), returned (or was closed), or an
+# exception ended the step: the body's own, or an interruption of the step's own work (while
+# its frame or the blocks the body holds were opened or closed)
+SUSPENDED, RETURNED, RAISED = "suspended", "returned", "raised"
 
 
 @critical
@@ -362,17 +361,17 @@ def _end_step(
     # No frame: the open failed, or returned into an interruption (its frame is found by its
     # owner). A frame closed already: an earlier try got that far before being interrupted.
     # Suspended: what the body holds is set aside first, its frames and its own states, kept
-    # for its next step. Failed: its frames open above the step's are set aside and kept (its
-    # finishing reopens them, so that its exits close them). Raised: they are closed for good
-    # (the body that held them has ended). Either way the step's close raises no order error
-    # in the exception's place. Returned: a frame left open above is an order error, as for
-    # a decorated call.
+    # for its next step. Raised: its frames open above the step's are set aside and kept (if
+    # the body is still suspended, its finishing reopens them so that its exits close them;
+    # if it has ended, an exit of theirs was interrupted, and they stay closed); the step's
+    # close raises no order error in the exception's place. Returned: a frame left open
+    # above is an order error, as for a decorated call.
     try:
         if frame is None:
             cancel_open(driver.ledger, driver.scope, mark, where)
         elif not frame.closed:
             if ends is not RETURNED:
-                held.suspend(driver.ledger, frame, where, ends is SUSPENDED, ends is not RAISED)
+                held.suspend(driver.ledger, frame, where, ends is SUSPENDED)
             driver.ledger.close(frame, where)
     finally:  # signal_safe handlers deferred in here
         while True:  # no check point after the last test: see deliver_pending

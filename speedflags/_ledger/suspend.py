@@ -55,14 +55,16 @@ class Suspended:
 
     Example:
         >>> from speedflags._ledger.suspend import Suspended
-        >>> held = Suspended()
+        >>> held = Suspended(None)
         >>> held.frames, held.states
         ([], {})
     """
 
-    __slots__ = ("frames", "states")
+    __slots__ = ("body", "frames", "states")
 
-    def __init__(self) -> None:
+    def __init__(self, body: Any = None) -> None:
+        # the generator, coroutine or async generator whose body this is
+        self.body = body
         # lever index -> state: the step frame's levers the body changed and holds
         self.states: dict[int, Any] = {}
         # the frames the body holds, set aside, outermost first, each with its held states
@@ -71,22 +73,27 @@ class Suspended:
     def __bool__(self) -> bool:
         return bool(self.states or self.frames)
 
-    def suspend(
-        self, ledger: FlagLedger, step: Frame, where: Where, own: bool = True, keep: bool = True
-    ) -> None:
+    def alive(self) -> bool:
+        """Whether the body can still run (suspended, not ended): only then do the frames it
+        held open again for it to exit them."""
+        body = self.body
+        frame = getattr(
+            body, "gi_frame", getattr(body, "cr_frame", getattr(body, "ag_frame", None))
+        )
+        return frame is not None
+
+    def suspend(self, ledger: FlagLedger, step: Frame, where: Where, own: bool = True) -> None:
         """The body suspends: close the frames it holds above ``step`` (innermost first),
         keeping what each holds, and (``own``) mark ``step`` so that its close keeps what the
         body holds of its levers (the caller closes it next) instead of taking it for drift.
         ``own=False``: the step ends by an exception, and only its frames are set aside
-        (a change of the step's levers it left is drift, as in any block); ``keep=False``:
-        the body has ended, and they are closed for good (its exits will not run)."""
+        (a change of the step's levers it left is drift, as in any block)."""
         frames = ledger._frames.get()
         if frames and frames[-1] is not step and step in frames:  # the body holds frames
             for frame in reversed([f for f in frames[frames.index(step) + 1 :] if not f.closed]):
                 states: dict[int, Any] = {}  # filled by its close: what the body holds
                 frame.suspending = states
-                if keep:  # first: the close may raise an interruption held back in it
-                    self._keep(frame, states)
+                self._keep(frame, states)  # first: the close may raise an interruption
                 ledger.close(frame, where)
         if own:
             step.suspending = self.states = {}
