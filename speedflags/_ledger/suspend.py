@@ -11,12 +11,14 @@ decorator's levers. The body may hold state of its own across the suspension:
   torch.autocast("cpu", enabled=False):`` around an ``await``).
 
 Both belong to the body. They are set aside with the step's levers when it suspends (the
-frames above the step's are closed, innermost first, each lever's state read before: what
-differs from what the frame applied is the body's, kept, not drift) and put back when it
-resumes (the step's frame opens, the states the body held are written back over its levers,
-and the frames are opened again above it, each as the same :class:`~.program.Frame`, with the
-states they held). So, across a suspension, the body finds everything as it left it, and the
-step's levers never override what the body set; meanwhile nothing of the body is in force.
+frames above the step's are closed, innermost first, and each close keeps what it finds
+changed as the body's, not drift) and put back when it resumes (the step's frame opens, the
+states the body held are written back over its levers, and the frames are opened again above
+it, each as the same :class:`~.program.Frame`, with the states they held). So, across a
+suspension, the body finds everything as it left it, and the step's levers never override
+what the body set; meanwhile nothing of the body is in force. A step ended by an exception
+sets the body's frames aside too: they are opened again for its finishing while the body can
+still run (so its exits close them), and stay closed once it has ended.
 
 A frame's ``afters`` stay what it applied, whatever is put back over it: a lever found there
 when it closes is no drift (the body's own region ended: ``torch.autocast``'s exit writes back
