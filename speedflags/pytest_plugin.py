@@ -245,24 +245,24 @@ class LeakGuard:
             message, found = self.leaked(item, (shown, path, line), before, after, seen)
             if reports:  # travels with the report, to the summary (across xdist too)
                 setattr(_target(reports), ATTRIBUTE, found)
-            if self.mode == "fail":
+            # warn: at the test; a filter making it an error (-W error) fails the test, the
+            # message once (failed outside the handler, not "during handling of" the warning)
+            if self.mode == "fail" or not self.warned(message, path, line):
                 _fail(item, reports, message)
-            else:
-                # shown at the test, where the leak is to be fixed
-                try:
-                    self.warn(message, path, line)
-                except FlagLeakWarning:  # filtered into an error (-W error): fail the test
-                    _fail(item, reports, message)
         for report in reports:
             ihook.pytest_runtest_logreport(report=report)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def warn(self, message: str, path: str, line: int) -> None:
-        # With -p no:warnings Python would print it raw, a second report beside the summary:
-        # recorded and dropped then (a filter turning it into an error still fails the test).
-        with warnings.catch_warnings(record=not self.warnings_plugin):
-            warnings.warn_explicit(message, FlagLeakWarning, path, line)
+    def warned(self, message: str, path: str, line: int) -> bool:
+        """Warn; False if a filter made it an error. With -p no:warnings Python would print it
+        raw, a second report beside the summary: recorded and dropped then."""
+        try:
+            with warnings.catch_warnings(record=not self.warnings_plugin):
+                warnings.warn_explicit(message, FlagLeakWarning, path, line)
+        except FlagLeakWarning:
+            return False
+        return True
 
     def torchs_own(
         self, item: pytest.Item, reports: list[Any], before: State, after: State

@@ -51,6 +51,25 @@ GETTERS = (
 )
 
 
+# Why deterministic=True and cudnn_benchmark=True are refused together: in one spec (the
+# registry's check) and nested, one block's inside the other's (the levers' own, at enter)
+BENCHMARK_CONTRADICTS = (
+    "cuDNN benchmarking times algorithms per shape and may pick a different one each run, "
+    "which deterministic=True promises not to"
+)
+
+
+def refuse_nested(entering: str, found: str, fix: str) -> None:
+    """Refuse to enter ``entering`` (``"deterministic=True"`` or ``"cudnn_benchmark=True"``)
+    while ``found`` holds, as one spec with both is refused (nothing is changed: the frame is
+    rolled back)."""
+    raise InvalidValueError(
+        f"{entering} entered while {found} (set by an open block, or by code outside "
+        f"speedflags): contradictory, as fast_math(deterministic=True, cudnn_benchmark=True) "
+        f"is: {BENCHMARK_CONTRADICTS}; {fix}"
+    )
+
+
 def validate_mode(value: object) -> Mode:
     """``True``, ``False`` or ``"warn"``; else an error naming the valid choices."""
     if isinstance(value, bool):
@@ -83,6 +102,12 @@ class DeterministicLever(SimpleLever):
         )
 
     def apply(self, value: Mode, before: State) -> State:
+        if value is True and _C._get_cudnn_benchmark():
+            refuse_nested(
+                "deterministic=True",
+                "torch.backends.cudnn.benchmark is True",
+                "set cudnn_benchmark=False in the same block, or use deterministic='warn'",
+            )
         return self._write(TARGETS[value], before, "apply")
 
     def restore(self, target: State, current: State) -> State:
