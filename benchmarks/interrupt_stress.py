@@ -13,7 +13,9 @@ counts
 
 The forms: a generator, a coroutine and an async generator, each decorated with
 ``fast_math(...)`` and with ``speedup(..., inference=True)`` (one ledger frame per step, as
-``docs/architecture.md`` says), consumed to the end and closed; and, where PyTorch has the
+``docs/architecture.md`` says), and a generator, a coroutine and an async generator whose
+body holds a block across each ``yield``/``await`` (set aside and put back at every step),
+consumed to the end and closed; and, where PyTorch has the
 ``fp32_precision`` API (2.9+) and so a mixed TF32 state can exist, an enter that the ledger
 refuses with ``MixedTF32APIError``: a ``with`` block, a decorated call, a decorated
 generator's step. Coroutines are driven by hand (``send(None)`` until done), so that
@@ -95,6 +97,52 @@ def decorated_forms(decorator: Callable[[Any], Any]) -> dict[str, Callable[[], N
             await pause()
             yield i
 
+    @decorator
+    def held_generator(n: int) -> Generator[int, None, None]:
+        # a block the body holds across each yield: set aside and put back at every step
+        with fast_math(matmul_precision="high", device="cpu", label="held"):
+            for i in range(n):
+                work()
+                yield i
+
+    @decorator
+    async def held_coroutine(n: int) -> int:
+        with fast_math(matmul_precision="high", device="cpu", label="held"):
+            for _ in range(n):
+                work()
+                await pause()
+        return n
+
+    @decorator
+    async def held_async_generator(n: int) -> Any:
+        with fast_math(matmul_precision="high", device="cpu", label="held"):
+            for i in range(n):
+                work()
+                await pause()
+                yield i
+
+    def run_held_async_generator() -> None:
+        async def consume() -> None:
+            it = held_async_generator(STEPS)
+            try:
+                async for _ in it:
+                    pass
+            finally:
+                await it.aclose()
+
+        drive(consume())
+
+    def run_held_generator() -> None:
+        it = held_generator(STEPS)
+        try:
+            for _ in it:
+                pass
+        finally:
+            it.close()
+
+    def run_held_coroutine() -> None:
+        drive(held_coroutine(STEPS))
+
     def run_generator() -> None:
         it = generator(STEPS)
         try:
@@ -121,6 +169,9 @@ def decorated_forms(decorator: Callable[[Any], Any]) -> dict[str, Callable[[], N
         "generator": run_generator,
         "coroutine": run_coroutine,
         "async generator": run_async_generator,
+        "generator holding a block": run_held_generator,
+        "coroutine holding a block": run_held_coroutine,
+        "async generator holding a block": run_held_async_generator,
     }
 
 
@@ -398,10 +449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if bad else 0
     print(f"Python {sys.version.split()[0]}, torch {torch.__version__}: "
           f"{args.trials} trials per row, {seconds:.0f} s")  # fmt: skip
-    print(f"{'form, handler':<48} {'interrupts':>10} {'in speedflags':>13} {'deferred':>8} "
+    print(f"{'form, handler':<58} {'interrupts':>10} {'in speedflags':>13} {'deferred':>8} "
           f"{'raised':>7} {'lost':>5} {'leaks':>6}")  # fmt: skip
     for key, r in results.items():
-        print(f"{key:<48} {r['interrupts']:>10} {r['in_speedflags']:>13} {r['deferred']:>8} "
+        print(f"{key:<58} {r['interrupts']:>10} {r['in_speedflags']:>13} {r['deferred']:>8} "
               f"{r['raised']:>7} {r['lost']:>5} {r['leaks']:>6}")  # fmt: skip
         for example in r["examples"]:
             print(f"    {example}")

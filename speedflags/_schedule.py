@@ -17,8 +17,8 @@ import torch
 from ._fast_math import FastMath
 from ._hardware import DeviceLike, normalize_device
 from ._ledger.ledger import ledger
-from ._short_repr import short_repr
-from .errors import InvalidTypeError, InvalidValueError
+from ._short_repr import short_repr, type_name
+from .errors import InvalidTypeError, InvalidValueError, LedgerOrderError
 from .levers import registry
 from .levers.registry import check_model, lever_spec
 
@@ -91,7 +91,7 @@ class Schedule:
         if not isinstance(strict, bool):
             raise InvalidTypeError(
                 f"{self._name}(strict={short_repr(strict)}): expected True or False, "
-                f"got {type(strict).__name__}"
+                f"got {type_name(strict)}"
             )
         entries = []
         for epoch in sorted(schedule, key=_epoch_order):
@@ -194,18 +194,30 @@ class Schedule:
         return after
 
     def close(self) -> None:
-        """Restore what was there before the schedule started (safe to call twice)."""
+        """Restore what was there before the schedule started (safe to call twice).
+
+        An error from the ledger (``LedgerOrderError``: a block entered after the schedule's
+        settings is still open) is raised once they are restored: the schedule then holds
+        nothing, and the next ``step`` applies its epoch's settings again.
+        """
         caller = sys._getframe(1)
         self._close((caller.f_code.co_filename, caller.f_lineno))
         self._active = None
 
     def _close(self, where: tuple[str, int]) -> None:
         # stopped, then forgotten: an interruption in between leaves a spec with no frame
-        # open, which the next call stops again (nothing), never a frame nobody holds
+        # open, which the next call stops again (nothing), never a frame nobody holds. A stop
+        # that raised (an order error once restored) forgets it too, with the active entry:
+        # nothing holds, so nothing may be reported as holding.
         spec = self._spec
-        if spec is not None:
+        if spec is None:
+            return
+        try:
             spec.stop(where)
-            self._spec = None
+        finally:
+            if not _holds(spec):
+                self._spec = None
+                self._active = None
 
     def _entry(self, epoch: int) -> tuple[int, dict[str, Any], FastMath | None] | None:
         found = None
@@ -267,6 +279,15 @@ class TF32Schedule(Schedule):
             device=device,
             strict=strict,
         )
+
+
+def _holds(spec: FastMath) -> bool:
+    # whether ``spec`` still has a frame open in this thread (a stop refused before it closed
+    # one: a signal handler inside the ledger)
+    try:
+        return not _LEDGER.innermost(spec).closed
+    except LedgerOrderError:
+        return False
 
 
 def _epoch_order(epoch: object) -> tuple[int, Any]:

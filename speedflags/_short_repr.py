@@ -25,7 +25,7 @@ import reprlib
 from itertools import islice
 from typing import Any
 
-__all__ = ["SHOWN_CHARS", "short_repr", "short_str"]
+__all__ = ["SHOWN_CHARS", "short_repr", "short_str", "type_name"]
 
 SHOWN_CHARS = 200  # of a value quoted in a message (a length note may follow)
 _ITEMS = 24  # items of a list, tuple, set or dict shown before "..."
@@ -117,3 +117,24 @@ def _length(value: object) -> int:
         return len(value)  # type: ignore[arg-type]
     except Exception:
         return 0
+
+
+def type_name(value: object) -> str:
+    """The name of ``value``'s type as an error message says "got ...": a builtin's bare
+    (``bool``), any other's with its module (``numpy.bool``: NumPy 2 names its boolean scalar
+    type ``bool`` too, so a bare name would read "expected True or False, got bool").
+
+    Example:
+        >>> from speedflags._short_repr import type_name
+        >>> type_name(True), type_name(1.5), type_name(short_str)
+        ('bool', 'float', 'function')
+        >>> class Flag: ...
+        >>> type_name(Flag())
+        'speedflags._short_repr.Flag'
+    """
+    kind = type(value)
+    module = getattr(kind, "__module__", "builtins")
+    name = getattr(kind, "__qualname__", kind.__name__)
+    if module == "builtins" or "<locals>" in name:
+        return kind.__name__
+    return f"{module}.{name}"

@@ -22,7 +22,7 @@ from typing import Any
 from ._fast_math import FastMath
 from ._fast_math.in_graph import built_in_graph
 from ._hardware import normalize_device
-from ._short_repr import short_repr
+from ._short_repr import short_repr, type_name
 from .errors import InvalidTypeError
 from .levers import registry
 from .levers._base import UNSET
@@ -95,7 +95,7 @@ def make_shorthand(spec: LeverSpec) -> Callable[..., FastMath]:
             shown.append(f"device={str(normalize_device(device, name))!r}")
         if label is not None and not isinstance(label, str):
             raise InvalidTypeError(
-                f"{name}(label={short_repr(label)}): expected a str, got {type(label).__name__}"
+                f"{name}(label={short_repr(label)}): expected a str, got {type_name(label)}"
             )
         return FastMath(
             **{spec.name: given},

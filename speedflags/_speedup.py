@@ -18,7 +18,7 @@ from ._fast_math import FastMath
 from ._fast_math.in_graph import step_in_graph
 from ._hardware import DeviceLike
 from ._ledger.decorate import decorate
-from ._short_repr import short_repr
+from ._short_repr import short_repr, type_name
 from .errors import InvalidTypeError, InvalidValueError
 from .levers.lever_sets import document_levers
 from .levers.registry import shown_levers
@@ -56,7 +56,7 @@ class _Speedup:
         if not isinstance(inference, bool):
             raise InvalidTypeError(
                 f"speedup(inference={short_repr(inference)}): expected True or False, "
-                f"got {type(inference).__name__}"
+                f"got {type_name(inference)}"
             )
         shown = shown_levers(levers)
         if model is not None:

@@ -72,6 +72,7 @@ from .leak_report.collect import (
     LeakReport,
     check_report_path,
 )
+from .levers import registry
 from .levers._base import Unreadable
 from .levers.culprits import made_by_torch
 
@@ -212,12 +213,18 @@ class LeakGuard:
         self.mode = mode
         self.worker = worker  # the xdist worker's id, named in its findings
         self.warnings_plugin = shown  # pytest's warnings plugin is on: it shows warnings
+        self._bind()
+        self.watch = watch().start()
+
+    def _bind(self) -> None:
+        # Read twice per test: bound once per registry version (a lever registered by a
+        # conftest, a test module or a test is watched from the next test on). A guarded
+        # setting's raw getter skips its own try (one try for all below); a getter that
+        # raises falls back to the guarded reads.
+        self.version = registry.version
         self.domains: tuple[Domain, ...] = domains()
-        # Read twice per test: bound once. A guarded setting's raw getter skips its own
-        # try (one try for all below); a getter that raises falls back to the guarded reads.
         self._reads = tuple(domain.lever.read for domain in self.domains)
         self._fast = tuple(getattr(d.lever, "fast_read", d.lever.read) for d in self.domains)
-        self.watch = watch().start()
 
     def close(self) -> None:
         self.watch.stop()
@@ -233,6 +240,8 @@ class LeakGuard:
         # pytest's own protocol, with the reports held back until the flags are compared
         # after teardown: a leak then fails the test itself rather than adding an error.
         seen = _watcher().seen
+        if registry.version != self.version:  # compared within one test over one set
+            self._bind()
         before = self.read()
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
@@ -245,24 +254,24 @@ class LeakGuard:
             message, found = self.leaked(item, (shown, path, line), before, after, seen)
             if reports:  # travels with the report, to the summary (across xdist too)
                 setattr(_target(reports), ATTRIBUTE, found)
-            if self.mode == "fail":
+            # warn: at the test; a filter making it an error (-W error) fails the test, the
+            # message once (failed outside the handler, not "during handling of" the warning)
+            if self.mode == "fail" or not self.warned(message, path, line):
                 _fail(item, reports, message)
-            else:
-                # shown at the test, where the leak is to be fixed
-                try:
-                    self.warn(message, path, line)
-                except FlagLeakWarning:  # filtered into an error (-W error): fail the test
-                    _fail(item, reports, message)
         for report in reports:
             ihook.pytest_runtest_logreport(report=report)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def warn(self, message: str, path: str, line: int) -> None:
-        # With -p no:warnings Python would print it raw, a second report beside the summary:
-        # recorded and dropped then (a filter turning it into an error still fails the test).
-        with warnings.catch_warnings(record=not self.warnings_plugin):
-            warnings.warn_explicit(message, FlagLeakWarning, path, line)
+    def warned(self, message: str, path: str, line: int) -> bool:
+        """Warn; False if a filter made it an error. With -p no:warnings Python would print it
+        raw, a second report beside the summary: recorded and dropped then."""
+        try:
+            with warnings.catch_warnings(record=not self.warnings_plugin):
+                warnings.warn_explicit(message, FlagLeakWarning, path, line)
+        except FlagLeakWarning:
+            return False
+        return True
 
     def torchs_own(
         self, item: pytest.Item, reports: list[Any], before: State, after: State

@@ -147,6 +147,30 @@ def test_the_autocast_shorthand_is_traced_into_one_graph() -> None:
     assert counter.frame_count == 1
 
 
+def test_shorthands_take_device_and_label_in_compiled_code_too() -> None:
+    seen: list[bool] = []
+    probe = torch.compiler.disable(lambda: seen.append(torch.backends.cudnn.benchmark))
+
+    def eager_block(x: torch.Tensor) -> torch.Tensor:
+        with speedflags.cudnn_benchmark(device="cpu", label="bench"):
+            probe()
+        return x + 1
+
+    def traced_block(x: torch.Tensor) -> torch.Tensor:
+        with speedflags.autocast("bf16", device="cpu", label="traced"):
+            return x @ W
+
+    start = last_seq()
+    torch.compile(eager_block, backend="aot_eager")(X)
+    assert torch.compile(traced_block, backend="aot_eager", fullgraph=True)(X).dtype == (
+        torch.bfloat16
+    )
+    assert seen == [True]
+    labels = {(r.lever, r.action): r.label for r in ledger_records(start)}
+    assert labels[("cudnn_benchmark", "set")] == "bench"
+    assert labels[("amp", "traced")] == "traced"
+
+
 # --- errors met while tracing -----------------------------------------------------------
 
 
@@ -233,6 +257,97 @@ def test_a_spec_built_outside_is_refused_by_dynamo_under_fullgraph() -> None:
 
     with pytest.raises(torch._dynamo.exc.Unsupported, match="FastMath"):
         torch.compile(step, backend="aot_eager", fullgraph=True)(X)
+
+
+# What dynamo does with these blocks, per PyTorch version (issue 38, item 10): measured on
+# 2.1.2, 2.13 and 2.15, and said so in the README's table and docs/inside_compile.md.
+ENTERS_SOURCED = torch.__version__ >= "2.15"  # dynamo calls __enter__ of an object built outside
+
+
+def graph_ops() -> Any:
+    """A backend that keeps, per graph it is given, the names of the calls in it."""
+    graphs: list[list[str]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append([getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes
+                       if n.op in ("call_function", "call_method")])  # fmt: skip
+        return gm.forward
+
+    backend.graphs = graphs  # type: ignore[attr-defined]
+    return backend
+
+
+def test_the_code_before_a_process_wide_block_is_compiled_and_the_rest_runs_eagerly() -> None:
+    # Not "a graph break around the block": dynamo does not resume compiling inside a `with`
+    # whose enter it kept out, so the block and everything after it run eagerly (the lever in
+    # force), and a block around the whole function leaves no graph at all.
+    seen: list[bool] = []
+    probe = torch.compiler.disable(lambda: seen.append(torch.backends.cudnn.benchmark))
+
+    def before_block_after(x: torch.Tensor) -> torch.Tensor:
+        y = x + 1
+        with fast_math(cudnn_benchmark=True):
+            probe()
+            y = y * 2
+        return torch.sin(y - 3)
+
+    def block_first(x: torch.Tensor) -> torch.Tensor:
+        with fast_math(cudnn_benchmark=True):
+            y = x * 2
+        return torch.sin(y)
+
+    for step, expected in ((before_block_after, [["add"]]), (block_first, [])):
+        torch._dynamo.reset()
+        backend = graph_ops()
+        compiled = torch.compile(step, backend=backend)
+        torch.testing.assert_close(compiled(X), step(X))
+        assert backend.graphs == expected, step.__name__
+    assert seen == [True, True]  # the lever in force in the block, compiled as eagerly
+
+
+@fast_math(cudnn_benchmark=True)
+def _decorated(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_a_decorated_call_is_a_graph_break_with_graphs_before_and_after() -> None:
+    def caller(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(_decorated(x + 1))
+
+    backend = graph_ops()
+    torch.testing.assert_close(torch.compile(caller, backend=backend)(X), caller(X))
+    assert backend.graphs == [["add"], ["sin"]]
+    torch._dynamo.reset()
+    backend = graph_ops()
+    torch.compile(_decorated, backend=backend)(X)
+    assert backend.graphs == []  # compiled itself: its body eager in its frame
+
+
+def test_a_spec_built_outside_per_version() -> None:
+    # 2.1.2 compiles the code before the `with`; 2.13 and 2.15 run the whole function eagerly.
+    # Under fullgraph=True: dynamo's own Unsupported on 2.1.2 and 2.13; 2.15 enters the spec
+    # while tracing, and speedflags raises LeverInGraphError (docs/inside_compile.md).
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = x + 1
+        with OUTSIDE_DETERMINISTIC:
+            y = y * 2
+        return y
+
+    backend = graph_ops()
+    torch.testing.assert_close(torch.compile(step, backend=backend)(X), step(X))
+    assert backend.graphs == ([] if torch.__version__ >= "2.2" else [["add"]])
+    for spec in (OUTSIDE_DETERMINISTIC, OUTSIDE_AMP):
+
+        def inside(x: torch.Tensor, spec: Any = spec) -> torch.Tensor:
+            with spec:
+                return x @ W
+
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported) as refused:
+            torch.compile(inside, backend="aot_eager", fullgraph=True)(X)
+        assert isinstance(refused.value, LeverInGraphError) is ENTERS_SOURCED
+        if ENTERS_SOURCED:
+            assert "spec built outside the compiled function" in str(refused.value)
 
 
 def test_a_fastmath_built_directly_in_compiled_code_runs_eagerly() -> None:

@@ -42,6 +42,7 @@ CRITICAL_MODULES = [
     "speedflags._ledger.program",
     "speedflags._ledger.scope",
     "speedflags._ledger.stacks",
+    "speedflags._ledger.suspend",
     "speedflags._tracing",
     "speedflags._warn",
     "speedflags._watch.watcher",

@@ -88,6 +88,38 @@ def test_history_is_bounded() -> None:
     assert json.loads(small.to_json())["records"][0]["seq"] == 191
 
 
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"before": {(0, 1): "on"}}, r"note\(before=\{\(0, 1\): 'on'\}\): not exportable: keys "),
+        ({"after": {"x": {1: {(2,): 3}}}}, r"note\(after=.*\): not exportable: keys must be str"),
+        ({"after": "cycle"}, r"note\(after=\[\[.*\): not exportable: Circular reference"),
+        ({"action": 3}, r"note\(action=3\): expected a str, got int"),
+        ({"label": None}, r"note\(label=None\): expected a str, got NoneType"),
+    ],
+)
+def test_a_note_to_json_cannot_write_is_refused_and_nothing_is_recorded(
+    given: dict[str, Any], message: str
+) -> None:
+    # Failed before: note(..., before={(0, 1): "on"}) was accepted, and every later to_json()
+    # raised "TypeError: keys must be str" until clear_history().
+    ledger = FlagLedger()
+    ledger.note("tf32", "heal", "before the refused one", before={"a": [1, 2.5, None]})
+    if given.get("after") == "cycle":
+        cycle: list[Any] = []
+        cycle.append(cycle)
+        given = {"after": cycle}
+    kwargs: dict[str, Any] = {"action": "note", **given}
+    action = kwargs.pop("action")
+    with pytest.raises(speedflags.InvalidTypeError, match=message):
+        ledger.note("x", action, "r", **kwargs)
+    records = json.loads(ledger.to_json())["records"]
+    assert [r["reason"] for r in records] == ["before the refused one"]
+    assert records[0]["before"] == {"a": [1, 2.5, None]}
+    ledger.note("x", "note", "sets export too", before=frozenset({"b", "a"}))
+    assert json.loads(ledger.to_json())["records"][-1]["before"] == ["a", "b"]
+
+
 @pytest.mark.parametrize("size", [0, -1, 2.5, True])
 def test_history_size_must_be_a_positive_int(size: Any) -> None:
     with pytest.raises(ValueError, match="history_size"):
@@ -219,6 +251,36 @@ def test_exit_from_another_thread_is_refused_and_changes_nothing() -> None:
     assert len(errors) == 1 and isinstance(errors[0], LedgerOrderError)
     assert torch.backends.cudnn.benchmark is True  # untouched: still open
     spec.__exit__(None, None, None)
+
+
+def test_stop_exit_and_close_from_another_thread_are_refused_alike() -> None:
+    # Failed before: scope.stop() from another thread did nothing (the frame stayed open, the
+    # flag set, no error), while __exit__ there raised. Now every way out refuses the same
+    # way, restores nothing, and the frame stays open for its own thread.
+    spec = fast_math(cudnn_benchmark=True, label="held by main")
+    frame = spec.start()
+    errors: list[str] = []
+
+    def other() -> None:
+        for leave in (spec.stop, lambda: spec.__exit__(None, None, None), frame.close):
+            try:
+                leave()
+            except LedgerOrderError as exc:
+                errors.append(str(exc))
+        spec_here = fast_math(tf32=True)
+        spec_here.stop()  # never started anywhere: nothing to do, as before
+
+    worker = threading.Thread(target=other, name="other")
+    worker.start()
+    worker.join(30)
+    assert len(errors) == 3 and len(set(errors)) == 1, errors
+    assert errors[0].startswith(
+        "frame 'held by main' was entered in thread 'MainThread' and cannot be exited from "
+        "thread 'other'; nothing was restored. It stays open for thread 'MainThread' to exit"
+    )
+    assert torch.backends.cudnn.benchmark is True and not frame.closed
+    spec.stop()
+    assert torch.backends.cudnn.benchmark is False and frame.closed
 
 
 def test_many_threads_entering_and_exiting_leave_the_base_state() -> None:

@@ -425,6 +425,42 @@ def test_bad_items_are_refused_naming_what_was_given() -> None:
         FlagLedger().open(["cudnn_benchmark"])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize("form", ["frame", "open"])
+def test_a_non_lever_is_refused_naming_it_before_anything_changes(kit: Kit, form: str) -> None:
+    # Failed before: ledger.frame([("cudnn_benchmark", True)]) and ledger.open(...) with a
+    # string or object() as the lever died with "AttributeError: 'str' object has no
+    # attribute 'name'" from deep inside.
+    ledger = FlagLedger()
+    base = kit.state()
+
+    class HalfLever:  # a lever but for its scope and describe_value
+        name = domain = "half"
+        scope = "global"
+        checks_state = False
+
+        def read(self) -> int:
+            return 0
+
+        check = apply = restore = describe = read
+
+    for given, shown in [
+        ("cudnn_benchmark", "'cudnn_benchmark' is not a lever (a name: speedflags.levers."
+         "PROCESS_LEVERS maps names to levers, and speedflags.fast_math takes names)"),
+        (object(), "<object object at 0x"),
+        (HalfLever(), "is not a lever: a lever follows the Lever protocol"),
+    ]:  # fmt: skip
+        levers = [(kit.a, v(kit, "a")), (given, True)]
+        with pytest.raises(speedflags.InvalidTypeError) as refused:
+            if form == "frame":
+                ledger.frame(levers)  # type: ignore[list-item]
+            else:
+                ledger.open(levers)  # type: ignore[list-item]
+        assert str(refused.value).startswith("levers: ") and shown in str(refused.value)
+        assert not isinstance(refused.value, AttributeError)
+    assert str(refused.value).endswith("it lacks describe_value, scope ('process' or 'thread')")
+    assert kit.state() == base and ledger.open_frames() == () and ledger.history == ()
+
+
 def test_the_process_ledger_is_untouched_by_a_private_one(kit: Kit) -> None:
     def last_seq() -> list[int]:
         return [r.seq for r in speedflags.ledger().history[-1:]]

@@ -124,6 +124,44 @@ def test_deterministic_true_with_cudnn_benchmark_is_refused_naming_both() -> Non
         assert det_state() == (True, True, True)
 
 
+@pytest.mark.parametrize("outer_first", ["cudnn_benchmark", "deterministic"])
+def test_the_two_nested_are_refused_as_one_spec_with_both_is(outer_first: str) -> None:
+    # Failed before: deterministic=True nested inside cudnn_benchmark=True left both on, while
+    # one spec with both is refused. Nested, the inner enter is refused the same way (an
+    # InvalidValueError saying "contradictory"), and changes nothing.
+    outer = (
+        {"cudnn_benchmark": True} if outer_first == "cudnn_benchmark" else {"deterministic": True}
+    )
+    inner = (
+        {"deterministic": True} if outer_first == "cudnn_benchmark" else {"cudnn_benchmark": True}
+    )
+    with fast_math(**outer, tf32=True, device="cpu"):
+        inside = speedflags.snapshot()
+
+        def in_a_block() -> None:
+            with fast_math(**inner, matmul_precision="high", device="cpu"):
+                pass
+
+        for run in (in_a_block, speedflags.speedup(**inner, device="cpu")(lambda: None)):
+            with pytest.raises(InvalidValueError) as info:
+                run()
+            message = str(info.value)
+            assert message.startswith(
+                f"{'deterministic' if outer_first == 'cudnn_benchmark' else 'cudnn_benchmark'}"
+                "=True entered while "
+            )
+            assert "contradictory, as fast_math(deterministic=True, cudnn_benchmark=True) is" in (
+                message
+            )
+            assert speedflags.snapshot() == inside  # rolled back whole
+        if outer_first == "cudnn_benchmark":  # the ways out the message gives
+            with fast_math(deterministic=True, cudnn_benchmark=False, device="cpu"):
+                assert det_state() == (True, False, True) and not torch.backends.cudnn.benchmark
+            with speedflags.deterministic("warn"):  # warn-only: allowed, as in one spec
+                assert det_state() == (True, True, True) and torch.backends.cudnn.benchmark
+    assert det_state() == (False, False, False) and not torch.backends.cudnn.benchmark
+
+
 @pytest.mark.parametrize(
     ("value", "error", "words"),
     [

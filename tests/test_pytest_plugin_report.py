@@ -342,3 +342,41 @@ def test_the_test_extra_installs_pytest_xdist() -> None:
     config = configparser.ConfigParser()
     config.read(setup_cfg)
     assert "pytest-xdist" in config["options.extras_require"]["test"]
+
+
+def test_under_w_error_a_warned_leak_fails_its_test_and_the_summary_says_so(
+    pytester: pytest.Pytester,
+) -> None:
+    # --speedflags-leaks=warn -W error: the FlagLeakWarning, an error, fails the test. Failed
+    # before: the failure showed the leak twice (raised "during handling of" the warning) and
+    # the section ended "(--speedflags-leaks=warn: they passed; ...)".
+    pytester.makepyfile(test_leaky=LEAKY)
+    result = pytester.runpytest_subprocess(*PLUGIN, "--speedflags-leaks=warn", "-W", "error")
+    result.assert_outcomes(passed=1, failed=1)
+    output = result.stdout.str()
+    assert "During handling of the above exception" not in output
+    failures = output.split("= FAILURES =")[1].split(TITLE)[0]
+    assert failures.count("cudnn_benchmark: False -> True") == 1, failures
+    section = summary_section(output)
+    assert section.count("  cudnn_benchmark: False -> True") == 1
+    assert section[-1].startswith(
+        "(--speedflags-leaks=warn: they failed (FlagLeakWarning is an error here (-W error), or "
+        "a failure of their own); speedflags put every setting back"
+    )
+    assert "they passed" not in output
+
+
+def test_in_warn_mode_the_summary_names_the_leaking_tests_that_failed(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_two=LEAKY + "\n\ndef test_leaks_and_fails():\n"
+        "    torch.backends.cudnn.benchmark = True\n    assert False\n"
+    )
+    result = pytester.runpytest_subprocess(*PLUGIN, "--speedflags-leaks=warn")
+    result.assert_outcomes(passed=2, failed=1)
+    section = summary_section(result.stdout.str())
+    assert section[-1].startswith(
+        "(--speedflags-leaks=warn: 1 of them failed (FlagLeakWarning is an error here (-W error),"
+        " or a failure of their own): test_two.py::test_leaks_and_fails; the others passed;"
+    )

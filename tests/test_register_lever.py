@@ -132,3 +132,51 @@ def test_a_built_in_lever_stays_and_an_unknown_name_is_refused() -> None:
         speedflags.unregister_lever("cudnn_benchmark")
     with pytest.raises(InvalidValueError, match="no such registered lever"):
         speedflags.unregister_lever("workers")
+
+
+def test_the_leak_plugin_reports_a_registered_lever_a_test_leaves_changed(
+    pytester: pytest.Pytester,
+) -> None:
+    # The lever is registered by the inner session's conftest (after the plugin started
+    # watching), one test changes its setting without putting it back: that test fails,
+    # naming the lever and both values, and the setting is put back for the next test.
+    pytester.makeconftest(
+        """
+        import speedflags
+        from _dict_lever import WorkersLever
+
+        def pytest_configure(config):
+            speedflags.register_lever(WorkersLever())
+
+        def pytest_unconfigure(config):  # this session runs in the outer test's process
+            speedflags.unregister_lever("workers")
+        """
+    )
+    pytester.makepyfile(
+        """
+        import speedflags
+        from _dict_lever import SETTINGS
+
+        def test_leaves_it_changed():
+            SETTINGS["workers"] = 7
+
+        def test_sees_it_put_back():
+            assert SETTINGS["workers"] == 1
+
+        def test_a_block_restores_it():
+            with speedflags.fast_math(workers=4):
+                assert SETTINGS["workers"] == 4
+        """
+    )
+    try:
+        result = pytester.runpytest("-p", "speedflags.pytest_plugin", "--speedflags-leaks=fail")
+    finally:
+        SETTINGS["workers"] = 1
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_leaves_it_changed left torch flags changed (--speedflags-leaks=fail)*",
+            "  workers: 1 -> 7",
+        ]
+    )
+    assert "workers" not in registry.LEVER_NAMES

@@ -161,3 +161,45 @@ def test_roll_back_error_names_the_rolled_back_and_the_failed_levers() -> None:
     assert "rolled back: cudnn_benchmark, refuses" in message
     assert torch.backends.cudnn.benchmark is base
     assert the_ledger.open_frames() == ()
+
+
+def test_the_blocks_exception_propagates_unchanged_unless_the_exit_has_an_error_of_its_own() -> (
+    None
+):
+    # The README's promise, made to agree with the behaviour (issue 38): the body's exception
+    # propagates as itself; an exit with an error of its own (a warning a filter turned into
+    # an error, an out-of-order exit, a restore that failed) raises that one instead, once
+    # every lever is restored, with the body's exception as its __context__ (Python's rule
+    # for an error raised in __exit__): both are in the traceback.
+    before = speedflags.snapshot()
+    body = KeyError("the body's")
+    with pytest.raises(KeyError) as plain:
+        with fast_math(cudnn_benchmark=True):
+            raise body
+    assert plain.value is body and body.__context__ is None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DriftWarning)
+        with pytest.raises(DriftWarning) as drift:
+            with fast_math(cudnn_benchmark=True):
+                torch.backends.cudnn.benchmark = False  # drift, then the body fails
+                raise body
+    assert drift.value.__context__ is body
+    assert speedflags.snapshot() == before
+
+    inner, outer = fast_math(tf32=True, label="inner"), fast_math(cudnn_benchmark=True)
+    with pytest.raises(speedflags.LedgerOrderError, match="exited while 'inner'") as order:
+        with outer:
+            inner.start()
+            raise body
+    assert order.value.__context__ is body
+    inner.stop()
+    assert speedflags.snapshot() == before
+
+    the_ledger = FlagLedger()
+    stuck = the_ledger.frame([(PROCESS_LEVERS["cudnn_benchmark"], True), (_Stubborn("s"), 1)])
+    with pytest.raises(OSError, match="s is stuck") as failed:
+        with stuck:
+            raise body
+    assert failed.value.__context__ is body
+    assert speedflags.snapshot() == before  # the levers that could be restored were

@@ -214,3 +214,24 @@ def test_a_switch_interrupted_at_any_line_is_made_again_by_the_next_step() -> No
             assert not speedflags.ledger().open_frames(), where
             assert speedflags.snapshot() == before, where
     assert fired >= 10  # the injections really landed
+
+
+def test_a_close_that_raised_leaves_the_schedule_holding_nothing() -> None:
+    # close() under a block entered after the schedule's settings: the ledger restores, then
+    # raises LedgerOrderError. The schedule holds nothing then: the next step(0) must apply
+    # epoch 0 again, not report settings that do not hold (it returned them, with
+    # cudnn.benchmark False, before).
+    sched = Schedule({0: {"cudnn_benchmark": True}})
+    inner = speedflags.fast_math(matmul_precision="high", label="inner")
+    sched.step(0)
+    inner.start()
+    with pytest.raises(speedflags.LedgerOrderError, match="exited while 'inner'"):
+        sched.close()
+    assert sched.active is None
+    inner.stop()
+    assert not torch.backends.cudnn.benchmark
+    assert sched.step(0) == {"cudnn_benchmark": True}
+    assert sched.active == 0 and torch.backends.cudnn.benchmark
+    sched.close()
+    assert not torch.backends.cudnn.benchmark
+    assert speedflags.ledger().open_frames() == ()

@@ -245,3 +245,50 @@ def test_short_repr_is_bounded_and_never_raises() -> None:
     for value in (deep, HUGE, LONG, dict.fromkeys(range(100), LONG), 10**10_000, _BrokenRepr()):
         assert len(short_repr(value)) <= SHOWN_CHARS + len(" (1000000 characters)")
     assert short_repr(_BrokenRepr()).startswith("<_BrokenRepr ")
+
+
+def test_a_numpy_bool_is_named_with_its_module() -> None:
+    # NumPy 2 names its boolean scalar type "bool": the message read "expected True or False,
+    # got bool" for np.True_ (numpy.bool_ on NumPy 1).
+    np = pytest.importorskip("numpy")
+    shown = f"numpy.{type(np.True_).__name__}"
+    for call in (
+        lambda: fast_math(tf32=np.True_),
+        lambda: fast_math(cudnn_benchmark=np.False_),
+        lambda: fast_math(strict=np.True_),
+        lambda: speedflags.speedup(inference=np.True_),
+        lambda: speedflags.Schedule({0: {}}, strict=np.True_),
+    ):
+        with pytest.raises(InvalidTypeError) as refused:
+            call()
+        assert str(refused.value).endswith(f"expected True or False, got {shown}")
+    assert not str(refused.value).endswith("got bool")
+
+
+SHORTHAND_CALLS: dict[str, Callable[..., Any]] = {
+    "tf32": lambda **kw: speedflags.tf32(True, **kw),
+    "matmul_precision": lambda **kw: speedflags.matmul_precision("high", **kw),
+    "cudnn_benchmark": lambda **kw: speedflags.cudnn_benchmark(True, **kw),
+    "sdpa_backend": lambda **kw: speedflags.sdpa_backend("flash", "math", **kw),
+    "deterministic": lambda **kw: speedflags.deterministic("warn", **kw),
+    "reduced_precision_reduction": lambda **kw: speedflags.reduced_precision_reduction(False, **kw),
+    "autocast": lambda **kw: speedflags.autocast("bf16", **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(SHORTHAND_CALLS))
+def test_shorthands_take_device_and_label_as_fast_math_does(name: str) -> None:
+    # Failed before: sdpa_backend("flash", device="cpu") was a TypeError; the README says the
+    # shorthands have fast_math's semantics.
+    make = SHORTHAND_CALLS[name]
+    before = speedflags.snapshot()
+    with make(device="cpu", label="my block") as frame:
+        assert (frame.label, frame.device) == ("my block", "cpu")
+    assert speedflags.ledger().history[-1].label == "my block"
+    with make(device=torch.device("cpu")) as frame:
+        assert frame.label.startswith(f"{name}(") and frame.device == "cpu"
+    assert speedflags.snapshot() == before
+    with pytest.raises(InvalidTypeError, match=rf"^{name}\(label=3\): expected a str, got int$"):
+        make(label=3)
+    with pytest.raises(InvalidValueError, match=rf"^{name}\(device='gpu'\): not a device"):
+        make(device="gpu")

@@ -345,3 +345,42 @@ def test_a_flag_left_changed_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not run.restored and run.unrestored == ("cudnn_benchmark",)
     assert "FLAGS NOT RESTORED: cudnn_benchmark read differently than before" in str(run)
     assert run.to_dict()["unrestored"] == ["cudnn_benchmark"]
+
+
+def test_a_lever_verify_cannot_measure_is_refused_before_any_work(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # deterministic has no probe: levers=["deterministic"] verified only the baseline and said
+    # ok, exit 0; the dict form gave an "could not be measured" verdict. Both are refused now,
+    # before the baseline runs, naming the lever and the levers verify measures.
+    assert "deterministic" not in probes.PROBES
+    ran: list[str] = []
+    monkeypatch.setattr(probes, "baseline", lambda ctx: ran.append("baseline"))
+    measured = ", ".join(check_module.verifiable_levers())
+    for levers in (["deterministic"], "deterministic", {"deterministic": [True]}):
+        with pytest.raises(InvalidValueError) as refused:
+            speedflags.verify("cpu", levers=levers)  # type: ignore[arg-type]
+        assert str(refused.value) == (
+            "verify(levers=...): 'deterministic' cannot be verified: no probe measures whether "
+            f"it took effect; valid: {measured}"
+        )
+    assert ran == []
+    assert main(["verify", "--device", "cpu", "--levers", "deterministic"]) == 2
+    err = capsys.readouterr().err
+    assert "--levers 'deterministic': deterministic cannot be verified" in err
+    assert "valid: amp, cudnn_benchmark, matmul_precision" in err and ran == []
+
+
+def test_a_verdict_the_run_does_not_have_is_a_clear_error() -> None:
+    run = Verification(
+        "cpu", [Verdict("baseline", False, "verified"), Verdict("tf32", True, "verified")]
+    )
+    expected = (
+        r"verdict\('deterministic'\): this run has no verdict for it; it has: "
+        r"baseline \(every lever off\), tf32=True"
+    )
+    with pytest.raises(InvalidValueError, match=expected) as missing:
+        run.verdict("deterministic")
+    assert isinstance(missing.value, KeyError)  # what it raised before, bare
+    with pytest.raises(KeyError, match=r"verdict\(tf32=False\): this run has no verdict"):
+        run.verdict("tf32", False)

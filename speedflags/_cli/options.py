@@ -128,7 +128,10 @@ def _reason(exc: Exception) -> str:
     return str(exc).split("): ", 1)[-1]
 
 
-def _names(option: str, text: str | None, valid: Sequence[str]) -> list[str] | None:
+def _names(
+    option: str, text: str | None, valid: Sequence[str], why: Callable[[str], str] | None = None
+) -> list[str] | None:
+    # ``why``: what is said of a lever name that is not among ``valid`` (default: tune's)
     if text is None:
         return None
     names = [name.strip() for name in text.split(",") if name.strip()]
@@ -137,14 +140,9 @@ def _names(option: str, text: str | None, valid: Sequence[str]) -> list[str] | N
         raise UsageError(f"{shown}: names no lever; valid: {', '.join(valid)}")
     for name in names:
         if name not in valid:
-            why = (
-                _never_tried(name)
-                if option == "--levers" and name in registry.LEVER_NAMES
-                else None
-            )
-            raise UsageError(
-                f"{shown}: {why or f'unknown lever {short_repr(name)}'}; valid: {', '.join(valid)}"
-            )
+            known = option == "--levers" and name in registry.LEVER_NAMES
+            reason = (why or _never_tried)(name) if known else f"unknown lever {short_repr(name)}"
+            raise UsageError(f"{shown}: {reason}; valid: {', '.join(valid)}")
     return names
 
 
@@ -312,7 +310,11 @@ def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 def _verify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     _not_empty(args, "--device", "--levers", "--json")
     _device(args.device, "verify")
-    args.lever_names = _names("--levers", args.levers, sorted(registry.LEVER_NAMES))
+    from .._measure.verdicts import UNVERIFIABLE, verifiable_levers
+
+    args.lever_names = _names(
+        "--levers", args.levers, sorted(verifiable_levers()), lambda name: f"{name} {UNVERIFIABLE}"
+    )
     _output("--json", args.json, None)
 
 

@@ -40,6 +40,8 @@ _CONVERT_FRAME = _DYNAMO_DIR + "convert_frame.py"
 # the name of a resume function has spaces in PyTorch 2.1 ("<resume in train>")
 _WONT_CONVERT = re.compile(r"WON'T CONVERT (<[^>]*>|\S+) (.+?) line (\d+)")
 _Where = tuple[str, str, int]
+# the names dynamo gives the frames it resumes after a graph break (2.1; 2.2 and later)
+_RESUME_NAMES = ("<resume in ", "torch_dynamo_resume_in_")
 
 
 def describe(exc: BaseException) -> str:
@@ -146,6 +148,14 @@ class SuppressedErrors(logging.Filter):
             if where in held:
                 self._steps[where] = code
         return bool(self._steps)
+
+    def resumed(self) -> tuple[str, str, int] | None:
+        """The frame that raised, if it is one dynamo resumes after a graph break (some of
+        the call ran compiled before it): its (name, file, first line); else None."""
+        for where, code in self._steps.items():
+            if code.co_name.startswith(_RESUME_NAMES):
+                return where
+        return None
 
     def settle(self, logger: logging.Logger) -> str | None:
         """After the call: let the compiler's records through; the first one's reason, or None."""

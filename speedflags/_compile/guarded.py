@@ -44,6 +44,18 @@ handled (each fact probed on PyTorch 2.13; the tests inject every one of them):
   tell the two apart; it blames the step, and the next call that completes falls back. If
   that logger is silenced below WARNING, the frame still runs eagerly and safely, but the
   fallback cannot be seen, so it is not reported.
+- **An error out of a frame dynamo resumed after a graph break** (it could not compile it,
+  and ran it eagerly): that frame runs on what the compiled part before it produced, and a
+  compiled part that computes differently from eager code (a branch on
+  ``torch.compiler.is_compiling()``, as transformers' attention-mask helpers take: on
+  PyTorch 2.1.2 a float mask reaches an eager SDPA with a bf16 query) can make it raise
+  where the step run eagerly does not. The call cannot be retried (its compiled part ran),
+  so the error propagates, unchanged, and is taken for the step's own once (logged); raised
+  by the same frame in the same way on the next call too, it is compiling's: the step falls
+  back, with the warning and ``.stats`` saying so. A step's own error that repeats there
+  falls back too: later calls run it eagerly, where it raises as itself.
+- **Autocast a failed trace left entered** (PyTorch 2.1): ``.autocast_left`` puts the
+  thread's autocast back after a compiled call that failed.
 - **A tracing error before any of the call ran** (``fullgraph=True``, where dynamo traces
   the whole function first and ignores ``suppress_errors``, or an error dynamo does not
   suppress): the call is run eagerly. If that raises, the error propagates as the step's
@@ -80,6 +92,7 @@ from .. import _warn
 from .._ledger.ledger import ledger
 from .._warn import PACKAGE_DIR
 from ..errors import CompileFallbackWarning
+from . import autocast_left
 from .backend import GuardedBackend, inner_backend
 from .failures import SuppressedErrors, backward_compile_failed, compile_failure, describe
 from .lever_guard import LeverBackend, LeverGuard
@@ -131,6 +144,8 @@ class GuardedCompile:
         self._dynamo_config: Any = None
         self._inner: Callable[..., Any] | None = None
         self._dynamo_log = logging.getLogger(_DYNAMO_LOGGER)
+        # the last call's error out of a frame resumed after a graph break: (where, error)
+        self._resumed_error: tuple[tuple[str, str, int], str] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.state is FALLBACK:
@@ -138,14 +153,23 @@ class GuardedCompile:
         compiled = self.levers.select()  # for the state of the levers dynamo does not guard
         if compiled is None:
             return self.func(*args, **kwargs)
+        autocast = autocast_left.held()  # what a failed trace may leave entered (PyTorch 2.1)
         try:
             if self._fullgraph:
-                return self._run_fullgraph(compiled, args, kwargs)
-            return self._run(compiled, args, kwargs)
+                result = self._run_fullgraph(compiled, args, kwargs)
+            else:
+                result = self._run(compiled, args, kwargs)
+            if self.state is FALLBACK:  # compiling failed in this call, which completed
+                autocast_left.put_back(autocast, self.label, _user_where())
+            return result
         except _NothingRan as failed:
             reason = failed.reason
+        except BaseException:
+            autocast_left.put_back(autocast, self.label, _user_where())
+            raise
         finally:
             self.levers.ran()
+        autocast_left.put_back(autocast, self.label, _user_where())
         # Outside the handler, so that an error here, the step's own, comes with no compiler
         # error attached: it propagates as it would without compile, and nothing falls back.
         result = self.func(*args, **kwargs)
@@ -169,8 +193,12 @@ class GuardedCompile:
         except Exception as exc:
             if backward_compile_failed(exc) or not watch.raised_by_step(exc):
                 self._blame(exc)
+            else:
+                self._unattributed(watch.resumed(), exc)
             raise
         finally:
+            if completed:
+                self._resumed_error = None
             self._dynamo_log.removeFilter(watch)
             config.suppress_errors = prior
             reason = watch.settle(self._dynamo_log)
@@ -192,6 +220,38 @@ class GuardedCompile:
         finally:
             if len(self._failures) > failures:
                 self._fall_back(self._failures[failures], _outcome(completed))
+
+    def _unattributed(self, resumed: tuple[str, str, int] | None, exc: Exception) -> None:
+        """The call raised out of a frame dynamo could not compile and ran eagerly. If dynamo
+        resumed that frame after a graph break, part of the call ran compiled before it, and
+        what the frame received may differ from an eager run's (code that branches on
+        ``torch.compiler.is_compiling()``, as transformers' attention-mask helpers do, built
+        it): the error may be the step's own, or compiling's, and the call cannot be retried
+        to tell. It is taken for the step's own, once; raised by the same frame in the same
+        way on the next call too (no call completing between), it is compiling's: the step
+        falls back, and later calls run eagerly."""
+        if resumed is None:  # the frame from its start: its eager run was the step's
+            self._resumed_error = None
+            return
+        seen = (resumed, describe(exc))
+        if self._resumed_error != seen:
+            self._resumed_error = seen
+            log.warning(
+                "%s: %s raised in %s (%s:%d), a frame dynamo resumed after a graph break and "
+                "ran eagerly after part of the call ran compiled; taken for the step's own "
+                "error. If the next call raises it there too, compiling is given up.",
+                self.label, seen[1], *resumed,
+            )  # fmt: skip
+            return
+        self._resumed_error = None
+        self._fall_back(
+            f"{seen[1]}, raised on two calls in a row in {resumed[0]} ({resumed[1]}:"
+            f"{resumed[2]}), a frame dynamo resumed after a graph break and ran eagerly after "
+            "part of the call ran compiled (a compiled part that computes differently from "
+            "eager code, such as a branch on torch.compiler.is_compiling(), can make it raise "
+            "where the step run eagerly does not)",
+            "the call raised; it was not retried, as part of it ran compiled",
+        )
 
     # --- setting up, and giving up ----------------------------------------------------------
 

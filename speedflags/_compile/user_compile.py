@@ -18,6 +18,7 @@ import torch
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError
+from . import autocast_left
 from .backend import inner_backend
 from .lever_guard import LeverBackend, LeverGuard
 from .lever_state import LeverState
@@ -138,10 +139,7 @@ def _guard_module(
         if _tracing():  # inside an enclosing compile: dynamo inlines the plain model
             return model(*args, **kwargs)
         compiled = guard.select()
-        try:
-            return (compiled or model)(*args, **kwargs)
-        finally:
-            guard.ran()
+        return _call(compiled, model, args, kwargs, guard)
 
     forward.stats = guard.stats  # type: ignore[attr-defined]
     shell.forward = forward
@@ -158,13 +156,32 @@ def _guard_function(
         if _tracing():  # inside an enclosing compile: dynamo inlines the plain function
             return func(*args, **kwargs)
         compiled = guard.select()
-        try:
-            return (compiled or func)(*args, **kwargs)
-        finally:
-            guard.ran()
+        return _call(compiled, func, args, kwargs, guard)
 
     guarded.stats = guard.stats  # type: ignore[attr-defined]
     return guarded
+
+
+def _call(
+    compiled: Callable[..., Any] | None,
+    plain: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    guard: LeverGuard,
+) -> Any:
+    # the compiled call (or the plain one); a compiled call that raised has the thread's
+    # autocast put back if tracing left it entered (PyTorch 2.1: .autocast_left)
+    try:
+        if compiled is None:
+            return plain(*args, **kwargs)
+        autocast = autocast_left.held()
+        try:
+            return compiled(*args, **kwargs)
+        except BaseException:
+            autocast_left.put_back(autocast, f"guard_levers({short_repr(plain)})", None)
+            raise
+    finally:
+        guard.ran()
 
 
 def _is_optimized_module(model: object) -> bool:

@@ -29,7 +29,7 @@ from .._ledger.history import Where
 from .._ledger.ledger import ledger
 from .._ledger.program import Frame, LeverItem, Program
 from .._ledger.scope import FrameScope
-from .._short_repr import short_repr, short_str
+from .._short_repr import short_repr, short_str, type_name
 from .._tracing import hooked, is_compiling
 from ..errors import (
     DeviceUnavailableWarning,
@@ -210,14 +210,14 @@ class FastMath(FrameScope):
         if not isinstance(strict, bool):
             raise InvalidTypeError(
                 f"fast_math(strict={short_repr(strict)}): expected True or False, "
-                f"got {type(strict).__name__}"
+                f"got {type_name(strict)}"
             )
         if label is not None and not isinstance(label, str):
             raise InvalidTypeError(f"fast_math(label={short_repr(label)}): expected a str")
         if not isinstance(check_ranks, bool):
             raise InvalidTypeError(
                 f"fast_math(check_ranks={short_repr(check_ranks)}): expected True or False, got "
-                f"{type(check_ranks).__name__}"
+                f"{type_name(check_ranks)}"
             )
         self.ledger = _LEDGER
         self._requested: tuple[tuple[str, Any], ...] = requested

@@ -11,6 +11,7 @@
 - :mod:`.scope`: the frame API's context form (``with``, ``start``/``stop``, ``@``);
 - :mod:`.entering`: callers interrupted around an enter or an exit, handled once;
 - :mod:`.decorate`: a scope's frames around each call, or each step of a generator;
+- :mod:`.suspend`: what such a generator's body holds across a ``yield`` or ``await``;
 - :mod:`.notices`: the warnings and errors built under the lock, spoken after it;
 - :mod:`.own_writes`: which writes are speedflags' own, and the hook a running
   :func:`~speedflags.watch` installs at the ledger's boundaries;

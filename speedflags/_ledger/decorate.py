@@ -14,6 +14,7 @@ traces the frame bookkeeping.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -33,6 +34,7 @@ from .interrupts import PENDING, critical, deliver_pending
 
 if TYPE_CHECKING:
     from .scope import FrameScope
+    from .suspend import Suspended
 
 F = TypeVar("F", bound=Callable[..., Any])
 Where = tuple[str, int] | None
@@ -93,6 +95,7 @@ def decorate(
             to_send: Any = None
             to_throw: BaseException | None = None
             agen = func(*args, **kwargs)
+            held = suspended(agen)  # what its body holds across each yield and await
             try:
                 while True:
                     if to_throw is not None:
@@ -100,8 +103,8 @@ def decorate(
                         to_throw = None
                     else:
                         step = agen.asend(to_send)
-                    try:
-                        item = await _Stepped(step.__await__(), driver, where)
+                    try:  # the step's StopIteration is a yield: the body suspends
+                        item = await _Stepped(step.__await__(), driver, where, held, True)
                     except StopAsyncIteration:
                         return
                     try:
@@ -109,15 +112,22 @@ def decorate(
                     except GeneratorExit:
                         # closed early by the consumer: the generator's cleanup runs
                         # with the levers, like every other step
-                        await _Stepped(agen.aclose().__await__(), driver, where)
+                        await _Stepped(agen.aclose().__await__(), driver, where, held)
                         raise
                     except BaseException as exc:
                         to_throw = exc
             finally:
                 # whatever ended the loop (even a step that failed inside speedflags), the
-                # wrapped generator is closed and its cleanup runs
+                # wrapped generator is closed and its cleanup runs (inside the blocks it
+                # holds, set aside at its last yield, when they can be opened again)
+                if not agen.ag_running and held.frames and agen.ag_frame is not None:
+                    try:
+                        await _Stepped(agen.aclose().__await__(), driver, where, held)
+                    except Exception:  # its cleanup's own error, or the blocks refused
+                        if agen.ag_frame is None:
+                            raise
                 if not agen.ag_running:
-                    await agen.aclose()
+                    await agen.aclose()  # closed already: nothing to do
 
         return async_gen_wrapper  # type: ignore[return-value]
 
@@ -126,7 +136,9 @@ def decorate(
         @functools.wraps(func)
         async def coroutine_wrapper(*args: Any, **kwargs: Any) -> Any:
             where = caller_where()
-            return await _Stepped(func(*args, **kwargs).__await__(), driver, where)
+            body = func(*args, **kwargs)
+            held = suspended(body)
+            return await _Stepped(body.__await__(), driver, where, held)
 
         return coroutine_wrapper  # type: ignore[return-value]
 
@@ -134,7 +146,8 @@ def decorate(
 
         @functools.wraps(func)
         def generator_wrapper(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
-            return (yield from _steps(func(*args, **kwargs), driver, caller_where()))
+            it = func(*args, **kwargs)
+            return (yield from _steps(it, driver, caller_where(), suspended(it)))
 
         return generator_wrapper  # type: ignore[return-value]
 
@@ -153,6 +166,14 @@ def decorate(
         )
 
     return own_code(wrapper)  # type: ignore[return-value]
+
+
+def suspended(body: Any) -> Suspended:
+    """A new :class:`~.suspend.Suspended`, for ``body``, one call of a decorated generator or
+    coroutine (its module loads at the first such call: ``import speedflags`` needs none)."""
+    from .suspend import Suspended
+
+    return Suspended(body)
 
 
 def own_code(wrapper: F) -> F:
@@ -216,8 +237,15 @@ class _Driver:
         self.ledger = scope.ledger
 
 
-def _steps(it: Any, driver: _Driver, where: Where) -> Generator[Any, Any, Any]:
-    """Drive a generator-like ``it`` (send/throw/close), one frame around every step."""
+def _steps(
+    it: Any, driver: _Driver, where: Where, held: Suspended, stop_yields: bool = False
+) -> Generator[Any, Any, Any]:
+    """Drive a generator-like ``it`` (send/throw/close), one frame around every step.
+
+    ``held`` keeps what the body holds across each suspension (:mod:`.suspend`);
+    ``stop_yields``: ``it`` is an async generator's ``asend``/``athrow``, whose
+    ``StopIteration`` is a ``yield`` of the body, not its end.
+    """
     to_send: Any = None
     to_throw: BaseException | None = None
     try:
@@ -225,21 +253,32 @@ def _steps(it: Any, driver: _Driver, where: Where) -> Generator[Any, Any, Any]:
             try:
                 if to_throw is not None:
                     exc, to_throw = to_throw, None
-                    item = _step(driver, where, it.throw, exc)
+                    item = _step(driver, where, held, stop_yields, it.throw, exc)
                 else:
-                    item = _step(driver, where, it.send, to_send)
+                    item = _step(driver, where, held, stop_yields, it.send, to_send)
             except StopIteration as stop:
                 return stop.value
             try:
                 to_send = yield item
             except GeneratorExit:
-                _step(driver, where, it.close)
+                _step(driver, where, held, None, it.close)
                 raise
             except BaseException as exc:
                 to_throw = exc
     except BaseException:
-        _finish(it)
+        _finish_held(it, driver, where, held)
         raise
+
+
+def _finish_held(it: Any, driver: _Driver, where: Where, held: Suspended) -> None:
+    # _finish, inside the blocks the body holds (set aside when it last suspended, or as the
+    # step that failed ended) when they can be opened again: its cleanup exits them as it
+    # would have; else (refused again: the TF32 state is still mixed) without them
+    if held.frames and held.alive():
+        with contextlib.suppress(Exception):  # _finish lets none of the body's out
+            _step(driver, where, held, None, _finish, it)
+            return
+    _finish(it)
 
 
 def _finish(it: Any) -> None:
@@ -258,7 +297,14 @@ def _finish(it: Any) -> None:
     it.close()  # its cleanup yielded again: closed without it
 
 
-def _step(driver: _Driver, where: Where, advance: Callable[..., Any], *args: Any) -> Any:
+def _step(
+    driver: _Driver,
+    where: Where,
+    held: Suspended,
+    stop_yields: bool | None,
+    advance: Callable[..., Any],
+    *args: Any,
+) -> Any:
     """``advance(*args)`` (one step of a generator or coroutine) inside its own frame.
 
     Opened and closed as a decorated plain call is: a frame whose open returned into an
@@ -266,36 +312,66 @@ def _step(driver: _Driver, where: Where, advance: Callable[..., Any], *args: Any
     its first instruction (a plain signal handler) is made again. The close itself runs in
     ``_end_step``, critical code: a :func:`~speedflags.signal_safe` handler called in it
     waits until the frame is closed, and runs there.
+
+    A step that ends with the body suspended (``advance`` returned, or raised the
+    ``StopIteration`` of an async generator's ``yield``: ``stop_yields``; ``None`` for a
+    close, which ends the body) sets aside what the body holds (``held``); the next step
+    puts it back once its frame is open.
     """
     mark = driver.ledger._last_id
     frame = None
+    ends = RAISED  # until the step says otherwise: an exception (an interruption) ends it
     try:
         if driver.counter is not None:
             driver.counter.calls += 1
         frame = driver.scope.open_frame(driver.label, where)
+        if held:
+            held.resume(driver.ledger, frame, where)
         guard = driver.guard
         if guard is None:
-            return advance(*args)
-        with guard():
-            return advance(*args)
+            item = advance(*args)
+        else:
+            with guard():
+                item = advance(*args)
+        ends = RETURNED if stop_yields is None else SUSPENDED
+        return item
+    except StopIteration:
+        ends = SUSPENDED if stop_yields is True else RETURNED
+        raise
     finally:
         try:
-            _end_step(driver, mark, frame, where)
+            _end_step(driver, mark, frame, where, held, ends)
         except SpeedflagsError:
             raise
         except BaseException:  # interrupted before its try: end the step now
-            _end_step(driver, mark, frame, where)
+            _end_step(driver, mark, frame, where, held, ends)
             raise
 
 
+# How a step ended: the body suspended (at a yield or await), returned (or was closed), or an
+# exception ended the step: the body's own, or an interruption of the step's own work (while
+# its frame or the blocks the body holds were opened or closed)
+SUSPENDED, RETURNED, RAISED = "suspended", "returned", "raised"
+
+
 @critical
-def _end_step(driver: _Driver, mark: int, frame: Any, where: Where) -> None:
+def _end_step(
+    driver: _Driver, mark: int, frame: Any, where: Where, held: Suspended, ends: str
+) -> None:
     # No frame: the open failed, or returned into an interruption (its frame is found by its
     # owner). A frame closed already: an earlier try got that far before being interrupted.
+    # Suspended: what the body holds is set aside first, its frames and its own states, kept
+    # for its next step. Raised: its frames open above the step's are set aside and kept (if
+    # the body is still suspended, its finishing reopens them so that its exits close them;
+    # if it has ended, an exit of theirs was interrupted, and they stay closed); the step's
+    # close raises no order error in the exception's place. Returned: a frame left open
+    # above is an order error, as for a decorated call.
     try:
         if frame is None:
             cancel_open(driver.ledger, driver.scope, mark, where)
         elif not frame.closed:
+            if ends is not RETURNED:
+                held.suspend(driver.ledger, frame, where, ends is SUSPENDED)
             driver.ledger.close(frame, where)
     finally:  # signal_safe handlers deferred in here
         while True:  # no check point after the last test: see deliver_pending
@@ -307,12 +383,16 @@ def _end_step(driver: _Driver, mark: int, frame: Any, where: Where) -> None:
 class _Stepped:
     """An awaitable that runs another awaitable's iterator one frame per step."""
 
-    __slots__ = ("_driver", "_it", "_where")
+    __slots__ = ("_driver", "_held", "_it", "_stop_yields", "_where")
 
-    def __init__(self, it: Any, driver: _Driver, where: Where):
+    def __init__(
+        self, it: Any, driver: _Driver, where: Where, held: Suspended, stop_yields: bool = False
+    ):
         self._it = it
         self._driver = driver
         self._where = where
+        self._held = held
+        self._stop_yields = stop_yields
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        return _steps(self._it, self._driver, self._where)
+        return _steps(self._it, self._driver, self._where, self._held, self._stop_yields)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .program import Frame
     from .scope import FrameScope
 
-__all__ = ["call_framed", "cancel_open", "close_innermost", "finish_exit"]
+__all__ = ["call_framed", "cancel_open", "close_innermost", "finish_exit", "innermost_here"]
 
 
 @critical
@@ -45,7 +45,18 @@ def close_innermost(ledger: FlagLedger, owner: object, where: Where = None) -> N
         frame = frames[-1]
         if frame.owner is owner and not frame.closed:
             return ledger.close(frame, where)
-    return ledger.close(ledger.innermost(owner), where)
+    return ledger.close(innermost_here(ledger, owner), where)
+
+
+def innermost_here(ledger: FlagLedger, owner: object) -> Frame:
+    """``ledger.innermost(owner)``; with none in this thread but one open in another, the
+    error ``Frame.close()`` from this thread would raise (nothing is restored; the frame stays
+    open for its own thread): an exit and ``stop()`` from another thread are refused alike."""
+    if ledger._table.find(owner) is None:
+        other = ledger._table.elsewhere(owner)
+        if other is not None:
+            raise ledger._recovery.not_closable(other)
+    return ledger.innermost(owner)
 
 
 @critical

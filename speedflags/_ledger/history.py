@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._short_repr import short_repr
 from .._version import __version__
+from ..errors import InvalidTypeError
 from ..levers._base import Lever, Unreadable
 
 if TYPE_CHECKING:
@@ -256,6 +258,23 @@ def json_default(value: Any) -> Any:
     return str(value)
 
 
+def check_note(**given: Any) -> None:
+    """``InvalidTypeError`` unless a note's texts are strings and ``before`` and ``after``
+    export as JSON (a note ``to_json()`` cannot write would break every later export)."""
+    for name, value in given.items():
+        if name in ("before", "after"):
+            try:
+                json.dumps(value, default=json_default)
+                continue
+            except (TypeError, ValueError) as exc:  # a key that is not a str; a cycle
+                why = f"not exportable: {exc}; to_json() needs str keys and no cycles"
+        elif isinstance(value, str):
+            continue
+        else:
+            why = f"expected a str, got {type(value).__name__}"
+        raise InvalidTypeError(f"ledger.note({name}={short_repr(value)}): {why}")
+
+
 def to_json(history: Iterable[FlagRecord], indent: int | None = None) -> str:
     """``history`` as JSON, with the PyTorch and speedflags versions and the process id."""
     payload = {
@@ -333,7 +352,10 @@ class History:
         label: str,
         where: Where,
     ) -> FlagRecord:
-        """An event that is not a frame, with the calling thread's name and the rank."""
+        """An event that is not a frame, with the calling thread's name and the rank;
+        refused (:func:`check_note`) unless ``to_json()`` can write it."""
+        check_note(lever=lever, action=action, reason=reason, label=label, before=before,
+                   after=after)  # fmt: skip
         thread = threading.current_thread().name
         entry = self.one(label, 0, thread, rank_source(), where, lever, action, reason, before,
                          after)  # fmt: skip

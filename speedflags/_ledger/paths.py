@@ -21,6 +21,8 @@ from .program import Frame
 from .stacks import FrameStacks
 
 BURIED_NOTE = "closed under frames entered later; see the records around it"
+# a decorated generator's or coroutine's step closing as its body suspends (.suspend)
+HELD_NOTE = "held by the body across a yield or await: put back when it resumes"
 
 
 class RarePaths:
@@ -157,6 +159,11 @@ class RarePaths:
         and the warning (the lists made on first use)."""
         notes = notes if notes is not None else [""] * frame.applied
         notices = notices if notices is not None else []
+        held = getattr(frame, "suspending", None)  # a decorated generator's or coroutine's
+        if held is not None:  # body suspends: its own, set aside until it resumes (.suspend)
+            held[i] = found
+            notes[i] = HELD_NOTE
+            return notes, notices
         lever = frame.program.levers[i]
         notes[i], notice = _notices.drift(lever, found, frame.afters[i], frame.befores[i], frame)
         notices.append(notice)

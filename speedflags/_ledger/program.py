@@ -120,8 +120,33 @@ class Program:
                     f"levers: expected (lever, value) or (lever, value, reason) tuples, got "
                     f"{short_repr(item)}"
                 )
+            _check_lever(item[0])
             items.append((item[0], item[1], item[2] if len(item) == 3 else ""))
         return cls(items)
+
+
+_METHODS = ("read", "check", "apply", "restore", "describe", "describe_value")
+
+
+def _check_lever(lever: object) -> None:
+    # A lever the ledger can use: the Lever protocol's names, a scope it knows (an
+    # InvalidTypeError naming what is wrong, not an AttributeError from deep inside)
+    lacks = [m for m in _METHODS if not callable(getattr(lever, m, None))]
+    lacks += [a for a in ("name", "domain") if not isinstance(getattr(lever, a, None), str)]
+    if getattr(lever, "scope", None) not in ("process", "thread"):
+        lacks.append("scope ('process' or 'thread')")
+    if not lacks:
+        return
+    hint = ""
+    if isinstance(lever, str):
+        hint = (
+            " (a name: speedflags.levers.PROCESS_LEVERS maps names to levers, and "
+            "speedflags.fast_math takes names)"
+        )
+    raise InvalidTypeError(
+        f"levers: {short_repr(lever)} is not a lever{hint}: a lever follows the Lever protocol "
+        f"(speedflags.levers._base.Lever); it lacks {', '.join(lacks)}"
+    )
 
 
 class Frame:
@@ -157,6 +182,7 @@ class Frame:
         "owner",
         "program",
         "rank",
+        "suspending",
         "task",
         "thread",
         "thread_id",
@@ -179,6 +205,10 @@ class Frame:
     befores: list[Any]
     afters: list[Any]
     applied: int
+    # on a frame closing because the body of a decorated generator or coroutine suspends: a
+    # dict its close fills with what the body holds (.suspend); unset or None on every other
+    # frame, read with getattr, off the hot path
+    suspending: dict[int, Any] | None
 
     def close(self, where: Where = None) -> None:
         """Restore every lever this frame set to the state it found, and close it:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import SpeedflagsError
 from .decorate import decorate
-from .entering import cancel_open, close_innermost, finish_exit
+from .entering import cancel_open, close_innermost, finish_exit, innermost_here
 from .history import Where
 from .interrupts import PENDING, critical, deliver_pending
 from .program import Frame, Levers, Program
@@ -191,7 +191,13 @@ class FrameScope:
     def stop(self, where: Where = None) -> None:
         """Close this scope's innermost open frame in this thread (or asyncio task),
         restoring what it found; nothing if it has none (an interrupted ``start()`` that
-        opened nothing). ``where`` defaults to the caller's line."""
+        opened nothing). ``where`` defaults to the caller's line.
+
+        Raises:
+            LedgerOrderError: the scope has no frame open in this thread but one open in
+                another (as ``__exit__`` there does): nothing is restored; the frame stays
+                open for its own thread.
+        """
         in_graph = False  # a constant store: no check point before the try
         try:  # first: no exception may land between the stop's start and its try
             if is_compiling() or hooked():
@@ -203,6 +209,8 @@ class FrameScope:
                 frame = self.ledger._table.find(self)
                 if frame is not None:
                     self.ledger.close(frame, where)
+                elif self.ledger._table.elsewhere(self) is not None:  # as __exit__ there
+                    innermost_here(self.ledger, self)  # raises: another thread's frame
         except SpeedflagsError:
             raise
         except BaseException:

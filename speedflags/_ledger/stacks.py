@@ -141,6 +141,14 @@ class FrameStacks:
             "that entered it)"
         )
 
+    def elsewhere(self, owner: object) -> Frame | None:
+        """The innermost open frame entered through ``owner`` in another thread, if any."""
+        tid = threading.get_ident()
+        with self.lock:
+            frames = tuple(self.open.values())
+        theirs = [f for f in frames if f.owner is owner and f.thread_id != tid and not f.closed]
+        return theirs[-1] if theirs else None
+
     def push(self, frame: Frame) -> None:
         """Make ``frame`` this context's innermost (dropping frames closed on top)."""
         context = self.context

@@ -125,6 +125,11 @@ def _wanted(levers: LeversArg) -> dict[str, tuple[Any, ...]]:
                 f"verify(levers=...): unknown lever {short_repr(name)}; valid: {choices}"
             )
         spec = lever_spec(name, "verify")
+        if name not in probes.PROBES:  # nothing would be measured: refused before any work
+            raise InvalidValueError(
+                f"verify(levers=...): {short_repr(name)} {UNVERIFIABLE}; valid: "
+                f"{', '.join(verifiable_levers())}"
+            )
         if values is None:
             chosen: Sequence[Any] = spec.candidates
         elif isinstance(values, (list, tuple)):
@@ -135,6 +140,20 @@ def _wanted(levers: LeversArg) -> dict[str, tuple[Any, ...]]:
             spec.check("verify", value, f"levers[{short_repr(name)}]")
         out[name] = tuple(chosen)
     return out
+
+
+UNVERIFIABLE = "cannot be verified: no probe measures whether it took effect"
+
+
+def verifiable_levers() -> list[str]:
+    """The levers :func:`verify` measures (``levers=`` and ``verify --levers`` take these).
+
+    Example:
+        >>> from speedflags._measure.verdicts import verifiable_levers
+        >>> "tf32" in verifiable_levers(), "deterministic" in verifiable_levers()
+        (True, False)
+    """
+    return [name for name in registry.LEVER_NAMES if name in probes.PROBES]
 
 
 def _baseline(ctx: probes.Context) -> Verdict:

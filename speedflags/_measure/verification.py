@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import InvalidValueError
 from .vocabulary import EMULATED, NO_EFFECT, NOT_IN_EFFECT, REFUSED, UNMEASURED, VERIFIED
 
 __all__ = [
@@ -23,6 +24,22 @@ __all__ = [
 FORMAT = "speedflags-verify/1"
 # not a failure: measured in effect (emulated included), or nothing the device can change
 _OK = (VERIFIED, EMULATED, NO_EFFECT, REFUSED)
+
+
+class NoVerdictError(InvalidValueError, KeyError):
+    """:meth:`Verification.verdict` asked for a lever or value the run has no verdict for:
+    an ``InvalidValueError`` that is also the ``KeyError`` it used to raise.
+
+    Example:
+        >>> from speedflags._measure.verification import Verification
+        >>> try:
+        ...     Verification("cpu", []).verdict("amp")
+        ... except KeyError as exc:
+        ...     print(exc)
+        verdict('amp'): this run has no verdict for it; it has: none
+    """
+
+    __str__ = BaseException.__str__  # KeyError's would quote the message
 
 
 @dataclass(frozen=True)
@@ -133,7 +150,10 @@ class Verification:
         return self.restored and not self.failed
 
     def verdict(self, lever: str, value: Any = None) -> Verdict:
-        """The verdict of ``lever`` (its first value, or ``value``); ``KeyError`` if none.
+        """The verdict of ``lever`` (its first value, or ``value``).
+
+        Raises ``InvalidValueError`` (also a ``KeyError``) if this run has none, naming the
+        lever (and value) and the verdicts it has.
 
         Example:
             >>> from speedflags._measure.verification import Verdict, Verification
@@ -144,7 +164,9 @@ class Verification:
         for v in self.verdicts:
             if v.lever == lever and (value is None or v.value == value):
                 return v
-        raise KeyError(f"no verdict for {lever}={value!r}" if value is not None else lever)
+        asked = f"{lever}={value!r}" if value is not None else repr(lever)
+        have = ", ".join(dict.fromkeys(v.label for v in self.verdicts)) or "none"
+        raise NoVerdictError(f"verdict({asked}): this run has no verdict for it; it has: {have}")
 
     def summaries(self) -> dict[str, str]:
         """``{label: status and figure}`` for every lever value: what results record."""

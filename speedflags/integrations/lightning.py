@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._short_repr import short_repr
+from .._short_repr import short_repr, type_name
 from ..errors import InvalidTypeError
 from ._phases import (
     PhaseFrames,
@@ -137,7 +137,7 @@ class SpeedFlagsCallback(_Callback):
         if not isinstance(check_ranks, bool):
             raise InvalidTypeError(
                 f"{owner}(check_ranks={short_repr(check_ranks)}): expected True or False, got "
-                f"{type(check_ranks).__name__}"
+                f"{type_name(check_ranks)}"
             )
         entries = schedule_entries(owner, schedule, phases["train"])
         self._phases = PhaseFrames(owner, phases, entries, check_ranks=check_ranks)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._short_repr import short_repr
+from .._short_repr import short_repr, type_name
 from .._warn import user_stacklevel
 from ..errors import InvalidTypeError, SpeedflagsWarning
 from ._phases import (
@@ -117,7 +117,7 @@ class SpeedFlagsCallback(_TrainerCallback):
         if not isinstance(check_ranks, bool):
             raise InvalidTypeError(
                 f"{OWNER}(check_ranks={short_repr(check_ranks)}): expected True or False, got "
-                f"{type(check_ranks).__name__}"
+                f"{type_name(check_ranks)}"
             )
         self._phases = PhaseFrames(OWNER, phases, check_ranks=check_ranks)
         self._device = torch.device("cpu")

@@ -80,10 +80,13 @@ class LeakReport:
         self.mode = mode
         self.path = path
         self.findings: list[Finding] = []
+        self.failed: set[str] = set()  # the tests (node ids) with a failed report
         self.by_torch: list[str] = []  # each once
         self.problem = ""  # why the file could not be written, once tried
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self.failed.add(report.nodeid)
         found = getattr(report, ATTRIBUTE, None)  # on one report of a leaking test only
         if found is not None:
             self.findings.append(found)
@@ -102,6 +105,21 @@ class LeakReport:
         except OSError as exc:  # checked at the start; the directory may have gone since
             self.problem = f"speedflags: could not write {OPTION}={self.path}: {exc}"
 
+    def outcome(self) -> str:
+        """What became of the leaking tests, as the summary's last line says it: in ``warn``
+        mode a leak alone fails no test, but a warnings filter turning ``FlagLeakWarning``
+        into an error (``-W error``) does, and a test may fail for reasons of its own."""
+        if self.mode == "fail":
+            return "these tests failed"
+        ids = list(dict.fromkeys(found["nodeid"] for found in self.findings))
+        failed = [nodeid for nodeid in ids if nodeid in self.failed]
+        if not failed:
+            return "they passed"
+        why = "FlagLeakWarning is an error here (-W error), or a failure of their own"
+        if len(failed) == len(ids):
+            return f"they failed ({why})"
+        return f"{len(failed)} of them failed ({why}): {', '.join(failed)}; the others passed"
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.mode != "off":  # with only a report file asked for, the file says "off"
             title, lines = summary(self.findings, self.mode)
@@ -110,10 +128,9 @@ class LeakReport:
             for line in lines:
                 terminalreporter.write_line(line)
             if lines:
-                what = "these tests failed" if self.mode == "fail" else "they passed"
                 terminalreporter.write_line(
-                    f"(--speedflags-leaks={self.mode}: {what}; speedflags put every setting "
-                    "back after its test)"
+                    f"(--speedflags-leaks={self.mode}: {self.outcome()}; speedflags put every "
+                    "setting back after its test)"
                 )
         if self.by_torch and self.mode != "off":
             terminalreporter.write_line(

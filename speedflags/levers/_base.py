@@ -201,9 +201,10 @@ class SimpleLever:
 def validate_bool(value: object) -> bool:
     """``value`` if it is ``True`` or ``False``; else ``InvalidTypeError`` naming its type."""
     if not isinstance(value, bool):
-        from ..errors import InvalidTypeError  # local: keep this module free of import cycles
+        from .._short_repr import type_name  # local: keep this module free of import cycles
+        from ..errors import InvalidTypeError
 
-        raise InvalidTypeError(f"expected True or False, got {type(value).__name__}")
+        raise InvalidTypeError(f"expected True or False, got {type_name(value)}")
     return value
 
 

@@ -269,7 +269,8 @@ def _first_floating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtyp
     for value in args:
         if isinstance(value, torch.Tensor):
             if value.is_floating_point():
-                return value.dtype
+                dtype: torch.dtype = value.dtype  # typed: 2.1's stubs give Any
+                return dtype
             continue
         if isinstance(value, _NESTED):
             found = _first_in(value)

@@ -14,6 +14,7 @@ import torch._C as torch_C
 
 from .._hardware import capabilities, cudnn_available
 from ._base import Effect, SimpleLever, validate_bool
+from .deterministic import refuse_nested
 from .spec import Shorthand, declare
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
@@ -37,6 +38,17 @@ class CudnnBenchmarkLever(SimpleLever):
     # One plain setter: the value written is the value read back, so no read-back is spent.
     def apply(self, value: bool, before: bool) -> bool:
         if before != value:
+            # deterministic=True (not its warn-only mode) on: refused as in one spec
+            if (
+                value
+                and _C._get_deterministic_algorithms()
+                and not _C._get_deterministic_algorithms_warn_only()
+            ):
+                refuse_nested(
+                    "cudnn_benchmark=True",
+                    "deterministic algorithms are on",
+                    "leave cudnn_benchmark out of the inner block",
+                )
             _C._set_cudnn_benchmark(value)
         return value
 

@@ -52,6 +52,25 @@ GETTERS = (
 )
 
 
+# Why deterministic=True and cudnn_benchmark=True are refused together: in one spec (the
+# registry's check) and nested, one block's inside the other's (the levers' own, at enter)
+BENCHMARK_CONTRADICTS = (
+    "cuDNN benchmarking times algorithms per shape and may pick a different one each run, "
+    "which deterministic=True promises not to"
+)
+
+
+def refuse_nested(entering: str, found: str, fix: str) -> None:
+    """Refuse to enter ``entering`` (``"deterministic=True"`` or ``"cudnn_benchmark=True"``)
+    while ``found`` holds, as one spec with both is refused (nothing is changed: the frame is
+    rolled back)."""
+    raise InvalidValueError(
+        f"{entering} entered while {found} (set by an open block, or by code outside "
+        f"speedflags): contradictory, as fast_math(deterministic=True, cudnn_benchmark=True) "
+        f"is: {BENCHMARK_CONTRADICTS}; {fix}"
+    )
+
+
 def validate_mode(value: object) -> Mode:
     """``True``, ``False`` or ``"warn"``; else an error naming the valid choices."""
     if isinstance(value, bool):
@@ -84,6 +103,12 @@ class DeterministicLever(SimpleLever):
         )
 
     def apply(self, value: Mode, before: State) -> State:
+        if value is True and _C._get_cudnn_benchmark():
+            refuse_nested(
+                "deterministic=True",
+                "torch.backends.cudnn.benchmark is True",
+                "set cudnn_benchmark=False in the same block, or use deterministic='warn'",
+            )
         return self._write(TARGETS[value], before, "apply")
 
     def restore(self, target: State, current: State) -> State:
@@ -125,7 +150,9 @@ DETERMINISTIC_SHORTHAND = Shorthand(
     ``True``: ``torch.use_deterministic_algorithms(True)`` (an operation with no deterministic
     implementation raises) and ``torch.backends.cudnn.deterministic = True``; ``"warn"``: the
     same in warn-only mode (it warns instead); ``False``: all of it off. Often slower, never
-    faster. Refused together with ``cudnn_benchmark=True`` in one spec.
+    faster. Refused together with ``cudnn_benchmark=True``: in one spec, and entered while
+    ``torch.backends.cudnn.benchmark`` is on (inside a ``cudnn_benchmark=True`` block), as
+    ``cudnn_benchmark=True`` is while deterministic algorithms are on.
 
     Scope: process. Restores the deterministic mode, its warn-only flag and
     ``cudnn.deterministic`` exactly as found.

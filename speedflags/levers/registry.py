@@ -38,6 +38,7 @@ from ..errors import InvalidTypeError, InvalidValueError
 from ._base import UNSET, DeviceLever, Effect
 from ._model_shadow import fsdp_owner
 from .autocast import autocast_lever
+from .deterministic import BENCHMARK_CONTRADICTS
 from .spec import LeverSpec
 
 __all__ = [
@@ -134,7 +135,9 @@ def check_levers(call: str, given: Mapping[str, object]) -> tuple[tuple[str, Any
     spelling). An unknown name raises ``InvalidTypeError`` (like any unexpected keyword
     argument) listing the valid ones; a bad value raises what :meth:`LeverSpec.check`
     raises; ``tf32`` and ``matmul_precision`` asking for opposite cuBLAS TF32 settings raise
-    ``InvalidValueError``, and so do ``deterministic=True`` and ``cudnn_benchmark=True``.
+    ``InvalidValueError``, and so do ``deterministic=True`` and ``cudnn_benchmark=True``
+    (nested, one block inside the other's, the inner one's enter is refused the same way: the
+    levers' own check, ``deterministic.refuse_nested``).
 
     Example:
         >>> from speedflags.levers.registry import check_levers
@@ -208,9 +211,8 @@ def shown_levers(given: Mapping[str, object]) -> list[str]:
 def _refuse_contradictions(call: str, values: Mapping[str, Any]) -> None:
     if values.get("deterministic") is True and values.get("cudnn_benchmark") is True:
         raise InvalidValueError(
-            f"{call}(deterministic=True, cudnn_benchmark=True): contradictory: cuDNN "
-            "benchmarking times algorithms per shape and may pick a different one each run, "
-            "which deterministic=True promises not to; use cudnn_benchmark=False, or leave "
+            f"{call}(deterministic=True, cudnn_benchmark=True): contradictory: "
+            f"{BENCHMARK_CONTRADICTS}; use cudnn_benchmark=False, or leave "
             "one of them out"
         )
     tf32 = values.get("tf32")
