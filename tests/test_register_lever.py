@@ -137,16 +137,13 @@ def test_a_built_in_lever_stays_and_an_unknown_name_is_refused() -> None:
 def test_the_leak_plugin_reports_a_registered_lever_a_test_leaves_changed(
     pytester: pytest.Pytester,
 ) -> None:
-    # The lever is registered by the inner session's conftest (after the plugin started
-    # watching), one test changes its setting without putting it back: that test fails,
-    # naming the lever and both values, and the setting is put back for the next test.
+    # The lever is registered when the inner session imports its test module (after the
+    # plugin started watching: a conftest's pytest_configure would come before), and one test
+    # changes its setting without putting it back: that test fails, naming the lever and both
+    # values, and the setting is put back for the next test.
     pytester.makeconftest(
         """
         import speedflags
-        from _dict_lever import WorkersLever
-
-        def pytest_configure(config):
-            speedflags.register_lever(WorkersLever())
 
         def pytest_unconfigure(config):  # this session runs in the outer test's process
             speedflags.unregister_lever("workers")
@@ -155,7 +152,9 @@ def test_the_leak_plugin_reports_a_registered_lever_a_test_leaves_changed(
     pytester.makepyfile(
         """
         import speedflags
-        from _dict_lever import SETTINGS
+        from _dict_lever import SETTINGS, WorkersLever
+
+        speedflags.register_lever(WorkersLever())
 
         def test_leaves_it_changed():
             SETTINGS["workers"] = 7
