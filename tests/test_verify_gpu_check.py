@@ -375,3 +375,17 @@ def test_peaks_are_found_by_the_device_name(name: str, label: str) -> None:
     found = peak_for(name)
     assert found is not None and found[0] == label
     assert found[1]["bf16"] >= found[1]["tf32"] >= found[1]["fp32"] > 0
+
+
+def test_the_suite_cap_is_a_presets_unless_given() -> None:
+    parser = gpu_check._parser()
+
+    def settings(*argv: str) -> tuple[float, float]:
+        _, budget, cap, _ = gpu_check._settings(parser, parser.parse_args(["--out", "x", *argv]))
+        return budget, cap
+
+    assert settings() == (530.0, 300.0)
+    assert settings("--preset", "second") == (220.0, 200.0)
+    assert settings("--preset", "second", "--budget", "400", "--suite-cap", "290") == (400.0, 290.0)
+    with pytest.raises(SystemExit):
+        settings("--suite-cap", "0")

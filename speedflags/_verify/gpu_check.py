@@ -201,6 +201,12 @@ def _parser() -> argparse.ArgumentParser:
         "0: eight processes of a fixed share of the files each)",
     )
     parser.add_argument(
+        "--suite-cap",
+        type=float,
+        default=None,
+        help="seconds the suite may run (300; a preset's own: 230 first, 200 second)",
+    )
+    parser.add_argument(
         "--suite-tests",
         default=None,
         help="comma-separated test files or test ids for the suite step instead of every file "
@@ -236,6 +242,10 @@ def _settings(
             chosen = [*preset_steps, *(chosen or [])]
     if args.budget is not None:
         budget = args.budget
+    if args.suite_cap is not None:
+        if args.suite_cap <= 0:
+            parser.error(f"--suite-cap {args.suite_cap:g}: expected a number of seconds above 0")
+        suite_cap = args.suite_cap
     bench_args = shlex.split(args.bench_args)
     if args.bench_workloads:
         bench_args = ["--workload", args.bench_workloads, *bench_args]
