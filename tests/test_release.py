@@ -88,7 +88,8 @@ def test_the_wheel_holds_the_package_and_the_licence_and_no_tests(
     package = {n for n in names if n.startswith("speedflags/")}
     expected = {
         p.relative_to(ROOT).as_posix()
-        for p in (ROOT / "speedflags").rglob("*.py")
+        for pattern in ("*.py", "*.pyi")  # the stubs: what mypy reads for generated code
+        for p in (ROOT / "speedflags").rglob(pattern)
         if "__pycache__" not in p.parts
     }
     assert expected | {"speedflags/py.typed"} == package
