@@ -236,6 +236,24 @@ def raw_tf32() -> Iterator[None]:
     reset_tf32_family()
 
 
+# What pytest-xdist sets in a worker's environment. A session a test starts (pytester) is no
+# worker, but inherits them when this suite runs under xdist (the GPU machine's run):
+# pytest-benchmark then believes xdist is on and warns so, an error under -W error.
+_XDIST_WORKER_VARIABLES = (
+    "PYTEST_XDIST_WORKER",
+    "PYTEST_XDIST_WORKER_COUNT",
+    "PYTEST_XDIST_TESTRUNUID",
+)
+
+
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytest's own, with the inner sessions run as a plain pytest is (not as xdist workers)."""
+    for name in _XDIST_WORKER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return pytester
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     """Pretend a CUDA GPU of a given compute capability is present.

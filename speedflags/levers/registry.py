@@ -304,6 +304,8 @@ def register_lever(lever: Any) -> LeverSpec:
         raise InvalidValueError(
             f"register_lever({name}): domain {short_repr(domain)}: expected a name"
         )
+    # (no loop in the locked sections below, comprehensions included: Python 3.12 inlines
+    # them, and a loop inside a with-block can leave its handler uncovered; the helpers loop)
     with _lock:
         if name in _BY_NAME or name in _OPTIONS:
             taken = (
@@ -315,15 +317,28 @@ def register_lever(lever: Any) -> LeverSpec:
                 f"register_lever({name}): the name {name!r} is taken ({taken}); lever names "
                 "are unique: unregister_lever() the other first, or choose another name"
             )
-        shared = [s.name for s in REGISTRY if s.scope != "model" and s.lever().domain == domain]
-        if shared:
+        owner = _domain_owner(domain)
+        if owner is not None:
             raise InvalidValueError(
-                f"register_lever({name}): domain {domain!r} is {shared[0]}'s: a lever's domain "
+                f"register_lever({name}): domain {domain!r} is {owner}'s: a lever's domain "
                 "names the state it writes, and the ledger keeps one stack of frames per domain"
             )
         spec = _spec_of(lever)
         _publish((*REGISTRY, spec))
     return spec
+
+
+def _domain_owner(domain: str) -> str | None:
+    """The name of the lever (not a model lever) whose domain is ``domain``, or None."""
+    for spec in REGISTRY:
+        if spec.scope != "model" and spec.lever().domain == domain:
+            return spec.name
+    return None
+
+
+def _registered() -> tuple[LeverSpec, ...]:
+    """The levers :func:`register_lever` added, in their order."""
+    return tuple(s for s in REGISTRY if not s.builtin)
 
 
 def unregister_lever(name: str) -> None:
@@ -351,12 +366,16 @@ def unregister_lever(name: str) -> None:
                 f"unregister_lever({short_repr(name)}): a built-in lever stays registered"
             )
         if spec is None:
-            registered = [s.name for s in REGISTRY if not s.builtin]
+            registered = ", ".join(s.name for s in _registered()) or "none"
             raise InvalidValueError(
                 f"unregister_lever({short_repr(name)}): no such registered lever; registered: "
-                f"{', '.join(registered) or 'none'}"
+                f"{registered}"
             )
-        _publish(tuple(s for s in REGISTRY if s is not spec))
+        _publish(_without(spec))
+
+
+def _without(spec: LeverSpec) -> tuple[LeverSpec, ...]:
+    return tuple(s for s in REGISTRY if s is not spec)
 
 
 def _spec_of(lever: Any) -> LeverSpec:
