@@ -101,9 +101,12 @@ lint: setup
 typecheck: setup
 	$(PY) -m mypy
 
-# the suite under its own pytest plugin: a test that leaves a torch flag changed fails
+# the suite under its own pytest plugin: a test that leaves a torch flag changed fails. In
+# UNIT_WORKERS pytest-xdist processes (the CI machines have two cores; most tests are
+# single-threaded Python), each taking a whole file at a time; UNIT_WORKERS=0: one process
+UNIT_WORKERS ?= 2
 unit: setup
-	$(PY) -m pytest -p speedflags.pytest_plugin --speedflags-leaks=fail
+	$(PY) -m pytest -p speedflags.pytest_plugin --speedflags-leaks=fail -n $(UNIT_WORKERS) --dist loadfile
 
 bench: setup
 	$(PY) -m pytest benchmarks --benchmark-only
