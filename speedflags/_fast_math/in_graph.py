@@ -181,7 +181,8 @@ def spec_in_graph(builder: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     (amp only), a no-op context (nothing applies here), or the spec itself, built eagerly (a
     graph break; ``with`` it runs its block eagerly). Called eagerly inside compiled code
     (:data:`~speedflags._tracing.hooked`): the spec, built out of dynamo's way."""
-    if is_compiling() and kwargs.get("model") is not None:
+    # (a membership test, not kwargs.get: PyTorch 2.1's dynamo cannot trace dict.get here)
+    if is_compiling() and "model" in kwargs and kwargs["model"] is not None:
         _model_form()
     elif is_compiling():
         form = _built_form(builder, args, tuple(kwargs.items()))
