@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._hardware import capabilities
+from .._hardware import capabilities, cpu_kernels
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Effect
 from ._model_lever import OFF, ModelLever
@@ -116,6 +116,16 @@ def param_dtype_effect(value: torch.dtype | None, device: torch.device) -> Effec
     why = f"{name} is not native on {caps.device}: {answer.reason}"
     if answer.missing_kernel:
         return Effect(False, why, unsupported=True)
+    if device.type == "cpu":
+        # no instructions, and no kernel either (fp16 on PyTorch 2.1): refused, not emulated
+        missing = cpu_kernels(value).missing_one(("matmul", "linear backward"))
+        if missing is not None:
+            operation, message = missing
+            return Effect(
+                False,
+                f"PyTorch {torch.__version__} has no {name} {operation} on cpu ({message})",
+                unsupported=True,
+            )
     return Effect(False, why, slow=device.type == "cpu")  # emulated: slower than fp32
 
 
