@@ -20,7 +20,6 @@ import os as _os
 import sys as _sys
 import typing as _typing
 import warnings as _warnings
-from importlib import import_module as _import_module
 from importlib.util import find_spec as _find_spec
 
 
@@ -51,6 +50,7 @@ from ._ledger.interrupts import signal_safe
 from ._ledger.ledger import FlagLedger, ledger
 from ._ledger.program import Frame
 from ._ledger.scope import FrameScope
+from ._short_repr import set_module as _set_module
 from ._shorthands import (
     autocast,
     cudnn_benchmark,
@@ -65,7 +65,7 @@ from ._version import __version__
 from .errors import *  # noqa: F403 - the exceptions and warnings, named once in errors.__all__
 from .levers import Unreadable, register_lever, unregister_lever
 
-if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type checkers see them
+if _typing.TYPE_CHECKING:  # the names loaded on first use (_lazy.py), as type checkers see them
     from . import bench as bench
     from . import report as report
     from . import training as training
@@ -81,42 +81,6 @@ if _typing.TYPE_CHECKING:  # the names loaded on first use (_LAZY), as type chec
     from ._tune import tune
     from ._tune.result import TuneResult
     from ._watch.watch import watch
-
-# Loaded on first use (PEP 562): public name -> the module, relative to this package, that
-# defines it. Most programs only enter blocks; the tools, the status readers, the rank check,
-# the watch and the training helpers load when a program first touches them.
-_LAZY: dict[str, str] = {
-    "bench": ".bench",  # a module, as users and benchmarks/ import it
-    "report": ".report",  # a module: speedflags report
-    "load_levers": "._measure.lever_files",
-    "verify": "._measure.verdicts",
-    "Verification": "._measure.verification",
-    "check_ranks": "._distributed",
-    "RankSnapshot": "._distributed",
-    "guard_levers": "._compile.user_compile",
-    "Recommendation": "._recommend",
-    "recommended": "._recommend",
-    "SpeedupStats": "._speedup_stats",
-    "Schedule": "._schedule",
-    "TF32Schedule": "._schedule",
-    "TF32Status": "._status",
-    "heal_tf32": "._status",
-    "snapshot": "._status",
-    "tf32_status": "._status",
-    "training": ".training",  # a module: the training helpers (fast_optimizer, ...)
-    "tune": "._tune",
-    "TuneResult": "._tune.result",
-    "watch": "._watch.watch",
-}
-_MODULES = ("bench", "report", "training")  # the lazy names that are modules themselves
-# Old spellings that still work, with a DeprecationWarning (not in __all__ or dir()):
-# name -> (the module that defines it, what to write instead).
-_MOVED: dict[str, tuple[str, str]] = {
-    "fast_optimizer": (".training", "speedflags.training.fast_optimizer"),
-    "grad_scaler": (".training", "speedflags.training.grad_scaler"),
-    "to_device": (".training", "speedflags.training.to_device"),
-    "UNSET": (".levers._base", "None, or leave the keyword out (both leave a lever unchanged)"),
-}
 
 __all__ = [
     "Capabilities",
@@ -164,48 +128,25 @@ __all__ = [
 __all__ += errors.__all__
 
 
-def _publish(name: str, value: _typing.Any) -> _typing.Any:
-    # Public classes say where users find them: <speedflags.FastMath ...>, not a private module.
-    if isinstance(value, type) and name in __all__:
-        value.__module__ = __name__
-    globals()[name] = value
-    return value
-
-
-for _name in __all__:
-    if _name not in _LAZY:
-        _publish(_name, globals()[_name])
+# The other public classes carry @set_module("speedflags") at their definition; these are
+# defined where it is not written yet (_ledger/, _fast_math/).
+for _public_class in (FastMath, FlagLedger, FlagRecord, Frame, FrameScope):
+    _set_module(__name__)(_public_class)
 
 
 if not _typing.TYPE_CHECKING:  # type checkers read the names from the imports above instead
 
     def __getattr__(name: str) -> _typing.Any:
-        moved = _MOVED.get(name)
-        if moved is not None:
-            _warnings.warn(
-                f"speedflags.{name} is deprecated; use {moved[1]}",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return getattr(_import_module(moved[0], __name__), name)
-        if name not in _LAZY:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        module = _import_module(_LAZY[name], __name__)
-        if name in _MODULES:
-            return module
-        value = _publish(name, getattr(module, name))
-        # What that import loaded is public as well now: a TuneResult that speedflags.tune()
-        # returns reports speedflags.TuneResult before anyone asks for the class.
-        for other, where in _LAZY.items():
-            if other not in globals() and other not in _MODULES:
-                loaded = _sys.modules.get(__name__ + where)
-                if loaded is not None and hasattr(loaded, other):
-                    _publish(other, getattr(loaded, other))
-        return value
+        # the names loaded on first use and the old spellings (_lazy.py, loaded by the first)
+        from ._lazy import load
+
+        return load(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    from ._lazy import names
+
+    return names()
 
 
 if _os.environ.get("SPEEDFLAGS_WATCH"):  # watch from the first import on, for the whole process
@@ -214,4 +155,4 @@ if _os.environ.get("SPEEDFLAGS_WATCH"):  # watch from the first import on, for t
     _start_from_env()
     del _start_from_env
 
-del _name, _numpy_missing
+del _public_class, _set_module, _numpy_missing

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._hardware import DeviceLike, capabilities, resolve_device
+from ._short_repr import set_module
 
 __all__ = ["Recommendation", "recommended"]
 
 
+@set_module("speedflags")
 @dataclass(frozen=True)
 class Recommendation:
     """The recommended levers for one device, each with the reason it is (or is not) there.

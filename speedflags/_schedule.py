@@ -17,7 +17,7 @@ import torch
 from ._fast_math import FastMath
 from ._hardware import DeviceLike, normalize_device
 from ._ledger.ledger import ledger
-from ._short_repr import short_repr, type_name
+from ._short_repr import set_module, short_repr, type_name
 from .errors import InvalidTypeError, InvalidValueError, LedgerOrderError
 from .levers import registry
 from .levers.registry import check_model, lever_spec
@@ -30,6 +30,7 @@ __all__ = ["Schedule", "TF32Schedule"]
 _LEDGER = ledger()
 
 
+@set_module("speedflags")
 class Schedule:
     """Lever settings that change with the epoch: ``Schedule({0: {...}, 100: {...}})``.
 
@@ -236,6 +237,7 @@ class Schedule:
         self._active = None
 
 
+@set_module("speedflags")
 class TF32Schedule(Schedule):
     """TF32 by epoch, NequIP's semantics: ``TF32Schedule({0: True, 100: False})``.
 

@@ -1,9 +1,15 @@
-"""``short_repr``: a user's value quoted in an error message, at most ~200 characters.
+"""How speedflags names things to its users: a value quoted in a message, a type, a class.
+
+``short_repr``: a user's value quoted in an error message, at most ~200 characters.
 
 Every validation message that quotes the value it refuses goes through :func:`short_repr`,
 so that ``fast_math(sdpa=["flash"] * 1_000_000)`` says what is wrong in one line instead of
 building a 9 MB message. The work is bounded too: containers are walked through ``reprlib``
 (a few dozen items, a few levels deep), never ``repr()``'d whole.
+
+:func:`type_name` names a value's type as a message says "got ..."; :func:`set_module`
+makes a public class name the module users import it from (``speedflags.Schedule``, not
+the private module that defines it).
 
 Torch-free and free of speedflags imports: ``errors``, the levers and the command line all
 use it.
@@ -22,10 +28,13 @@ Example:
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Callable
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["SHOWN_CHARS", "short_repr", "short_str", "type_name"]
+__all__ = ["SHOWN_CHARS", "set_module", "short_repr", "short_str", "type_name"]
+
+_Named = TypeVar("_Named")
 
 SHOWN_CHARS = 200  # of a value quoted in a message (a length note may follow)
 _ITEMS = 24  # items of a list, tuple, set or dict shown before "..."
@@ -138,3 +147,31 @@ def type_name(value: object) -> str:
     if module == "builtins" or "<locals>" in name:
         return kind.__name__
     return f"{module}.{name}"
+
+
+def set_module(module: str) -> Callable[[_Named], _Named]:
+    """A decorator: the class (or function) it decorates reports ``module`` as its own.
+
+    numpy's ``set_module``. Written at the definition of each public class, so that
+    ``repr``, ``help()``, pickle and messages name it where users import it from
+    (``speedflags.Schedule``) from the moment it exists, wherever the implementation lives.
+    The public module must resolve the name (an eager import or its first-use table), or
+    pickle cannot find it again. Put it above ``@dataclass``: a dataclass reads its own
+    module while it is being built. A class keeps the module that defines it as
+    ``_module_source`` (numpy's name), for tools that look for its source or its examples.
+
+    Example:
+        >>> from speedflags._short_repr import set_module
+        >>> @set_module("speedflags")
+        ... class Flag: ...
+        >>> Flag.__module__, Flag._module_source, type_name(Flag())
+        ('speedflags', 'speedflags._short_repr', 'speedflags.Flag')
+    """
+
+    def decorate(obj: _Named) -> _Named:
+        if isinstance(obj, type):
+            obj._module_source = obj.__module__  # type: ignore[attr-defined]
+        obj.__module__ = module
+        return obj
+
+    return decorate

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._fast_math import FastMath
 from ._recommend import recommended
+from ._short_repr import set_module
 
 if TYPE_CHECKING:  # compile/ is loaded by a step given compile=, not by import speedflags
     from ._compile.guarded import GuardedCompile
@@ -19,6 +20,7 @@ _STATS_FIELDS = (
 )  # fmt: skip
 
 
+@set_module("speedflags")
 class SpeedupStats:
     """What a ``@speedup`` function has done: ``step.stats`` (read-only, updated live).
 

@@ -14,6 +14,7 @@ import torch
 
 from ._ledger.decorate import caller_where
 from ._ledger.ledger import ledger
+from ._short_repr import set_module
 from ._watch.watcher import tf32_writer
 from .errors import StateMismatchError
 from .levers import _fp32_model as family
@@ -50,6 +51,7 @@ def snapshot() -> dict[str, Any]:
     return {**lever_snapshot(AUTOCAST_DEVICES), **guarded_snapshot()}
 
 
+@set_module("speedflags")
 @dataclass(frozen=True)
 class TF32Status:
     """Both TF32 API families, side by side (see :func:`tf32_status`).

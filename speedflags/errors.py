@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._short_repr import set_module
+
 __all__ = [
     "AbandonedFrameWarning",
     "CompileFallbackWarning",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 
+@set_module("speedflags")
 class SpeedflagsError(Exception):
     """Base class of every error speedflags raises.
 
@@ -51,6 +54,7 @@ class SpeedflagsError(Exception):
     """
 
 
+@set_module("speedflags")
 class InvalidValueError(SpeedflagsError, ValueError):
     """An argument has the right type but a value outside its valid choices.
 
@@ -67,6 +71,7 @@ class InvalidValueError(SpeedflagsError, ValueError):
     """
 
 
+@set_module("speedflags")
 class InvalidTypeError(SpeedflagsError, TypeError):
     """An argument has the wrong type (``fast_math(tf32="yes")``).
 
@@ -82,6 +87,7 @@ class InvalidTypeError(SpeedflagsError, TypeError):
     """
 
 
+@set_module("speedflags")
 class MixedTF32APIError(SpeedflagsError, RuntimeError):
     """PyTorch's legacy and new TF32 APIs disagree, so a legacy getter would raise.
 
@@ -99,6 +105,7 @@ class MixedTF32APIError(SpeedflagsError, RuntimeError):
     """
 
 
+@set_module("speedflags")
 class LeverUnavailableError(SpeedflagsError, RuntimeError):
     """With ``strict=True``: a lever would have no effect on this device (or no native speed-up).
 
@@ -116,6 +123,7 @@ class LeverUnavailableError(SpeedflagsError, RuntimeError):
     """
 
 
+@set_module("speedflags")
 class LeverFileNotFoundError(SpeedflagsError, FileNotFoundError):
     """A lever or bench file that does not exist: the message names the call and the file.
 
@@ -135,6 +143,7 @@ class LeverFileNotFoundError(SpeedflagsError, FileNotFoundError):
         return str(self.strerror if self.strerror is not None else super().__str__())
 
 
+@set_module("speedflags")
 class LeverInGraphError(SpeedflagsError, RuntimeError):
     """A process-wide lever is set inside a function compiled with ``fullgraph=True``.
 
@@ -164,6 +173,7 @@ class LeverInGraphError(SpeedflagsError, RuntimeError):
     """
 
 
+@set_module("speedflags")
 class LedgerOrderError(SpeedflagsError, RuntimeError):
     """A frame was exited out of order, twice, or from a thread other than its own.
 
@@ -182,6 +192,7 @@ class LedgerOrderError(SpeedflagsError, RuntimeError):
     """
 
 
+@set_module("speedflags")
 class LedgerReentryError(SpeedflagsError, RuntimeError):
     """A block was entered or exited while the same thread was inside speedflags' ledger.
 
@@ -198,6 +209,7 @@ class LedgerReentryError(SpeedflagsError, RuntimeError):
     """
 
 
+@set_module("speedflags")
 class StateMismatchError(SpeedflagsError, RuntimeError):
     """A write left PyTorch in a different state than the one speedflags asked for.
 
@@ -214,6 +226,7 @@ class StateMismatchError(SpeedflagsError, RuntimeError):
     """
 
 
+@set_module("speedflags")
 class RestoreError(SpeedflagsError, RuntimeError):
     """Restoring several levers of a frame failed (a single failure is raised as itself).
 
@@ -233,6 +246,7 @@ class RestoreError(SpeedflagsError, RuntimeError):
         self.errors: tuple[BaseException, ...] = tuple(errors)
 
 
+@set_module("speedflags")
 class RankMismatchError(SpeedflagsError, RuntimeError):
     """Ranks of a ``torch.distributed`` job run with different flags (see ``check_ranks``).
 
@@ -264,6 +278,7 @@ class RankMismatchError(SpeedflagsError, RuntimeError):
         self.differences: dict[str, tuple[Any, ...]] = dict(differences or {})
 
 
+@set_module("speedflags")
 class SpeedflagsWarning(UserWarning):
     """Base class of the warnings speedflags emits (each cause is reported once).
 
@@ -274,6 +289,7 @@ class SpeedflagsWarning(UserWarning):
     """
 
 
+@set_module("speedflags")
 class DriftWarning(SpeedflagsWarning):
     """Code inside a block changed a lever the block had set; the exit restores it anyway.
 
@@ -290,6 +306,7 @@ class DriftWarning(SpeedflagsWarning):
     """
 
 
+@set_module("speedflags")
 class AbandonedFrameWarning(SpeedflagsWarning):
     """A block was left open by a thread that ended (or does not exist after a fork).
 
@@ -305,6 +322,7 @@ class AbandonedFrameWarning(SpeedflagsWarning):
     """
 
 
+@set_module("speedflags")
 class LeverConflictWarning(SpeedflagsWarning):
     """A block changed a shared flag that another thread's or task's open block had set.
 
@@ -321,6 +339,7 @@ class LeverConflictWarning(SpeedflagsWarning):
     """
 
 
+@set_module("speedflags")
 class SlowPathWarning(SpeedflagsWarning):
     """A requested lever makes this device slower than it is without it: bf16 or fp16
     autocast on a CPU without the instructions for the dtype, where PyTorch emulates it.
@@ -337,6 +356,7 @@ class SlowPathWarning(SpeedflagsWarning):
     """
 
 
+@set_module("speedflags")
 class DeviceUnavailableWarning(SpeedflagsWarning):
     """A block targets a device this PyTorch cannot use (``device="cuda"`` without CUDA).
 
@@ -353,6 +373,7 @@ class DeviceUnavailableWarning(SpeedflagsWarning):
     """
 
 
+@set_module("speedflags")
 class CompileFallbackWarning(SpeedflagsWarning):
     """``@speedup(compile=...)``: torch.compile failed, so the function runs eagerly from now on.
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import speedflags
+from speedflags._lazy import LAZY
 
 ROOT = Path(speedflags.__file__).resolve().parent.parent
 # 40 for the process and thread levers, 4 more for the model levers (param_dtype,
@@ -29,6 +30,7 @@ MAX_MODULES_AT_IMPORT = 45
 # Loaded on first use only: the tools, the status readers, the rank check, the watch, the
 # training helpers, compile (only @speedup(compile=...) needs it).
 NOT_AT_IMPORT = (
+    "speedflags._lazy",  # the first-use table itself, loaded by the first such name
     "speedflags._measure",
     "speedflags.bench",
     "speedflags._compile",
@@ -84,8 +86,9 @@ import speedflags
 loaded = sorted(m for m in sys.modules if m.split(".")[0] == "speedflags")
 bound = sorted(vars(speedflags))
 listed = sorted(set(speedflags.__all__) - set(dir(speedflags)))
+from speedflags._lazy import LAZY
 first_use = {}
-for name, module in speedflags._LAZY.items():
+for name, module in LAZY.items():
     full = "speedflags" + module
     value = getattr(speedflags, name)
     first_use[name] = {
@@ -111,16 +114,16 @@ def test_import_loads_at_most_40_modules_and_no_tool(fresh: dict[str, Any]) -> N
     assert early == [], f"loaded at import: {early}"
     assert "speedflags.levers.registry" in loaded and "speedflags._ledger.ledger" in loaded
     # every name not loaded on first use is bound at import, the blocks among them
-    eager = set(speedflags.__all__) - set(speedflags._LAZY)
+    eager = set(speedflags.__all__) - set(LAZY)
     assert eager | set(BLOCKS) <= set(fresh["bound"])
-    assert set(BLOCKS).isdisjoint(speedflags._LAZY)
+    assert set(BLOCKS).isdisjoint(LAZY)
     assert fresh["listed"] == []  # dir() lists the names before they are loaded
 
 
 def test_each_name_loads_its_module_on_first_use(fresh: dict[str, Any]) -> None:
     # (none of these modules was loaded at import: the test above)
     first_use: dict[str, dict[str, Any]] = fresh["first_use"]
-    assert set(first_use) == set(speedflags._LAZY)
+    assert set(first_use) == set(LAZY)
     for name, seen in first_use.items():
         assert seen["after"], name
         assert seen["bound"], name  # looked up once, an ordinary attribute afterwards

@@ -9,8 +9,8 @@ through different modules. The layers are written once, here, bottom to top;
 ``docs/architecture.md`` draws the same order.
 
 The package's ``__init__`` loads the names it serves on first use through ``importlib``
-(its ``_LAZY`` table), which these checks do not read; it is the top layer, so nothing of
-the order is hidden that way.
+(``_lazy.py``'s table), which these checks do not read; both are the top layer, so nothing
+of the order is hidden that way.
 """
 
 from __future__ import annotations
@@ -50,11 +50,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "leak_report",
         ),
     ),
-    ("entry points", ("__main__", "")),
+    ("entry points", ("__main__", "_lazy", "")),
 ]
 # The tools that share _measure and must not lean on one another (not even one way).
 SEPARATE_TOOLS = ("bench", "_tune", "_verify")
-MAX_TOP_LEVEL_MODULES = 16  # the issue asked for at most 18; the house aims at 16
+# issue 20 asked for at most 18; the house aims at 16, and 17 since __init__'s first-use
+# table and old spellings have their own module (_lazy.py, issue 39)
+MAX_TOP_LEVEL_MODULES = 17
 
 
 def modules_of(package_dir: Path) -> dict[str, Path]:

@@ -86,9 +86,9 @@ def test_the_wheel_holds_the_package_and_the_licence_and_no_tests(
     tops = {n.split("/", 1)[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"speedflags"}
     package = {n for n in names if n.startswith("speedflags/")}
-    expected = {
+    expected = {  # the modules and their stubs (_shorthands.pyi: setup.cfg's package_data)
         p.relative_to(ROOT).as_posix()
-        for pattern in ("*.py", "*.pyi")  # the stubs: what mypy reads for generated code
+        for pattern in ("*.py", "*.pyi")
         for p in (ROOT / "speedflags").rglob(pattern)
         if "__pycache__" not in p.parts
     }

@@ -132,31 +132,27 @@ def _guard_module(
     def make(key: LeverState | None) -> Callable[..., Any]:
         return own_forward if key is None else compiled_for(key).forward  # type: ignore[no-any-return]
 
-    guard = LeverGuard(make)
-
-    @functools.wraps(model.forward)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if _tracing():  # inside an enclosing compile: dynamo inlines the plain model
-            return model(*args, **kwargs)
-        compiled = guard.select()
-        return _call(compiled, model, args, kwargs, guard)
-
-    forward.stats = guard.stats  # type: ignore[attr-defined]
-    shell.forward = forward
+    shell.forward = _guarded(model, LeverGuard(make), like=model.forward)
     return shell  # type: ignore[no-any-return]
 
 
 def _guard_function(
     func: Callable[..., Any], compiled_for: Callable[[LeverState | None], Any]
 ) -> Callable[..., Any]:
-    guard = LeverGuard(compiled_for)
+    return _guarded(func, LeverGuard(compiled_for), like=func)
 
-    @functools.wraps(func)
+
+def _guarded(
+    plain: Callable[..., Any], guard: LeverGuard, like: Callable[..., Any]
+) -> Callable[..., Any]:
+    # ``plain`` called through the compiled version ``guard`` selects for the levers in force,
+    # wrapped as ``like`` (the model's forward, or the function) with the guard's ``.stats``
+    @functools.wraps(like)
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        if _tracing():  # inside an enclosing compile: dynamo inlines the plain function
-            return func(*args, **kwargs)
+        if _tracing():  # inside an enclosing compile: dynamo inlines the plain callable
+            return plain(*args, **kwargs)
         compiled = guard.select()
-        return _call(compiled, func, args, kwargs, guard)
+        return _call(compiled, plain, args, kwargs, guard)
 
     guarded.stats = guard.stats  # type: ignore[attr-defined]
     return guarded

@@ -27,7 +27,7 @@ import torch
 
 from .._ledger import ledger as _ledger
 from .._ledger.decorate import caller_where
-from .._short_repr import short_repr
+from .._short_repr import set_module, short_repr
 from ..errors import InvalidTypeError, RankMismatchError
 
 # Re-exported (``X as X``) for report.py and the tests, which use them as distributed.X.
@@ -48,6 +48,7 @@ __all__ = ["RankSnapshot", "check_ranks"]
 _dist: Any = torch.distributed
 
 
+@set_module("speedflags")
 class RankSnapshot(dict[str, Any]):
     """The state every rank shares, as returned by :func:`check_ranks`: a ``dict``.
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._short_repr import set_module
+
 __all__ = ["Capabilities", "Capability"]
 
 
+@set_module("speedflags")
 @dataclass(frozen=True)
 class Capability:
     """One yes/no answer about a device, with the reason.
@@ -31,6 +34,7 @@ class Capability:
         return self.supported
 
 
+@set_module("speedflags")
 @dataclass(frozen=True)
 class Capabilities:
     """What one device can do (see :func:`~speedflags._hardware.capabilities`).

@@ -41,6 +41,7 @@ from .._status import tf32_status
 from ..levers.lever_sets import baseline_levers, with_baseline
 from .evidence import (
     FP32_MAX,
+    Call,
     Observation,
     arithmetic,
     aten_calls,
@@ -394,17 +395,28 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def _model_lever_call(
+    ctx: Context, lever: str, value: Any, label: str, model: torch.nn.Module, x: torch.Tensor
+) -> tuple[Any, list[Call], dict[str, Any]]:
+    """``model(x)`` without grad inside a frame of the model lever ``lever`` at ``value`` (None:
+    off) over the baseline: its output, the aten calls it made, and what was in force."""
+    levers = {**with_baseline(()), lever: value if value is not None else False}
+    with ctx.frame(levers, label, model=model):
+        with torch.no_grad():
+            out, calls = aten_calls(lambda: model(x))
+        _sync(ctx.device)
+        inside = _inside(ctx)
+    return out, calls, inside
+
+
 def param_dtype(ctx: Context, value: torch.dtype | None) -> Observation:
     """The dtype a Linear's matmul computes in inside ``fast_math(model=..., param_dtype=)``."""
     torch.manual_seed(0)
     layer = torch.nn.Linear(ctx.n, ctx.n).to(ctx.device)
     x = ctx.matmul_inputs[0]
-    levers = {**with_baseline(()), "param_dtype": value if value is not None else False}
-    with ctx.frame(levers, f"param_dtype={value}", model=layer):
-        with torch.no_grad():
-            out, calls = aten_calls(lambda: layer(x))
-        _sync(ctx.device)
-        inside = _inside(ctx)
+    out, calls, inside = _model_lever_call(
+        ctx, "param_dtype", value, f"param_dtype={value}", layer, x
+    )
     with torch.no_grad():
         reference = x.double() @ layer.weight.double().t() + layer.bias.double()
     error = relative_error(out, reference)
@@ -430,12 +442,9 @@ def memory_format(ctx: Context, value: str | None) -> Observation:
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(16, 16, 3, padding=1).to(ctx.device)
     (x,) = inputs([(2, 16, 16, 16)], ctx.device)
-    levers = {**with_baseline(()), "memory_format": value if value is not None else False}
-    with ctx.frame(levers, f"memory_format={value!r}", model=conv):
-        with torch.no_grad():
-            _, calls = aten_calls(lambda: conv(x))
-        _sync(ctx.device)
-        inside = _inside(ctx)
+    _, calls, inside = _model_lever_call(
+        ctx, "memory_format", value, f"memory_format={value!r}", conv, x
+    )
     operands = next((tensors for name, tensors in calls if name in _CONVS), ())
     cl_input = tuple(x.contiguous(memory_format=torch.channels_last).stride())
     cl_weight = tuple(conv.weight.contiguous(memory_format=torch.channels_last).stride())

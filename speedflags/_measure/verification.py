@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._short_repr import set_module
 from ..errors import InvalidValueError
 from .vocabulary import EMULATED, NO_EFFECT, NOT_IN_EFFECT, REFUSED, UNMEASURED, VERIFIED
 
@@ -103,6 +104,7 @@ class Verdict:
         return out
 
 
+@set_module("speedflags")
 @dataclass
 class Verification:
     """The outcome of :func:`speedflags.verify`: a verdict per lever value, and where.

@@ -10,6 +10,7 @@ from .._measure.lever_files import PathLike, write_file
 from .._measure.noise import within_noise
 from .._measure.plot_axes import speedup_axes
 from .._measure.vocabulary import EMULATED
+from .._short_repr import set_module
 
 __all__ = ["PLOT_MISSING", "Row", "TuneResult"]
 
@@ -87,6 +88,7 @@ class Row:
         return out
 
 
+@set_module("speedflags")
 @dataclass
 class TuneResult:
     """The outcome of :func:`speedflags.tune`: the choice, every candidate, the run.

@@ -73,21 +73,19 @@ def _noise(row: Result, base: Result) -> float | None:
 
 
 def _time(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
-        if seconds >= scale:
-            return f"{seconds / scale:.4g} {unit}"
-    return f"{seconds / 1e-9:.4g} ns"
+    return _scaled(seconds, ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")))
 
 
 def _rate(flop_per_s: float | None) -> str:
-    if flop_per_s is None:
+    return _scaled(flop_per_s, ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1.0, "")))
+
+
+def _scaled(value: float | None, units: tuple[tuple[float, str], ...]) -> str:
+    # in the first unit (largest first) it reaches, else in the last; "–" for no value
+    if value is None:
         return "–"
-    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
-        if flop_per_s >= scale:
-            return f"{flop_per_s / scale:.4g} {unit}"
-    return f"{flop_per_s:.4g} "
+    scale, unit = next(((s, u) for s, u in units if value >= s), units[-1])
+    return f"{value / scale:.4g} {unit}"
 
 
 def _ratio(value: float | None) -> str:

@@ -16,6 +16,8 @@ import enum
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
+from .._short_repr import set_module
+
 if TYPE_CHECKING:  # torch-free at run time: the pure fp32 model imports Unreadable from here
     import torch
 
@@ -34,6 +36,7 @@ class _Unset(enum.Enum):
 UNSET = _Unset.UNSET
 
 
+@set_module("speedflags")
 class Unreadable:
     """The value of a PyTorch getter that raises instead of answering.
 

@@ -84,21 +84,19 @@ class ModelLever(SimpleLever):
         owner = fsdp_owner(model)
         if owner is not None:
             raise InvalidValueError(f"{self.name} on {self.state.tag}: {owner}")
-        previous = getattr(self.state, self.field)
-        setattr(self.state, self.field, self.to_field(value))
-        try:
-            sync(model, self.state)
-        except BaseException:
-            setattr(self.state, self.field, previous)
-            raise
-        return self.configured(model)
+        return self._set(model, value)
 
     def restore(self, target: Any, current: Any) -> Hashable:
         model = self._model()
         if model is None:
             return OFF
+        return self._set(model, None if target is OFF else target)
+
+    def _set(self, model: nn.Module, value: Any) -> Hashable:
+        # the state's field for ``value``, and the model synced to it; the field is put back
+        # when syncing fails, so that the state never says what the model is not
         previous = getattr(self.state, self.field)
-        setattr(self.state, self.field, self.to_field(None if target is OFF else target))
+        setattr(self.state, self.field, self.to_field(value))
         try:
             sync(model, self.state)
         except BaseException:

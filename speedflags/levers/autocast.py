@@ -13,12 +13,12 @@ inside a block, keep their own autocast state.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from .._hardware import capabilities
+from .._hardware import Capability, capabilities
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import UNSET, Effect, SimpleLever
 from .spec import MATMUL_OPS, Shorthand, declare
@@ -39,6 +39,7 @@ CHOICES = (
     "'bf16' (or 'bfloat16'), 'fp16' (or 'float16', 'half'), 'auto' (in any case), "
     "torch.bfloat16, torch.float16 or False"
 )
+_AMP_WORDS = {**DTYPE_SPELLINGS, AUTO: AUTO}
 
 # None stands for "autocast off" (amp=False); "auto" is resolved per device when entered.
 AmpValue = torch.dtype | str | None
@@ -57,20 +58,47 @@ def validate_amp(value: object) -> AmpValue:
         >>> validate_amp(False) is None, validate_amp("Auto")
         (True, 'auto')
     """
+    amp: AmpValue = read_half_dtype(
+        value, CHOICES, "autocast runs in bf16 or fp16", "not an autocast dtype", _AMP_WORDS
+    )
+    return amp
+
+
+def read_half_dtype(
+    value: object,
+    choices: str,
+    refused_dtype: str,
+    refused_word: str,
+    words: Mapping[str, object] = DTYPE_SPELLINGS,
+) -> Any:
+    """A half-precision keyword's value: ``False`` (off) -> ``None``; ``torch.bfloat16`` or
+    ``torch.float16`` as given; a string, in any case, as ``words`` reads it. Anything else
+    is refused: another dtype with ``refused_dtype``, another string with ``refused_word``,
+    each followed by the ``choices``; another type with what it got.
+
+    ``amp=`` and ``param_dtype=`` read their values this way (``amp=`` takes ``"auto"`` too).
+
+    Example:
+        >>> from speedflags.levers.autocast import read_half_dtype
+        >>> read_half_dtype("Half", "'bf16' or 'fp16'", "no", "not a half dtype")
+        torch.float16
+        >>> read_half_dtype("fp32", "'bf16' or 'fp16'", "no", "not a half dtype")
+        Traceback (most recent call last):
+        ...
+        speedflags.InvalidValueError: not a half dtype; valid: 'bf16' or 'fp16'
+    """
     if value is False:
         return None
     if isinstance(value, torch.dtype):
         if value in (torch.bfloat16, torch.float16):
             return value
-        raise InvalidValueError(f"autocast runs in bf16 or fp16; valid: {CHOICES}")
+        raise InvalidValueError(f"{refused_dtype}; valid: {choices}")
     if isinstance(value, str):
-        word = value.strip().lower()
-        if word == AUTO:
-            return AUTO
-        if word in DTYPE_SPELLINGS:
-            return DTYPE_SPELLINGS[word]
-        raise InvalidValueError(f"not an autocast dtype; valid: {CHOICES}")
-    raise InvalidTypeError(f"expected {CHOICES}, got {type(value).__name__}")
+        found = words.get(value.strip().lower())
+        if found is not None:
+            return found
+        raise InvalidValueError(f"{refused_word}; valid: {choices}")
+    raise InvalidTypeError(f"expected {choices}, got {type(value).__name__}")
 
 
 # Feature detection, once at import. PyTorch 2.4 made the autocast accessors device-generic
@@ -210,23 +238,23 @@ class AutocastLever(SimpleLever):
         if value is None:
             return Effect(True, "")
         if value == torch.bfloat16:
-            if caps.bf16:
-                return Effect(True, "")
-            why = f"bf16 is not native on {caps.device}: {caps.bf16.reason}"
-            if caps.bf16.missing_kernel:  # the instructions are there; PyTorch's kernels are not
-                return Effect(False, why, unsupported=True)
-            return Effect(False, why, device.type == "cpu")  # emulated: slower than fp32
+            return _native("bf16", caps.bf16, caps.device, device)
         if device.type == "cpu" and not cpu_autocast_takes_fp16():
             return Effect(False, CPU_FP16_MISSING, unsupported=True)
-        if caps.fp16:
-            return Effect(True, "")
-        why = f"fp16 is not native on {caps.device}: {caps.fp16.reason}"
-        if caps.fp16.missing_kernel:  # the instructions are there; PyTorch's kernels are not
-            return Effect(False, why, unsupported=True)
-        return Effect(False, why, device.type == "cpu")  # emulated: slower than fp32
+        return _native("fp16", caps.fp16, caps.device, device)
 
     def __repr__(self) -> str:
         return f"<lever amp:{self.device_type} (thread)>"
+
+
+def _native(word: str, answer: Capability, shown: str, device: torch.device) -> Effect:
+    # autocast to bf16 or fp16 (``word``) on ``device``, as its capability ``answer`` says
+    if answer:
+        return Effect(True, "")
+    why = f"{word} is not native on {shown}: {answer.reason}"
+    if answer.missing_kernel:  # the instructions are there; PyTorch's kernels are not
+        return Effect(False, why, unsupported=True)
+    return Effect(False, why, device.type == "cpu")  # emulated: slower than fp32
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

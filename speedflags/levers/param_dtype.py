@@ -19,10 +19,9 @@ import torch
 from torch import nn
 
 from .._hardware import capabilities, cpu_kernels
-from ..errors import InvalidTypeError, InvalidValueError
 from ._base import Effect
 from ._model_lever import OFF, ModelLever
-from .autocast import DTYPE_SPELLINGS
+from .autocast import read_half_dtype
 from .spec import MATMUL_OPS, declare
 
 __all__ = [
@@ -46,18 +45,10 @@ def validate_param_dtype(value: object) -> torch.dtype | None:
         >>> valid("bf16"), valid("Float16"), valid(False)
         (torch.bfloat16, torch.float16, None)
     """
-    if value is False:
-        return None
-    if isinstance(value, torch.dtype):
-        if value in (torch.bfloat16, torch.float16):
-            return value
-        raise InvalidValueError(f"a model computes in bf16 or fp16 here; valid: {CHOICES}")
-    if isinstance(value, str):
-        dtype = DTYPE_SPELLINGS.get(value.strip().lower())
-        if dtype is not None:
-            return dtype
-        raise InvalidValueError(f"not a compute dtype; valid: {CHOICES}")
-    raise InvalidTypeError(f"expected {CHOICES}, got {type(value).__name__}")
+    dtype: torch.dtype | None = read_half_dtype(
+        value, CHOICES, "a model computes in bf16 or fp16 here", "not a compute dtype"
+    )
+    return dtype
 
 
 class ParamDtypeLever(ModelLever):
