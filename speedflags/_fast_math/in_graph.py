@@ -159,21 +159,29 @@ def _build_eagerly(builder: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 _BUILD = KeptOut(_build_eagerly)
 
 
-@at_trace_time
-def _model_form() -> Form:
-    # A spec given a model: a model is no constant dynamo can hand to a trace-time function
-    # (PyTorch 2.1 cannot pass user objects), and model levers are never a graph's: eager.
+def _eager_form(spec: str, fix: str) -> Form:
+    """The form of a spec that runs eagerly in traced code (at trace time: never traced),
+    refused under fullgraph=True, where nothing may run eagerly."""
     KeptOut.prepare()
     if one_graph():
         where = format_where(traced_where()) or "traced code"
         raise graph_error(
             LeverInGraphError(
-                f"a speedflags spec with model levers is built inside a function compiled with "
-                f"fullgraph=True ({where}): it runs eagerly, which a full graph cannot. Enter it "
-                "outside the compiled function: a model compiled before the block follows it."
+                f"a speedflags spec {spec} with fullgraph=True ({where}): it runs eagerly, "
+                f"which a full graph cannot. {fix}"
             )
         )
     return (EAGER,)
+
+
+@at_trace_time
+def _model_form() -> Form:
+    # A spec given a model: a model is no constant dynamo can hand to a trace-time function
+    # (PyTorch 2.1 cannot pass user objects), and model levers are never a graph's: eager.
+    return _eager_form(
+        "with model levers is built inside a function compiled",
+        "Enter it outside the compiled function: a model compiled before the block follows it.",
+    )
 
 
 def spec_in_graph(builder: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -268,19 +276,11 @@ def step_in_graph(
 
 @at_trace_time
 def _entered_form() -> Form:
-    KeptOut.prepare()
-    if one_graph():
-        where = format_where(traced_where()) or "traced code"
-        raise graph_error(
-            LeverInGraphError(
-                f"a speedflags spec built outside the compiled function (or as FastMath(...)) "
-                f"is entered inside it with fullgraph=True ({where}): it runs eagerly, which a "
-                "full graph cannot. Build an amp-only block inline (`with "
-                "speedflags.autocast(...)`, traced into the graph), or set the levers outside "
-                "the compiled function."
-            )
-        )
-    return (EAGER,)
+    return _eager_form(
+        "built outside the compiled function (or as FastMath(...)) is entered inside it",
+        "Build an amp-only block inline (`with speedflags.autocast(...)`, traced into the "
+        "graph), or set the levers outside the compiled function.",
+    )
 
 
 def _kept_out_ready() -> None:

@@ -14,6 +14,8 @@ import argparse
 import sys
 from typing import Any
 
+from .._measure.subcommands import add_subcommand
+
 __all__ = ["add_parser", "command"]
 
 DESCRIPTION = """\
@@ -28,14 +30,11 @@ NVIDIA_TF32_OVERRIDE=0). Every flag is restored afterwards.
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``verify`` subcommand to an ``add_subparsers()`` object."""
-    parser: argparse.ArgumentParser = sub.add_parser(
+    parser = add_subcommand(
+        sub,
         "verify",
         help="measure that each lever really takes effect on this device",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)"
     )
     parser.add_argument(
         "--levers", default=None, help="comma-separated levers to verify (default: all)"

@@ -25,6 +25,7 @@ import argparse
 import sys
 from typing import Any
 
+from .._measure.subcommands import add_subcommand
 from .._short_repr import short_repr
 
 __all__ = ["add_parser", "command"]
@@ -57,14 +58,11 @@ workloads (size means):
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to an ``add_subparsers()`` object."""
-    parser: argparse.ArgumentParser = sub.add_parser(
+    parser = add_subcommand(
+        sub,
         "bench",
         help="measure each lever's speedup and accuracy cost on this machine",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)"
     )
     parser.add_argument(
         "--workload",

@@ -170,26 +170,19 @@ class LeverSpec:
 def declare(
     lever: Any,
     *,
-    order: int,
-    values: str,
-    summary: str,
-    accuracy: str,
     name: str | None = None,
     scope: Scope | None = None,
     validate: Callable[[object], Any] | None = None,
-    shorthand: Shorthand | None = None,
-    baseline: Any = UNSET,
-    candidates: tuple[Any, ...] = (),
-    ops: tuple[str, ...] = (),
-    dynamo_misses: str = "",
-    effect_of: Callable[[Any, torch.device], Effect] | None = None,
-    describe: Callable[[Any], Any] | None = None,
+    **declared: Any,
 ) -> LeverSpec:
     """A built-in lever's declaration, written in its module as ``DECLARED = (declare(...),)``.
 
     ``lever`` is the lever itself (one instance: its ``name``, ``scope`` and ``validate``
     are read from it), or a factory per device type or per model (then ``name``, ``scope``
-    and ``validate`` are given). The keyword's type comes from
+    and ``validate`` are given). ``declared`` are the other fields of :class:`LeverSpec`,
+    by name: ``order``, ``values``, ``summary`` and ``accuracy`` always; ``shorthand``,
+    ``baseline``, ``candidates``, ``ops``, ``dynamo_misses``, ``effect_of`` and ``describe``
+    where the lever has them. The keyword's type comes from
     :class:`~speedflags.levers.arguments.LeverArgs`.
 
     Example:
@@ -212,21 +205,7 @@ def declare(
         def make(_key: Any) -> DeviceLever:
             return instance  # type: ignore[no-any-return]
 
+    annotation = get_type_hints(LeverArgs).get(name, Any)
     return LeverSpec(
-        name=name,
-        scope=scope,
-        values=values,
-        validate=validate,
-        make=make,
-        summary=summary,
-        accuracy=accuracy,
-        order=order,
-        annotation=get_type_hints(LeverArgs).get(name, Any),
-        shorthand=shorthand,
-        baseline=baseline,
-        candidates=candidates,
-        ops=ops,
-        dynamo_misses=dynamo_misses,
-        effect_of=effect_of,
-        describe=describe,
+        name=name, scope=scope, validate=validate, make=make, annotation=annotation, **declared
     )
