@@ -28,14 +28,12 @@ NVIDIA_TF32_OVERRIDE=0). Every flag is restored afterwards.
 """
 
 
+HELP = "measure that each lever really takes effect on this device"
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``verify`` subcommand to an ``add_subparsers()`` object."""
-    parser = add_subcommand(
-        sub,
-        "verify",
-        help="measure that each lever really takes effect on this device",
-        description=DESCRIPTION,
-    )
+    parser = add_subcommand(sub, "verify", help=HELP, description=DESCRIPTION)
     parser.add_argument(
         "--levers", default=None, help="comma-separated levers to verify (default: all)"
     )

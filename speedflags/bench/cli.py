@@ -56,14 +56,12 @@ workloads (size means):
 """
 
 
+HELP = "measure each lever's speedup and accuracy cost on this machine"
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to an ``add_subparsers()`` object."""
-    parser = add_subcommand(
-        sub,
-        "bench",
-        help="measure each lever's speedup and accuracy cost on this machine",
-        description=DESCRIPTION,
-    )
+    parser = add_subcommand(sub, "bench", help=HELP, description=DESCRIPTION)
     parser.add_argument(
         "--workload",
         default=",".join(WORKLOAD_NAMES),
