@@ -68,7 +68,7 @@ RESULTS ?= $(DEVICE)
 # the extras and dev tools of `make test`, per set of EXTRAS (a new set installs its own)
 EXTRAS_STAMP := $(VENV)/.installed-extras-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup setup-run torch-source run test lint typecheck unit examples bench results gpu-check test-default test-floor test-py312 test-newest test-all newest clean
+.PHONY: setup setup-run torch-source run test lint typecheck unit examples bench results gpu-check test-default test-floor test-py312 test-newest test-all newest clean setup-default setup-floor setup-py312 setup-newest
 
 # torch first, pinned (pip never resolves a bare `torch`), then speedflags on it: nothing else
 $(STAMP): setup.cfg pyproject.toml
@@ -146,13 +146,23 @@ examples: setup
 test: torch-source lint typecheck unit examples
 	$(PY) -m pytest benchmarks --benchmark-disable -q -p no:cacheprovider
 
-test-default:
-	py="$$(.ci/find_python.sh $(DEFAULT_PYTHON_VERSION))" && \
-	$(MAKE) test PYTHON="$$py" TORCH_VERSION=$(DEFAULT_TORCH)
+# Each CI leg: its Python and its environment's arguments. `make test-LEG` runs the README's
+# test command (`make test`) there; `make setup-LEG` only makes the environment (.ci/run makes
+# the later legs' in the background while the first leg runs: their torch is a download).
+default_PYTHON := $(DEFAULT_PYTHON_VERSION)
+default_ARGS := TORCH_VERSION=$(DEFAULT_TORCH)
+floor_PYTHON := $(FLOOR_PYTHON_VERSION)
+floor_ARGS := TORCH_VERSION=$(FLOOR_TORCH) PINS='$(FLOOR_PINS)'
+# The Python of the GPU image, with the default's torch (from the registry: the CPU wheel on
+# disk is for Python 3.11) and no optional extra, so that their tests skip as they say.
+py312_PYTHON := $(PY312_PYTHON_VERSION)
+py312_ARGS := TORCH_VERSION=$(DEFAULT_TORCH) EXTRAS=test,dev EXTRA_PACKAGES=
 
-test-floor:
-	py="$$(.ci/find_python.sh $(FLOOR_PYTHON_VERSION))" && \
-	$(MAKE) test PYTHON="$$py" TORCH_VERSION=$(FLOOR_TORCH) PINS='$(FLOOR_PINS)'
+test-default test-floor test-py312: test-%:
+	py="$$(.ci/find_python.sh $($*_PYTHON))" && $(MAKE) test PYTHON="$$py" $($*_ARGS)
+
+setup-default setup-floor setup-py312: setup-%:
+	py="$$(.ci/find_python.sh $($*_PYTHON))" && $(MAKE) setup PYTHON="$$py" $($*_ARGS)
 
 # The newest torch release the registry serves for Python $(NEWEST_PYTHON_VERSION), resolved
 # first and then installed pinned; resolution fails loudly (no registry, or only a local
@@ -161,16 +171,10 @@ newest:
 	@py="$$(.ci/find_python.sh $(NEWEST_PYTHON_VERSION))" && "$$py" .ci/newest_torch.py
 
 # Its pip calls run with the machine's pip cap (a constraints file) lifted: see .ci/newest_torch.py.
-# The Python of the GPU image, with the default's torch (from the registry: the CPU wheel on
-# disk is for Python 3.11) and no optional extra, so that their tests skip as they say.
-test-py312:
-	py="$$(.ci/find_python.sh $(PY312_PYTHON_VERSION))" && \
-	$(MAKE) test PYTHON="$$py" TORCH_VERSION=$(DEFAULT_TORCH) EXTRAS=test,dev EXTRA_PACKAGES=
-
-test-newest:
+test-newest setup-newest: %-newest:
 	py="$$(.ci/find_python.sh $(NEWEST_PYTHON_VERSION))" && \
 	version="$$("$$py" .ci/newest_torch.py)" && \
-	"$$py" .ci/newest_torch.py exec $(MAKE) test PYTHON="$$py" TORCH_VERSION="$$version"
+	"$$py" .ci/newest_torch.py exec $(MAKE) $* PYTHON="$$py" TORCH_VERSION="$$version"
 
 test-all: test-default test-floor test-py312 test-newest
 
