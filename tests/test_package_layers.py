@@ -6,8 +6,8 @@ inside functions too (they run, and a cycle through them is still a cycle); impo
 cycle check: a circle of type-only imports is still modules that cannot be read apart.
 Cycles are looked for twice: between modules, and between packages (each module counted
 as its top-level subpackage or module: ``bench.runner`` is ``bench``), so that two
-subpackages cannot lean on each other through different modules. The layers are written once, here, bottom to top;
-``docs/architecture.md`` draws the same order.
+subpackages cannot lean on each other through different modules. The layers are written
+once, here, bottom to top; ``docs/architecture.md`` draws the same order.
 
 The package's ``__init__`` loads the names it serves on first use through ``importlib``
 (its ``_LAZY`` table), which these checks do not read; it is the top layer, so nothing of
