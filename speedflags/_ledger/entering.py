@@ -39,7 +39,7 @@ __all__ = ["call_framed", "cancel_open", "close_innermost", "finish_exit", "inne
 def close_innermost(ledger: FrameLedger, owner: object, where: Where = None) -> None:
     """``ledger.close(ledger.innermost(owner), where)``: what an exit does (its caller, an
     ``__exit__``, delivers the handlers held back)."""
-    frames = ledger.stacks.here()
+    frames = ledger.stacks.context.get()
     if frames:
         frame = frames[-1]
         if frame.owner is owner and not frame.closed:

@@ -148,7 +148,7 @@ class FrameScope:
                 caller = _getframe(1)
                 where = (caller.f_code.co_filename, caller.f_lineno)
                 the_ledger = self.ledger
-                frames = the_ledger.stacks.here()  # close_innermost's common case, inline
+                frames = the_ledger.stacks.context.get()  # close_innermost's common case, inline
                 frame = frames[-1] if frames else None
                 if frame is not None and frame.owner is self and not frame.closed:
                     the_ledger.close(frame, where)
