@@ -104,10 +104,19 @@ class FlagLedger:
         ``(file, line)``. Every state is read and checked before any write; a failure or an
         interruption restores every lever applied: the frame opens whole or not at all.
 
+        The steps, each marked below: (1) who enters (the thread, its task, the rank) and the
+        frame; under the lock, (2) the boundary (frames of threads that ended, a watch), (3)
+        read and check every domain, changing nothing, (4) push and apply lever by lever,
+        (5) record and register the frame; after the lock, (6) speak and deliver. One
+        function, not six: the steps run on every block (see RESULTS.md, "the goal of at
+        most 1.5x plain torch"); whatever fails or interrupts (2) to (5) is rolled back by
+        ``RarePaths.abort_open``.
+
         Raises:
             MixedTF32APIError: the TF32 APIs disagree (refused before any write).
             LedgerReentryError: this thread is inside the ledger already (a signal handler).
         """
+        # (1) who enters, and the frame
         program = levers if type(levers) is Program else Program.of(levers)
         tid = _get_ident()
         if tid in _WRITING:
@@ -146,6 +155,7 @@ class FlagLedger:
                 _WRITING.add(tid)
                 watched = None
                 try:
+                    # (2) the boundary: frames of threads that ended; a watch's check
                     if self._gone:
                         notices = self.recovery.drop_abandoned(where)
                     # speedflags.watch(): a boundary where changes made around Python are found
@@ -153,6 +163,7 @@ class FlagLedger:
                         watched = _own_writes.enter(self, label, where)
                     part = self.stacks
                     part.last_id = fid = frame.id = part.last_id + 1
+                    # (3) read and check every domain: a refusal changes nothing
                     seen = program.seen
                     for i, lever, check, read in program.reads:
                         state = read()
@@ -167,6 +178,7 @@ class FlagLedger:
                         if check:
                             lever.check(state)  # may refuse: nothing has changed yet
                         seen[i] = state  # last: only a state that passed its check is seen
+                    # (4) lever by lever: its stack entry, then its write
                     for i, lever, value, p, key, domain in program.rows:
                         if p < 0:
                             before = befores[i]
@@ -184,7 +196,8 @@ class FlagLedger:
                         frame.applied = i + 1
                         stack.append((frame, i))
                         afters[i] = lever.apply(value, before)
-                    # the set records: the ring's entry, appended here (the hot path)
+                    # (5) the set records (the ring's entry, appended here: the hot path), the
+                    # skips, the open frame, conflicts with other threads' frames, the context
                     n = program.n
                     ring = self.ring
                     ring.seq = seq = ring.seq + n
@@ -218,6 +231,7 @@ class FlagLedger:
                     break
                 deliver_pending()
             raise
+        # (6) what was found under the lock is said now; signal_safe handlers held back run
         if not (notices or PENDING):  # no jump taken on the way out (see deliver_pending)
             return frame
         try:
