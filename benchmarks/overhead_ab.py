@@ -4,7 +4,7 @@ Each round runs ``overhead_interleaved.py`` once under each version, alternating
 processes (each version is a tree on disk: a git revision exported for the run, or this
 working tree), so both see the same machine at the same time. The table gives, per version
 and variant, the median over the rounds of each run's median per call, and its ratio to
-plain torch measured in the same run:
+plain torch measured in the same run (the ``min`` lines: the same of each run's minimum):
 
     .venv/bin/python benchmarks/overhead_ab.py --base 115d6cd [--base b44ed0c] [--rounds 8]
 
@@ -38,7 +38,8 @@ def export(revision: str, into: Path) -> Path:
 
 
 def run_once(tree: Path, rounds: int, calls: int) -> dict[str, float]:
-    """Median per call (µs) of each variant in one run of the interleaved script."""
+    """Median per call (µs) of each variant in one run of the interleaved script, and its
+    minimum under the variant's name with ``" min"`` added."""
     out = subprocess.run(
         [sys.executable, "benchmarks/overhead_interleaved.py", "--rounds", str(rounds),
          "--calls", str(calls)],
@@ -50,6 +51,7 @@ def run_once(tree: Path, rounds: int, calls: int) -> dict[str, float]:
         match = LINE.match(line)
         if match:
             medians[match.group(1).strip()] = float(match.group(3))
+            medians[match.group(1).strip() + " min"] = float(match.group(2))
     return medians
 
 
@@ -74,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}:")
         for variant in results[0]:
             values = [r[variant] for r in results]
-            ratios = [r[variant] / r["plain-torch"] for r in results]
+            base = "plain-torch min" if variant.endswith(" min") else "plain-torch"
+            ratios = [r[variant] / r[base] for r in results]
             print(
                 f"  {variant:12s} {statistics.median(values):6.2f} us "
                 f"({statistics.median(ratios):.2f}x plain torch; runs "

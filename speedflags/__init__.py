@@ -45,10 +45,10 @@ if "torch" not in _sys.modules and _numpy_missing():
 from . import errors
 from ._fast_math import FastMath, fast_math
 from ._hardware import Capabilities, Capability, capabilities
+from ._ledger.frame import Frame
 from ._ledger.history import FlagRecord
 from ._ledger.interrupts import signal_safe
 from ._ledger.ledger import FlagLedger, ledger
-from ._ledger.program import Frame
 from ._ledger.scope import FrameScope
 from ._short_repr import set_module as _set_module
 from ._shorthands import (

@@ -273,7 +273,7 @@ def test_per_thread_stacks_do_not_pile_up() -> None:
         worker = threading.Thread(target=one_block)
         worker.start()
         worker.join(30)
-    assert len(speedflags.ledger()._stacks) <= 80
+    assert len(speedflags.ledger().stacks.by_key) <= 80
 
 
 def test_each_frame_records_its_threads_name_at_entry_and_a_renamed_thread_its_new_one() -> None:

@@ -31,10 +31,11 @@ import speedflags
 from speedflags import fast_math, speedup
 from speedflags._fast_math import FastMath
 from speedflags._ledger.entering import call_framed, close_innermost
-from speedflags._ledger.history import expand, json_default
+from speedflags._ledger.history import json_default
 from speedflags._ledger.interrupts import PENDING
 from speedflags._ledger.ledger import FlagLedger
 from speedflags._ledger.own_writes import _WRITING
+from speedflags._ledger.ring import expand
 from speedflags._ledger.scope import FrameScope
 from speedflags.errors import (
     DriftWarning,
@@ -157,7 +158,7 @@ def records_are_whole(entries: int = 4) -> bool:
     """The last entries' records each hold a state read before and after (never a None left
     by an exit interrupted before it read its lever), and describe themselves: ``to_json()``
     of the whole history once raised a TypeError from such a record."""
-    ring = speedflags.ledger()._ring.entries
+    ring = speedflags.ledger().ring.entries
     for record in [
         r for i in range(max(len(ring) - entries, 0), len(ring)) for r in expand(ring[i])
     ]:
@@ -351,10 +352,10 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
     # levers were written), the next while that enter is rolled back and leaves its stacks.
     # The frame must end up on no stack: a half-entered frame left there was later found by
     # the exit of the block around it, which failed with a TypeError (seen under the timer).
-    import speedflags._ledger.history as history_module
-    from speedflags._ledger.stacks import FrameStacks
+    import speedflags._ledger.ring as ring_module
+    from speedflags._ledger.stacks import Stacks
 
-    real_now, real_unlink = history_module.now, FrameStacks.unlink
+    real_now, real_unlink = ring_module.now, Stacks.unlink
     armed = {"now": False, "unlink": False}
 
     def interrupted_now() -> float:
@@ -363,14 +364,14 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
             raise KeyboardInterrupt
         return real_now()
 
-    def interrupted_unlink(self: FrameStacks, frame: Any, i: int) -> None:
+    def interrupted_unlink(self: Stacks, frame: Any, i: int) -> None:
         if armed["unlink"]:
             armed["unlink"] = False
             raise KeyboardInterrupt
         real_unlink(self, frame, i)
 
-    monkeypatch.setattr(history_module, "now", interrupted_now)
-    monkeypatch.setattr(FrameStacks, "unlink", interrupted_unlink)
+    monkeypatch.setattr(ring_module, "now", interrupted_now)
+    monkeypatch.setattr(Stacks, "unlink", interrupted_unlink)
     before = speedflags.snapshot()
     outer = fast_math(cudnn_benchmark=False, matmul_precision="medium", device="cpu")
     inner = fast_math(cudnn_benchmark=True, matmul_precision="high", device="cpu")
@@ -393,7 +394,8 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
 REENTRY = """
 import dis, signal, sys, torch, speedflags
 from speedflags import fast_math
-from speedflags._ledger.history import expand, json_default
+from speedflags._ledger.history import json_default
+from speedflags._ledger.ring import expand
 from speedflags._ledger.interrupts import PENDING
 from speedflags._ledger.ledger import FlagLedger
 
@@ -472,12 +474,12 @@ def test_an_exit_interrupted_again_while_finishing_a_lever_raises_the_interrupt(
     # after it had taken a lever's entry off its stack; the close that finished it found the
     # stack empty (IndexError) and was interrupted again while finishing that lever. The exit
     # raised the IndexError, and the KeyboardInterrupt was lost.
-    from speedflags._ledger.paths import RarePaths
+    from speedflags._ledger.rare_paths import RarePaths
 
     the_ledger = speedflags.ledger()
     spec = fast_math(cudnn_benchmark=True, device="cpu")
     frame = spec.__enter__()
-    the_ledger._stacks[frame.key(0)].remove((frame, 0))  # what the first exit got through
+    the_ledger.stacks.by_key[frame.key(0)].remove((frame, 0))  # what the first exit got through
     real = RarePaths.finish_lever
     armed = [True]
 

@@ -73,6 +73,39 @@ def test_the_issues_grep_finds_nothing_outside_the_ledger() -> None:
     assert found == []
 
 
+# The ledger's parts: public attributes of FlagLedger for the frame API of its own package
+# (speedflags/_ledger/protocol.py names them), not for the rest of speedflags
+PARTS = ("stacks", "ring", "rare_paths", "recovery")
+
+
+def part_uses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    return [
+        f"{path.name}:{node.lineno}: .{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in PARTS
+        and names_a_ledger(node.value)
+        and not (isinstance(node.value, ast.Name) and node.value.id == "_ledger")
+    ]
+
+
+def test_no_module_outside_the_ledger_uses_its_parts() -> None:
+    assert [use for path in outside_the_ledger() for use in part_uses(path)] == []
+
+
+def test_inside_the_ledger_only_the_ledger_touches_its_private_names() -> None:
+    # the frame API (scope, entering, decorate, suspend) and the parts go through the
+    # parts' public methods and attributes
+    found = [
+        use
+        for path in sorted(LEDGER_PACKAGE.glob("*.py"))
+        if path.name != "ledger.py"
+        for use in private_uses(path)
+    ]
+    assert found == []
+
+
 def test_the_check_finds_what_it_looks_for(tmp_path: Path) -> None:
     # the check can fail: each spelling of a ledger reaching a private name is found
     source = tmp_path / "caller.py"

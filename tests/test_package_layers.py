@@ -1,12 +1,13 @@
 """The package's shape: no import cycles, no layer importing one above it, small modules.
 
 Imports are read from the source as Python resolves them: relative ones included, those
-inside functions too (they run, and a cycle through them is still a cycle); only imports
-under ``if TYPE_CHECKING:`` are left out, since they never run. Cycles are looked for twice:
-between modules, and between packages (each module counted as its top-level subpackage or
-module: ``bench.runner`` is ``bench``), so that two subpackages cannot lean on each other
-through different modules. The layers are written once, here, bottom to top;
-``docs/architecture.md`` draws the same order.
+inside functions too (they run, and a cycle through them is still a cycle); imports under
+``if TYPE_CHECKING:`` never run, and are left out of the layering checks, but not of one
+cycle check: a circle of type-only imports is still modules that cannot be read apart.
+Cycles are looked for twice: between modules, and between packages (each module counted
+as its top-level subpackage or module: ``bench.runner`` is ``bench``), so that two
+subpackages cannot lean on each other through different modules. The layers are written
+once, here, bottom to top; ``docs/architecture.md`` draws the same order.
 
 The package's ``__init__`` loads the names it serves on first use through ``importlib``
 (``_lazy.py``'s table), which these checks do not read; both are the top layer, so nothing
@@ -82,8 +83,9 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (anywhere but under TYPE_CHECKING)."""
+def import_graph(package_dir: Path, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (anywhere but under TYPE_CHECKING, unless
+    ``type_checking``: then those imports count too)."""
     root = package_dir.name
     modules = modules_of(package_dir)
     edges: dict[str, set[str]] = {name: set() for name in modules}
@@ -101,7 +103,7 @@ def import_graph(package_dir: Path) -> dict[str, set[str]]:
 
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _type_checking_nodes(tree)
+        skip = set() if type_checking else _type_checking_nodes(tree)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         here = [root, *package.split(".")] if package else [root]
         for node in ast.walk(tree):
@@ -210,6 +212,15 @@ def test_the_package_has_no_import_cycle() -> None:
     assert cycles(import_graph(PACKAGE)) == []
 
 
+def test_no_import_cycle_even_counting_type_checking_imports() -> None:
+    # A type-only circle is still two modules that cannot be understood apart; where a part
+    # needs the ledger's type, a Protocol in a lower module names what it uses
+    # (speedflags/_ledger/protocol.py).
+    edges = import_graph(PACKAGE, type_checking=True)
+    assert cycles(edges) == []
+    assert cycles(package_graph(edges)) == []
+
+
 def test_no_package_imports_another_in_a_cycle() -> None:
     assert cycles(package_graph(import_graph(PACKAGE))) == []
 
@@ -279,6 +290,7 @@ def test_the_checks_see_cycles_through_functions_and_upward_imports(tmp_path: Pa
     )
     edges = import_graph(package)
     assert edges["core.ledger"] == {"watch.spy"}  # not "watch" from the TYPE_CHECKING block
+    assert import_graph(package, type_checking=True)["core.ledger"] == {"watch.spy"}  # both
     assert cycles(edges) == [["core.ledger", "watch.spy"]]
     layers: list[tuple[str, tuple[str, ...]]] = [
         ("core", ("core",)),

@@ -25,9 +25,10 @@ import torch
 from .. import _warn
 from .._hardware import DeviceLike, capabilities, default_device, missing_cuda, normalize_device
 from .._ledger.decorate import decorate
+from .._ledger.frame import Frame
 from .._ledger.history import Where
 from .._ledger.ledger import ledger
-from .._ledger.program import Frame, LeverItem, Program
+from .._ledger.program import LeverItem, Program
 from .._ledger.scope import FrameScope
 from .._short_repr import short_repr, short_str, type_name
 from .._tracing import hooked, is_compiling
@@ -185,7 +186,6 @@ class FastMath(FrameScope):
         "_model",
         "_plan_cache",
         "_rank_check",
-        "_ready",
         "_recommend",
         "_requested",
         "_specs",
@@ -237,8 +237,9 @@ class FastMath(FrameScope):
         self._label = label if label is not None else f"fast_math({', '.join(shown)})"
         # Resolved on first entry (the device, and so the plan, never changes in a process).
         self._plan_cache: Plan | None = None
-        # (program, device) once a frame opened with nothing left to check on entry
-        self._ready: tuple[Program, str] | None = None
+        # FrameScope's (program, device): set once a frame opened with nothing left to
+        # check on entry
+        self._ready = None
         self._rank_check: FirstEntryCheck | None = None
         if check_ranks:
             # torch.distributed is imported only by specs that check ranks

@@ -33,7 +33,7 @@ from .entering import call_framed, cancel_open
 from .interrupts import PENDING, critical, deliver_pending
 
 if TYPE_CHECKING:
-    from .scope import FrameScope
+    from .protocol import Scope
     from .suspend import Suspended
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,7 +54,7 @@ def caller_where(depth: int = 2) -> Where:
 
 def decorate(
     func: F,
-    scope: FrameScope,
+    scope: Scope,
     what: str,
     label: str,
     step_guard: Callable[[], AbstractContextManager[Any]] | None = None,
@@ -190,7 +190,7 @@ def _call_framed_here(
     func: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    scope: FrameScope,
+    scope: Scope,
     label: str,
 ) -> Any:
     return call_framed(scope, label, func, args, kwargs, eager_where())
@@ -206,7 +206,7 @@ def _prepared() -> tuple[()]:
     return ()
 
 
-def _framed_in_graph(scope: FrameScope, label: str) -> InGraph:
+def _framed_in_graph(scope: Scope, label: str) -> InGraph:
     def in_graph(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if is_compiling():
             _prepared()
@@ -225,7 +225,7 @@ class _Driver:
 
     def __init__(
         self,
-        scope: FrameScope,
+        scope: Scope,
         label: str,
         guard: Callable[[], AbstractContextManager[Any]] | None,
         counter: Any,
@@ -318,7 +318,7 @@ def _step(
     close, which ends the body) sets aside what the body holds (``held``); the next step
     puts it back once its frame is open.
     """
-    mark = driver.ledger._last_id
+    mark = driver.ledger.stacks.last_id
     frame = None
     ends = RAISED  # until the step says otherwise: an exception (an interruption) ends it
     try:

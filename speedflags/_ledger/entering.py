@@ -4,7 +4,7 @@ An exception (Ctrl-C, any exception a signal handler raises) can land in the cal
 ledger: after :meth:`FlagLedger.open <speedflags.FlagLedger.open>` returned but before the
 caller kept the frame, or after an exit began but before the ledger's close did. The ledger
 itself is whole either way (an open completed or rolled back; a close completed); what is
-left is a frame nobody holds. The frame API (:class:`~speedflags._ledger.scope.FrameScope`
+left is a frame nobody holds. The frame API (:class:`~speedflags.FrameScope`
 and the decorators of :mod:`.decorate`) handles it here, once:
 
 - an enter reads ``mark``, the id of the last frame opened, before it opens; interrupted,
@@ -29,18 +29,17 @@ from .history import Where
 from .interrupts import PENDING, critical, deliver_pending
 
 if TYPE_CHECKING:
-    from .ledger import FlagLedger
-    from .program import Frame
-    from .scope import FrameScope
+    from .frame import Frame
+    from .protocol import FrameLedger, Scope
 
 __all__ = ["call_framed", "cancel_open", "close_innermost", "finish_exit", "innermost_here"]
 
 
 @critical
-def close_innermost(ledger: FlagLedger, owner: object, where: Where = None) -> None:
+def close_innermost(ledger: FrameLedger, owner: object, where: Where = None) -> None:
     """``ledger.close(ledger.innermost(owner), where)``: what an exit does (its caller, an
     ``__exit__``, delivers the handlers held back)."""
-    frames = ledger._frames.get()
+    frames = ledger.stacks.context.get()
     if frames:
         frame = frames[-1]
         if frame.owner is owner and not frame.closed:
@@ -48,19 +47,19 @@ def close_innermost(ledger: FlagLedger, owner: object, where: Where = None) -> N
     return ledger.close(innermost_here(ledger, owner), where)
 
 
-def innermost_here(ledger: FlagLedger, owner: object) -> Frame:
+def innermost_here(ledger: FrameLedger, owner: object) -> Frame:
     """``ledger.innermost(owner)``; with none in this thread but one open in another, the
     error ``Frame.close()`` from this thread would raise (nothing is restored; the frame stays
     open for its own thread): an exit and ``stop()`` from another thread are refused alike."""
-    if ledger._table.find(owner) is None:
-        other = ledger._table.elsewhere(owner)
+    if ledger.stacks.find(owner) is None:
+        other = ledger.stacks.elsewhere(owner)
         if other is not None:
-            raise ledger._recovery.not_closable(other)
+            raise ledger.recovery.not_closable(other)
     return ledger.innermost(owner)
 
 
 @critical
-def cancel_open(ledger: FlagLedger, owner: object, mark: int, where: Where = None) -> None:
+def cancel_open(ledger: FrameLedger, owner: object, mark: int, where: Where = None) -> None:
     """Close the frame this context opened for ``owner`` after frame id ``mark``, if any.
 
     What an enter runs when an exception interrupts it between a successful open and its own
@@ -69,7 +68,7 @@ def cancel_open(ledger: FlagLedger, owner: object, mark: int, where: Where = Non
     runs before it returns.
     """
     try:
-        frames = ledger._frames.get()
+        frames = ledger.stacks.here()
         if frames:
             frame = frames[-1]
             if frame.owner is owner and frame.id > mark and not frame.closed:
@@ -82,7 +81,7 @@ def cancel_open(ledger: FlagLedger, owner: object, mark: int, where: Where = Non
 
 
 @critical
-def finish_exit(ledger: FlagLedger, owner: object, where: Where = None) -> None:
+def finish_exit(ledger: FrameLedger, owner: object, where: Where = None) -> None:
     """Close ``owner``'s innermost frame in this context if its exit never started.
 
     What an exit runs when an exception (not the ledger's own error) interrupted it before
@@ -91,7 +90,7 @@ def finish_exit(ledger: FlagLedger, owner: object, where: Where = None) -> None:
     starts, is left open: its inner frame, closed, is found first.)
     """
     try:
-        frame = _last_of(ledger._frames.get(), owner)
+        frame = _last_of(ledger.stacks.here(), owner)
         if frame is not None and not frame.closed:
             ledger.close(frame, where)
     finally:
@@ -111,7 +110,7 @@ def _last_of(frames: tuple[Frame, ...], owner: object) -> Frame | None:
 
 
 def call_framed(
-    scope: FrameScope,
+    scope: Scope,
     label: str,
     func: Callable[..., Any],
     args: tuple[Any, ...],
@@ -126,7 +125,7 @@ def call_framed(
     close interrupted before it began is made again.
     """
     the_ledger = scope.ledger
-    mark = the_ledger._last_id
+    mark = the_ledger.stacks.last_id
     frame = None
     try:
         frame = scope.open_frame(label, where)

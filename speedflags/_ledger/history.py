@@ -1,23 +1,19 @@
-"""The ledger's history: compact ring entries, and the :class:`FlagRecord` views built from them.
+"""What the ledger's history says: :class:`FlagRecord`, its JSON, and the words it is made of.
 
-:class:`History` is the ledger's part that keeps them: the ledger appends one tuple per frame
-operation (a frame's set, its restore) or event; the per-lever :class:`FlagRecord` objects
-are built only when ``history`` is read. Entries hold
-only strings, numbers and exact tuples of them (lever keys, not levers; the frame's label
-and id, not the frame): the garbage collector can stop tracking such tuples, so the ring
-does not cost a traversal on every collection (measured: the collector was ~23% of a
-frame's cost while entries referenced frames).
+The ledger keeps its history in compact entries (:mod:`.ring`); a :class:`FlagRecord` is
+one lever's view of an entry, built only when ``FlagLedger.history`` is read. Here too: the
+key a record names its lever by (:func:`lever_key`), where a change was made (``Where``),
+and the process's rank (:data:`rank_source`, which ``speedflags._distributed`` installs).
+This module knows nothing of frames: every part of the ledger may import it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -26,22 +22,18 @@ from .._version import __version__
 from ..errors import InvalidTypeError
 from ..levers._base import Lever, Unreadable
 
-if TYPE_CHECKING:
-    from .program import Frame
-
 Where = tuple[str, int] | None
 
 now = time.time
 
-# Entries: (kind, seq, time, label, frame id, thread name, rank, where, ...), then
-#   SET:     lever keys, reasons, befores, afters    one record per lever, in order
-#   RESTORE: lever keys, notes, found, restored      one record per lever, reverse order
-#   ONE:     lever key or name, action, reason, before, after     a single record
-SET, RESTORE, ONE = 0, 1, 2
-
 # lever key ("name@domain") -> lever, so records describe states without the history holding
 # lever objects; filled as programs are compiled
 _LEVERS: dict[str, Lever] = {}
+
+
+def lever_of(key: str) -> Lever | None:
+    """The lever a history entry names by ``key``; None for an event's name."""
+    return _LEVERS.get(key)
 
 
 def lever_key(lever: Lever) -> str:
@@ -69,14 +61,16 @@ RECORD_FIELDS = ("seq", "time", "lever", "action", "before", "after", "reason", 
                  "thread", "rank", "where")  # fmt: skip
 
 
-def _no_rank() -> int | None:
+def no_rank() -> int | None:
+    """The rank without a process group (the ledger does not call it: a frame's rank is
+    then ``None`` at no cost)."""
     return None
 
 
 # Tells the calling process's rank in a torch.distributed job (None without one);
 # speedflags._distributed installs the real source, so the ledger needs no torch.distributed.
 # Read once per frame (as history.rank_source, so that an installed source is seen).
-rank_source: Callable[[], int | None] = _no_rank
+rank_source: Callable[[], int | None] = no_rank
 
 
 def set_rank_source(source: Callable[[], int | None]) -> None:
@@ -208,40 +202,6 @@ class FlagRecord:
         )
 
 
-def expand(entry: tuple[Any, ...]) -> list[FlagRecord]:
-    """The records one ring entry stands for, in ``seq`` order."""
-    kind, seq, when, label, frame, thread, rank, where = entry[:8]
-    if kind == ONE:
-        lever, action, reason, before, after = entry[8:]
-        return [
-            FlagRecord(
-                seq, when, label, frame, thread, rank, where, lever, action, reason, before, after
-            )
-        ]
-    if kind == SET:
-        keys, reasons, befores, afters = entry[8:]
-        return [
-            FlagRecord(seq + i, when, label, frame, thread, rank, where, keys[i], "set", reasons[i],
-                       befores[i], afters[i])
-            for i in range(len(keys))
-        ]  # fmt: skip
-    keys, notes, found, restored = entry[8:]
-    n = len(keys)
-    return [
-        FlagRecord(seq + k, when, label, frame, thread, rank, where, keys[i], "restore",
-                   notes[i] if notes else "", found[i], restored[i])
-        for k, i in enumerate(range(n - 1, -1, -1))
-    ]  # fmt: skip
-
-
-def records(entries: Iterable[tuple[Any, ...]], limit: int) -> tuple[FlagRecord, ...]:
-    """The last ``limit`` records of ``entries`` (oldest first)."""
-    out: list[FlagRecord] = []
-    for entry in entries:
-        out.extend(expand(entry))
-    return tuple(out[-limit:])
-
-
 def json_default(value: Any) -> Any:
     """``json.dumps`` fallback for the values speedflags records.
 
@@ -284,117 +244,3 @@ def to_json(history: Iterable[FlagRecord], indent: int | None = None) -> str:
         "records": [r.to_dict() for r in history],
     }
     return json.dumps(payload, indent=indent, default=json_default)
-
-
-class History:
-    """The ledger's history (a part of :class:`~speedflags.FlagLedger`): a ring of compact
-    entries holding the most recent ``size`` records, and the last record's ``seq``.
-
-    Every method is called with the ledger's lock held. The hot path (a frame's ``set``
-    entry, and the ``restore`` entry of a close that was not interrupted) appends to
-    ``entries`` and advances ``seq`` itself, in the layout above.
-
-    Example:
-        >>> from speedflags._ledger.history import History
-        >>> ring = History(2)
-        >>> _ = [ring.one("", 0, "main", None, None, "note", "event", str(i), None, None)
-        ...      for i in range(3)]
-        >>> [r.reason for r in ring.records()]  # the two most recent
-        ['1', '2']
-    """
-
-    __slots__ = ("entries", "seq", "size")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        # each entry holds one or more records, so the ring never needs more entries than
-        # records kept
-        self.entries: deque[tuple[Any, ...]] = deque(maxlen=size)
-        self.seq = 0
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def records(self) -> tuple[FlagRecord, ...]:
-        """The most recent records, oldest first (built now)."""
-        return records(tuple(self.entries), self.size)
-
-    def clear(self) -> None:
-        self.entries.clear()
-
-    def one(
-        self,
-        label: str,
-        frame_id: int,
-        thread: str,
-        rank: int | None,
-        where: Where,
-        lever: str,
-        action: str,
-        reason: str,
-        before: Any,
-        after: Any,
-    ) -> tuple[Any, ...]:
-        """Append a single record (an event, a skip, a re-applied lever); return its entry."""
-        self.seq += 1
-        entry = (ONE, self.seq, now(), label, frame_id, thread, rank, where, lever, action,
-                 reason, before, after)  # fmt: skip
-        self.entries.append(entry)
-        return entry
-
-    def note(
-        self,
-        lever: str,
-        action: str,
-        reason: str,
-        before: Any,
-        after: Any,
-        label: str,
-        where: Where,
-    ) -> FlagRecord:
-        """An event that is not a frame, with the calling thread's name and the rank;
-        refused (:func:`check_note`) unless ``to_json()`` can write it."""
-        check_note(lever=lever, action=action, reason=reason, label=label, before=before,
-                   after=after)  # fmt: skip
-        thread = threading.current_thread().name
-        entry = self.one(label, 0, thread, rank_source(), where, lever, action, reason, before,
-                         after)  # fmt: skip
-        return expand(entry)[0]
-
-    def frame_one(
-        self, frame: Frame, where: Where, i: int, action: str, reason: str, before: Any, after: Any
-    ) -> None:
-        """A single record of lever ``i`` of ``frame``."""
-        key = frame.program.lever_keys[i]
-        self.one(frame.label, frame.id, frame.thread, frame.rank, where, key, action, reason,
-                 before, after)  # fmt: skip
-
-    def skips(self, frame: Frame, where: Where) -> None:
-        """The ``skip`` records of the levers ``frame``'s program leaves out."""
-        for name, reason in frame.program.skipped:
-            self.one(frame.label, frame.id, frame.thread, frame.rank, where, name, "skip",
-                     reason, None, None)  # fmt: skip
-
-    def closed(
-        self,
-        frame: Frame,
-        where: Where,
-        found: list[Any],
-        restored: list[Any],
-        notes: list[str] | None,
-    ) -> None:
-        """The ``restore`` records of ``frame``'s exit: what each lever read, and after. For
-        exits finished off the hot path (interrupted, abandoned); ``FlagLedger.close``
-        appends the same entry itself."""
-        n = len(found)
-        self.seq = seq = self.seq + n
-        self.entries.append(
-            (RESTORE, seq - n + 1, now(), frame.label, frame.id, frame.thread, frame.rank,
-             where, frame.program.lever_keys[:n], tuple(notes) if notes else None,
-             tuple(found), tuple(restored))
-        )  # fmt: skip
-
-    def closed_last(self, frame: Frame) -> bool:
-        """Whether the last entry is ``frame``'s restore (an interrupted exit may have made it)."""
-        last = self.entries[-1] if self.entries else None
-        return last is not None and last[0] == RESTORE and last[4] == frame.id

@@ -16,21 +16,25 @@ from .._short_repr import short_repr
 from . import history as _history
 from . import notices as _notices
 from . import own_writes as _own_writes
-from .history import RESTORE, SET, FlagRecord, History, Where
+from . import ring as _ring
+from .frame import Frame
+from .history import FlagRecord, Where, no_rank
 from .history import to_json as _to_json
 from .interrupts import PENDING, critical, deliver_pending
 from .notices import Failure, Notice
 from .own_writes import _WRITING
-from .paths import RarePaths
-from .program import Frame, Levers, Program, new_frame
+from .program import Levers, Program
+from .rare_paths import RarePaths
 from .recovery import Recovery
+from .ring import Ring, entry
 from .scope import FrameScope
-from .stacks import FrameStacks
+from .stacks import Stacks
 
 __all__ = ["FlagLedger", "ledger"]
 
 DEFAULT_HISTORY_SIZE = 4096
 _get_ident = threading.get_ident
+_new_object = object.__new__
 
 
 class FlagLedger:
@@ -67,18 +71,19 @@ class FlagLedger:
         # Reentrant: a signal handler entering a block while its thread holds it is refused
         # (LedgerReentryError) instead of waiting forever for itself. Taken with `with` only.
         self._lock = threading.RLock()
-        self._table = FrameStacks(self._lock)
-        self._ring = History(history_size)
-        self._paths = RarePaths(self._table, self._ring)
-        self._recovery = Recovery(self._lock, self._table, self._ring, self._paths)
+        # Its parts, each with its own state (public for the frame API of this package,
+        # which names them in .protocol.FrameLedger; not an API of speedflags)
+        self.stacks = Stacks(self._lock)
+        self.ring = Ring(history_size)
+        self.rare_paths = RarePaths(self.stacks, self.ring)
+        self.recovery = Recovery(self._lock, self.stacks, self.ring, self.rare_paths)
         # the parts' containers, bound once for the hot path (the same objects)
-        self._stacks = self._table.stacks
-        self._open = self._table.open
-        self._frames = self._table.context
-        self._entries = self._ring.entries
-        self._threads = self._recovery.threads
-        self._gone = self._recovery.gone
-        self._last_id = 0  # the last frame's id: an interrupted enter finds its frame by it
+        self._by_key = self.stacks.by_key
+        self._open = self.stacks.open
+        self._context = self.stacks.context
+        self._entries = self.ring.entries
+        self._threads = self.recovery.threads
+        self._gone = self.recovery.gone
 
     # --- frames: the hot path --------------------------------------------------------------
 
@@ -99,24 +104,50 @@ class FlagLedger:
         ``(file, line)``. Every state is read and checked before any write; a failure or an
         interruption restores every lever applied: the frame opens whole or not at all.
 
+        The steps, each marked below: (1) who enters (the thread, its task, the rank) and the
+        frame; under the lock, (2) the boundary (frames of threads that ended, a watch), (3)
+        read and check every domain, changing nothing, (4) push and apply lever by lever,
+        (5) record and register the frame; after the lock, (6) speak and deliver. One
+        function, not six: the steps run on every block (see RESULTS.md, "the goal of at
+        most 1.5x plain torch"); whatever fails or interrupts (2) to (5) is rolled back by
+        ``RarePaths.abort_open``.
+
         Raises:
             MixedTF32APIError: the TF32 APIs disagree (refused before any write).
             LedgerReentryError: this thread is inside the ledger already (a signal handler).
         """
+        # (1) who enters, and the frame
         program = levers if type(levers) is Program else Program.of(levers)
         tid = _get_ident()
         if tid in _WRITING:
-            self._recovery.reentered(label)
+            self.recovery.reentered(label)
         known = self._threads.get(tid)  # (token, threading.Thread)
         if known is None:
-            known = self._recovery.thread_token(tid)
+            known = self.recovery.thread_token(tid)
         loop = _get_running_loop()
-        task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
-        frame = new_frame(
-            label, owner, where, device, program, tid, known[1].name,
-            task, _history.rank_source(), known[0], self,
-        )  # fmt: skip
-        befores, afters, stacks = frame.befores, frame.afters, self._stacks
+        # The frame, made here rather than by a function (``Frame``'s attributes are listed
+        # there): 11 arguments passed and a call made per frame are worth ~0.2 µs.
+        frame: Frame = _new_object(Frame)
+        frame.id = 0
+        frame.ledger = self
+        frame.label = label
+        frame.owner = owner
+        frame.thread_id = tid
+        frame.thread = known[1].name
+        frame.token = known[0]
+        frame.task = None if loop is None else _current_task(loop)  # type: ignore[redundant-expr, unused-ignore]
+        frame._where = where
+        frame.device = device
+        frame.closed = False
+        frame.program = program
+        rank_source = _history.rank_source
+        frame.rank = None if rank_source is no_rank else rank_source()
+        befores: list[Any] = [None] * program.n
+        afters: list[Any] = [None] * program.n
+        frame.befores = befores
+        frame.afters = afters
+        frame.applied = 0
+        stacks = self._by_key
         crowded = False  # a stack held entries already: look for conflicts
         notices: list[Notice] | None = None
         try:
@@ -124,12 +155,15 @@ class FlagLedger:
                 _WRITING.add(tid)
                 watched = None
                 try:
+                    # (2) the boundary: frames of threads that ended; a watch's check
                     if self._gone:
-                        notices = self._recovery.drop_abandoned(where)
+                        notices = self.recovery.drop_abandoned(where)
                     # speedflags.watch(): a boundary where changes made around Python are found
                     if _own_writes.WATCHER is not None:
                         watched = _own_writes.enter(self, label, where)
-                    self._last_id = fid = frame.id = self._last_id + 1
+                    part = self.stacks
+                    part.last_id = fid = frame.id = part.last_id + 1
+                    # (3) read and check every domain: a refusal changes nothing
                     seen = program.seen
                     for i, lever, check, read in program.reads:
                         state = read()
@@ -144,6 +178,7 @@ class FlagLedger:
                         if check:
                             lever.check(state)  # may refuse: nothing has changed yet
                         seen[i] = state  # last: only a state that passed its check is seen
+                    # (4) lever by lever: its stack entry, then its write
                     for i, lever, value, p, key, domain in program.rows:
                         if p < 0:
                             before = befores[i]
@@ -153,7 +188,7 @@ class FlagLedger:
                             key = (domain, tid)
                         stack = stacks.get(key)
                         if stack is None:
-                            stack = self._table.new_stack(key)
+                            stack = self.stacks.new_stack(key)
                         elif stack:
                             crowded = True
                         # Counted, then pushed, then written: a roll-back after any of the three
@@ -161,25 +196,28 @@ class FlagLedger:
                         frame.applied = i + 1
                         stack.append((frame, i))
                         afters[i] = lever.apply(value, before)
-                    # the set records: a SET entry of History's (history.py), appended here
+                    # (5) the set records (the ring's entry, appended here: the hot path), the
+                    # skips, the open frame, conflicts with other threads' frames, the context
                     n = program.n
-                    self._ring.seq = seq = self._ring.seq + n
+                    ring = self.ring
+                    ring.seq = seq = ring.seq + n
                     self._entries.append(
-                        (SET, seq - n + 1, _history.now(), label, fid, frame.thread, frame.rank,
-                         where, program.lever_keys, program.reasons, tuple(befores), tuple(afters))
+                        entry("set", seq - n + 1, _ring.now(), label, fid, frame.thread,
+                              frame.rank, where, program.lever_keys, program.reasons,
+                              tuple(befores), tuple(afters))
                     )  # fmt: skip
                     if program.skipped:
-                        self._ring.skips(frame, where)
+                        self.ring.skips(frame, where)
                     self._open[fid] = frame
                     if crowded:
-                        conflicts = self._paths.conflicts(frame)
+                        conflicts = self.rare_paths.conflicts(frame)
                         if conflicts:
                             notices = conflicts if notices is None else notices + conflicts
-                    self._table.push(frame)
+                    self.stacks.push(frame)
                     if watched is not None:
                         watched.__exit__(None, None, None)
                 except BaseException as exc:  # a failure, or an exception that interrupted us
-                    error = self._paths.abort_open(frame, exc, where, watched)
+                    error = self.rare_paths.abort_open(frame, exc, where, watched)
                     if error is not None:
                         raise error  # noqa: B904 - its cause is set
                     raise
@@ -193,6 +231,7 @@ class FlagLedger:
                     break
                 deliver_pending()
             raise
+        # (6) what was found under the lock is said now; signal_safe handlers held back run
         if not (notices or PENDING):  # no jump taken on the way out (see deliver_pending)
             return frame
         try:
@@ -222,13 +261,13 @@ class FlagLedger:
         """
         tid = _get_ident()
         if tid in _WRITING:
-            self._recovery.reentered(frame.label)
+            self.recovery.reentered(frame.label)
         failures: list[Failure] | None = None
         notices: list[Notice] | None = None
         pending: BaseException | None = None  # an interruption, raised once the exit is done
         with self._lock:
             if frame.closed or frame.thread_id != tid:
-                raise self._recovery.not_closable(frame)
+                raise self.recovery.not_closable(frame)
             _WRITING.add(tid)
             watched = None
             program = frame.program
@@ -238,10 +277,10 @@ class FlagLedger:
             notes: list[str] | None = None
             try:
                 if self._gone:
-                    notices = self._recovery.drop_abandoned(where)
+                    notices = self.recovery.drop_abandoned(where)
                 if _own_writes.WATCHER is not None:
                     watched = _own_writes.enter(self, frame.label, where)
-                befores, afters, stacks = frame.befores, frame.afters, self._stacks
+                befores, afters, stacks = frame.befores, frame.afters, self._by_key
                 rows = program.back if n == program.n else program.rows[:n][::-1]
                 for i, lever, _, _, key, domain in rows:
                     try:
@@ -261,34 +300,37 @@ class FlagLedger:
                                 lever.restore(before, current) if current != before else current
                             )
                             if current is not after:
-                                notes, notices = self._paths.drifted(frame, i, current, notes,
-                                                                     notices)  # fmt: skip
+                                notes, notices = self.rare_paths.drifted(
+                                    frame, i, current, notes, notices
+                                )
                         else:  # under later frames (or off its stack: an interrupted exit's)
-                            notes, notices = self._paths.buried(frame, i, where, restored, notes,
-                                                                notices)  # fmt: skip
+                            notes, notices = self.rare_paths.buried(
+                                frame, i, where, restored, notes, notices
+                            )
                     except BaseException as exc:  # every lever is restored even if one fails
-                        notes, failures, pending = self._recovery.restore_again(
+                        notes, failures, pending = self.recovery.restore_again(
                             frame, i, exc, where, found, restored, notes, failures, pending
                         )
                 frame.closed = True
                 frame.task = None  # a frame kept by the caller must not keep its task alive
                 self._open.pop(frame.id, None)
-                # the restore records: History.closed's entry, appended here (the hot path)
-                self._ring.seq = seq = self._ring.seq + n
+                # the restore records: Ring.closed's entry, appended here (the hot path)
+                ring = self.ring
+                ring.seq = seq = ring.seq + n
                 self._entries.append(
-                    (RESTORE, seq - n + 1, _history.now(), frame.label, frame.id, frame.thread,
-                     frame.rank, where, program.lever_keys[:n], tuple(notes) if notes else None,
-                     tuple(found), tuple(restored))
+                    entry("restore", seq - n + 1, _ring.now(), frame.label, frame.id,
+                          frame.thread, frame.rank, where, program.lever_keys[:n],
+                          tuple(notes) if notes else None, tuple(found), tuple(restored))
                 )  # fmt: skip
                 if watched is not None:
                     watched.__exit__(None, None, None)
             except BaseException as exc:  # interrupted in the bookkeeping: finish it first
-                self._recovery.finish_close(frame, where, found, restored, notes, watched)
+                self.recovery.finish_close(frame, where, found, restored, notes, watched)
                 pending = pending or exc
             finally:
                 _WRITING.discard(tid)
-        frames = self._frames.get()  # frame stays there, closed: see FrameStacks.left
-        innermost = None if frames and frames[-1] is frame else self._table.left(frames, frame)
+        frames = self._context.get()  # frame stays there, closed: see Stacks.left
+        innermost = None if frames and frames[-1] is frame else self.stacks.left(frames, frame)
         try:
             if notices or failures or innermost is not None or pending is not None:
                 error = _notices.close_error(frame, innermost, failures or (), restored)
@@ -316,12 +358,12 @@ class FlagLedger:
     def history(self) -> tuple[FlagRecord, ...]:
         """The most recent records (at most ``history_size``), oldest first (a copy)."""
         with self._lock:
-            return self._ring.records()
+            return self.ring.records()
 
     def clear_history(self) -> None:
         """Forget the recorded history (open frames and their restore data are kept)."""
         with self._lock:
-            self._ring.clear()
+            self.ring.clear()
 
     def to_json(self, indent: int | None = None) -> str:
         """The history as JSON, with the PyTorch and speedflags versions and the process id."""
@@ -341,7 +383,7 @@ class FlagLedger:
         """Append an event that is not a frame (a heal, a compile fallback, a write seen by
         ``watch``) to the history, with this thread's name and the process's rank."""
         with self._lock:
-            return self._ring.note(lever, action, reason, before, after, label, where)
+            return self.ring.note(lever, action, reason, before, after, label, where)
 
     def open_frames(self) -> tuple[Frame, ...]:
         """Every frame open now, in all threads and tasks, in order of entry."""
@@ -354,7 +396,7 @@ class FlagLedger:
         Raises:
             LedgerOrderError: ``owner`` has no open frame here.
         """
-        return self._table.innermost(owner)
+        return self.stacks.innermost(owner)
 
     @property
     def lock(self) -> Any:
@@ -375,12 +417,12 @@ class FlagLedger:
         return _own_writes.section(self, label, where)
 
     def __repr__(self) -> str:
-        return f"<FlagLedger: {len(self._ring)} entries, {len(self.open_frames())} open frames>"
+        return f"<FlagLedger: {len(self.ring)} entries, {len(self.open_frames())} open frames>"
 
     def _forget_frames(self) -> None:
         # For tests that left frames open: drop them everywhere, restoring nothing.
         with self._lock:
-            self._table.forget()
+            self.stacks.forget()
 
 
 _PROCESS_LEDGER = FlagLedger()

@@ -17,7 +17,7 @@ from .. import _warn
 from .._short_repr import short_repr
 from ..errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
 from ..levers._base import Lever
-from .program import Frame
+from .frame import Frame
 
 # (cause for warn_once, message, category; None: informational, logged once, never a warning)
 Notice = tuple[Hashable, str, type | None]

@@ -1,23 +1,14 @@
-"""What the ledger runs: compiled Programs and the Frames they open."""
+"""What the ledger runs: a frame's levers compiled once (:class:`Program`)."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Hashable, Iterable, Sequence
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Union,
-    cast,
-)
+from collections.abc import Iterable, Sequence
+from typing import Any, Union, cast
 
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError
 from ..levers._base import Lever
-from .history import Where, format_where, lever_key
-
-if TYPE_CHECKING:
-    from .ledger import FlagLedger
+from .history import lever_key
 
 LeverItem = tuple[Lever, Any, str]  # (lever, requested value, reason to record)
 # What FlagLedger.open and FlagLedger.frame take: a Program, or (lever, value) and
@@ -120,7 +111,7 @@ class Program:
                     f"levers: expected (lever, value) or (lever, value, reason) tuples, got "
                     f"{short_repr(item)}"
                 )
-            _check_lever(item[0])
+            check_lever(item[0])
             items.append((item[0], item[1], item[2] if len(item) == 3 else ""))
         return cls(items)
 
@@ -128,7 +119,7 @@ class Program:
 _METHODS = ("read", "check", "apply", "restore", "describe", "describe_value")
 
 
-def _check_lever(lever: object) -> None:
+def check_lever(lever: object) -> None:
     # A lever the ledger can use: the Lever protocol's names, a scope it knows (an
     # InvalidTypeError naming what is wrong, not an AttributeError from deep inside)
     lacks = [m for m in _METHODS if not callable(getattr(lever, m, None))]
@@ -147,159 +138,3 @@ def _check_lever(lever: object) -> None:
         f"levers: {short_repr(lever)} is not a lever{hint}: a lever follows the Lever protocol "
         f"(speedflags.levers._base.Lever); it lacks {', '.join(lacks)}"
     )
-
-
-class Frame:
-    """One ``fast_math`` block or decorated call, as the ledger sees it.
-
-    ``with fast_math(...) as frame:`` binds it, and :meth:`FlagLedger.open
-    <speedflags.FlagLedger.open>` returns it. Attributes: ``id``, ``label``, ``device``
-    (the device the levers were resolved for), ``levers`` (names, in application order),
-    ``values`` (what each lever was set to, after ``"auto"`` resolution), ``thread`` (the
-    thread's name), ``rank`` (the process's ``torch.distributed`` rank, ``None`` without a
-    process group), ``where``, ``closed`` and ``ledger`` (the ledger it was opened on).
-    :meth:`close` restores what it found.
-
-    Example:
-        >>> import speedflags
-        >>> with speedflags.fast_math(cudnn_benchmark=True, label="demo") as frame:
-        ...     frame.label, frame.levers, frame.values, frame.closed
-        ('demo', ('cudnn_benchmark',), {'cudnn_benchmark': True}, False)
-        >>> frame.closed
-        True
-    """
-
-    __slots__ = (
-        "_where",
-        "afters",
-        "applied",
-        "befores",
-        "closed",
-        "device",
-        "id",
-        "label",
-        "ledger",
-        "owner",
-        "program",
-        "rank",
-        "suspending",
-        "task",
-        "thread",
-        "thread_id",
-        "token",
-    )
-
-    id: int  # given by the ledger when the frame opens
-    ledger: FlagLedger
-    label: str
-    owner: object
-    thread_id: int
-    thread: str
-    token: int  # the thread's token in the ledger: dropped if the thread ends
-    task: object  # the asyncio task that entered it, or None
-    _where: Where
-    device: str | None
-    closed: bool
-    program: Program
-    rank: int | None
-    befores: list[Any]
-    afters: list[Any]
-    applied: int
-    # on a frame closing because the body of a decorated generator or coroutine suspends: a
-    # dict its close fills with what the body holds (.suspend); unset or None on every other
-    # frame, read with getattr, off the hot path
-    suspending: dict[int, Any] | None
-
-    def close(self, where: Where = None) -> None:
-        """Restore every lever this frame set to the state it found, and close it:
-        ``frame.ledger.close(frame, where)`` (see :meth:`speedflags.FlagLedger.close`).
-        ``where`` (``(file, line)``) defaults to the caller's line.
-
-        Example:
-            >>> import speedflags
-            >>> from speedflags.levers import PROCESS_LEVERS
-            >>> frame = speedflags.ledger().open([(PROCESS_LEVERS["cudnn_benchmark"], True)])
-            >>> frame.close()
-            >>> frame.closed
-            True
-        """
-        if where is None:
-            caller = sys._getframe(1)
-            where = (caller.f_code.co_filename, caller.f_lineno)
-        self.ledger.close(self, where)
-
-    def key(self, i: int) -> Hashable:
-        """The stack key of lever ``i``: its domain, or (domain, thread) if thread-local."""
-        key = self.program.keys[i]
-        return (self.program.domains[i], self.thread_id) if key is None else key
-
-    @property
-    def where(self) -> str:
-        return format_where(self._where)
-
-    @property
-    def levers(self) -> tuple[str, ...]:
-        return tuple(lever.name for lever in self.program.levers[: self.applied])
-
-    @property
-    def values(self) -> dict[str, Any]:
-        program = self.program
-        return {
-            program.levers[i].name: program.levers[i].describe_value(program.values[i])
-            for i in range(self.applied)
-        }
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else "open"
-        return (
-            f"<Frame {self.id} {short_repr(self.label)} {state} at {self.where} in {self.thread}>"
-        )
-
-
-_new_object = object.__new__
-
-
-def new_frame(
-    label: str,
-    owner: object,
-    where: Where,
-    device: str | None,
-    program: Program,
-    thread_id: int,
-    thread: str,
-    task: object,
-    rank: int | None,
-    token: int,
-    ledger: FlagLedger,
-) -> Frame:
-    """A new :class:`Frame`, not opened yet (what :meth:`FlagLedger.open` makes; a function
-    rather than ``Frame.__init__``: Python runs a plain function's call inline, a class's
-    goes through ``type.__call__``, ~15 % of the frame object's cost)."""
-    frame: Frame = _new_object(Frame)
-    frame.id = 0
-    frame.ledger = ledger
-    frame.label = label
-    frame.owner = owner
-    frame.thread_id = thread_id
-    frame.thread = thread
-    frame.token = token
-    frame.task = task
-    frame._where = where
-    frame.device = device
-    frame.closed = False
-    frame.program = program
-    frame.rank = rank
-    n = program.n
-    frame.befores = [None] * n
-    frame.afters = [None] * n
-    frame.applied = 0
-    return frame
-
-
-def without_closed(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
-    """``frames`` less the closed frames at its end (those close() leaves in a context's
-    tuple). A function of its own: a ``while`` loop inside the ledger's open() would be a hole
-    in its ``try`` on Python 3.13 (tests/test_exception_table_holes.py)."""
-    while frames and frames[-1].closed:
-        frames = frames[:-1]
-    return frames

@@ -21,13 +21,14 @@ from typing import Any
 from .._short_repr import short_repr
 from ..errors import AbandonedFrameWarning, LedgerOrderError, LedgerReentryError
 from . import own_writes as _own_writes
-from .history import History, Where
+from .frame import Frame
+from .history import Where
 from .interrupts import forked
 from .notices import Failure, Notice
 from .own_writes import _WRITING
-from .paths import RarePaths
-from .program import Frame
-from .stacks import FrameStacks
+from .rare_paths import RarePaths
+from .ring import Ring
+from .stacks import Stacks
 
 _get_ident = threading.get_ident
 _current_thread = threading.current_thread
@@ -67,24 +68,26 @@ class Recovery:
 
     Example:
         >>> import threading
-        >>> from speedflags._ledger.history import History
-        >>> from speedflags._ledger.paths import RarePaths
+        >>> from speedflags._ledger.rare_paths import RarePaths
         >>> from speedflags._ledger.recovery import Recovery
-        >>> from speedflags._ledger.stacks import FrameStacks
-        >>> lock, ring = threading.RLock(), History(16)
-        >>> frames = FrameStacks(lock)
-        >>> part = Recovery(lock, frames, ring, RarePaths(frames, ring))
-        >>> part.drop_abandoned(None)  # no thread that opened a frame has ended
+        >>> from speedflags._ledger.ring import Ring
+        >>> from speedflags._ledger.stacks import Stacks
+        >>> lock, ring = threading.RLock(), Ring(16)
+        >>> stacks = Stacks(lock)
+        >>> recovery = Recovery(lock, stacks, ring, RarePaths(stacks, ring))
+        >>> recovery.drop_abandoned(None)  # no thread that opened a frame has ended
         []
     """
 
-    __slots__ = ("__weakref__", "frames", "gone", "history", "lock", "paths", "threads", "tokens")
+    __slots__ = (
+        "__weakref__", "gone", "lock", "rare_paths", "ring", "stacks", "threads", "tokens"
+    )  # fmt: skip
 
-    def __init__(self, lock: Any, frames: FrameStacks, history: History, paths: RarePaths):
+    def __init__(self, lock: Any, stacks: Stacks, ring: Ring, rare_paths: RarePaths):
         self.lock = lock
-        self.frames = frames
-        self.history = history
-        self.paths = paths
+        self.stacks = stacks
+        self.ring = ring
+        self.rare_paths = rare_paths
         self.threads: dict[int, Known] = {}
         self.gone: list[int] = []
         self.tokens: Iterator[int] = itertools.count(1)
@@ -145,9 +148,9 @@ class Recovery:
         if found[i] is None:  # interrupted before its state was read: nothing written yet
             found[i] = lever.read()
         try:
-            restored[i] = self.paths.finish_lever(frame, i, where, [])
+            restored[i] = self.rare_paths.finish_lever(frame, i, where, [])
         except BaseException as again:
-            self.frames.unlink(frame, i)  # no stale entry is left on its stack
+            self.stacks.unlink(frame, i)  # no stale entry is left on its stack
             # interrupted again (a plain handler): the interruption is what the exit raises,
             # not what the first try ran into (an entry an earlier exit had taken off)
             failed = exc if isinstance(again, Exception) else again
@@ -176,21 +179,21 @@ class Recovery:
         for i in range(len(found) - 1, -1, -1):
             if found[i] is None:  # not reached by close(): what it finds is what was found
                 found[i] = levers[i].read()
-            if self.frames.on_a_stack(frame, i):
+            if self.stacks.on_a_stack(frame, i):
                 try:
-                    restored[i] = self.paths.finish_lever(frame, i, where, [])
+                    restored[i] = self.rare_paths.finish_lever(frame, i, where, [])
                 except Exception:
-                    self.frames.unlink(frame, i)
+                    self.stacks.unlink(frame, i)
             # closed already (nothing to restore): what it reads now; a plain statement last,
             # not an `if` (tests/test_exception_table_holes.py)
             restored[i] = levers[i].read() if restored[i] is None else restored[i]
         frame.closed = True
         frame.task = None
-        self.frames.open.pop(frame.id, None)
+        self.stacks.open.pop(frame.id, None)
         # the close may have recorded it before the interruption (checked here, off its hot
         # path)
-        if not self.history.closed_last(frame):
-            self.history.closed(frame, where, found, restored, notes)
+        if not self.ring.closed_last(frame):
+            self.ring.closed(frame, where, found, restored, notes)
         _own_writes.leave(watched)
 
     # --- threads that ended ---------------------------------------------------------------
@@ -214,7 +217,7 @@ class Recovery:
         gone = set(self.gone[:count])
         notices = [
             self._abandon(frame, where)
-            for frame in reversed(list(self.frames.open.values()))
+            for frame in reversed(list(self.stacks.open.values()))
             if frame.token in gone and not frame.closed
         ]
         del self.gone[:count]
@@ -229,20 +232,20 @@ class Recovery:
         for i in range(n - 1, -1, -1):
             lever = program.levers[i]
             if program.keys[i] is None:  # thread-local: it ended with its thread
-                self.frames.unlink(frame, i)
+                self.stacks.unlink(frame, i)
                 notes[i] = "abandoned: thread-local state, ended with its thread"
                 continue
             try:
                 found[i] = lever.read()
-                restored[i] = self.paths.finish_lever(frame, i, where, [])
+                restored[i] = self.rare_paths.finish_lever(frame, i, where, [])
                 notes[i] = f"abandoned: thread {short_repr(frame.thread)} ended inside the block"
             except Exception as exc:
-                self.frames.unlink(frame, i)
+                self.stacks.unlink(frame, i)
                 notes[i] = f"failed: {type(exc).__name__}: {exc}"
         frame.closed = True
         frame.task = None
-        self.frames.open.pop(frame.id, None)
-        self.history.closed(frame, where, found, restored, notes)
+        self.stacks.open.pop(frame.id, None)
+        self.ring.closed(frame, where, found, restored, notes)
         shared = [program.levers[i].name for i in range(n) if program.keys[i] is not None]
         message = (
             f"{short_repr(frame.label)} (entered at {frame.where} in thread "

@@ -20,12 +20,13 @@ from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import SpeedflagsError
 from .decorate import decorate
 from .entering import cancel_open, close_innermost, finish_exit, innermost_here
+from .frame import Frame
 from .history import Where
 from .interrupts import PENDING, critical, deliver_pending
-from .program import Frame, Levers, Program
+from .program import Levers, Program
 
 if TYPE_CHECKING:
-    from .ledger import FlagLedger
+    from .protocol import FrameLedger
 
 __all__ = ["FrameScope"]
 
@@ -73,20 +74,22 @@ class FrameScope:
         (False, True)
     """
 
-    __slots__ = ("_label", "_program", "_program_device", "ledger")
+    # ``_ready``: (program, device) while an enter needs nothing but to open them on
+    # ``self.ledger`` (the enters below then call the ledger without ``open_frame``); None
+    # while a subclass has work of its own on entry (``FastMath``'s first entry)
+    __slots__ = ("_label", "_ready", "ledger")
 
     def __init__(
         self,
         levers: Levers,
         *,
-        ledger: FlagLedger,
+        ledger: FrameLedger,
         label: str = "",
         device: str | None = None,
     ) -> None:
         self.ledger = ledger  # the ledger its frames open on
         self._label = label
-        self._program = Program.of(levers)
-        self._program_device = device
+        self._ready: tuple[Program, str | None] | None = (Program.of(levers), device)
 
     @property
     def label(self) -> str:
@@ -98,8 +101,12 @@ class FrameScope:
         """Open one frame of this scope, owned by it (what every enter, start and decorated
         call runs, inside the interrupt handling). A subclass that works its levers out
         lazily (``FastMath``: its plan) overrides this; it must open at most one frame, on
-        ``self.ledger``, with ``self`` as its owner."""
-        return self.ledger.open(self._program, label, where, self, self._program_device)
+        ``self.ledger``, with ``self`` as its owner, and set ``_ready`` once an enter needs
+        nothing more than the ledger's open."""
+        ready = self._ready
+        if ready is None:  # pragma: no cover - a subclass that clears it overrides this
+            raise NotImplementedError(f"{type(self).__name__}.open_frame")
+        return self.ledger.open(ready[0], label, where, self, ready[1])
 
     # --- with, start and stop ------------------------------------------------------------
     # An exception can interrupt an enter between the ledger's open and its return, or an
@@ -119,8 +126,11 @@ class FrameScope:
             caller = _getframe(1)
             where = (caller.f_code.co_filename, caller.f_lineno)
         the_ledger = self.ledger
-        mark = the_ledger._last_id
+        mark = the_ledger.stacks.last_id
         try:
+            ready = self._ready
+            if ready is not None:  # open_frame's work, inline (the hot path)
+                return the_ledger.open(ready[0], self._label, where, self, ready[1])
             return self.open_frame(self._label, where)
         except BaseException:
             cancel_open(the_ledger, self, mark, where)
@@ -138,7 +148,7 @@ class FrameScope:
                 caller = _getframe(1)
                 where = (caller.f_code.co_filename, caller.f_lineno)
                 the_ledger = self.ledger
-                frames = the_ledger._frames.get()  # close_innermost's common case, inline
+                frames = the_ledger.stacks.context.get()  # close_innermost's common case, inline
                 frame = frames[-1] if frames else None
                 if frame is not None and frame.owner is self and not frame.closed:
                     the_ledger.close(frame, where)
@@ -164,8 +174,11 @@ class FrameScope:
         caller = _getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)
         the_ledger = self.ledger
-        mark = the_ledger._last_id
+        mark = the_ledger.stacks.last_id
         try:
+            ready = self._ready
+            if ready is not None:  # open_frame's work, inline (the hot path)
+                return the_ledger.open(ready[0], self._label, where, self, ready[1])
             return self.open_frame(self._label, where)
         except BaseException:
             cancel_open(the_ledger, self, mark, where)
@@ -206,10 +219,10 @@ class FrameScope:
                 if where is None:
                     caller = _getframe(1)
                     where = (caller.f_code.co_filename, caller.f_lineno)
-                frame = self.ledger._table.find(self)
+                frame = self.ledger.stacks.find(self)
                 if frame is not None:
                     self.ledger.close(frame, where)
-                elif self.ledger._table.elsewhere(self) is not None:  # as __exit__ there
+                elif self.ledger.stacks.elsewhere(self) is not None:  # as __exit__ there
                     innermost_here(self.ledger, self)  # raises: another thread's frame
         except SpeedflagsError:
             raise

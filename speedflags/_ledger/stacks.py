@@ -13,9 +13,9 @@ Contexts. Which frames are open, and in which order they must exit, is kept per
 frames (a task created inside a block starts from a copy, and never changes its parent's).
 The tuple is immutable and set anew by each open, so a task inherits a snapshot.
 
-Everything here runs with the ledger's lock held, but :meth:`FrameStacks.find` and
-:meth:`FrameStacks.leave_context`, which touch only the calling context (and take the lock to
-look at other contexts of the thread).
+Everything here runs with the ledger's lock held, but what reads or sets only the calling
+context (:meth:`Stacks.here`, :meth:`Stacks.find`, :meth:`Stacks.elsewhere`,
+:meth:`Stacks.leave_context`; the last three take the lock to look at other contexts).
 """
 
 from __future__ import annotations
@@ -27,31 +27,31 @@ from typing import Any
 
 from .._short_repr import short_repr
 from ..errors import LedgerOrderError
-from .program import Frame, without_closed
+from .frame import Frame, without_closed
 
 _KEEP_STACKS = 64
 Stack = list[tuple[Frame, int]]
 
 
-class FrameStacks:
-    """The frames open now: by id (``open``), per domain (``stacks``) and per context
-    (``context``). A part of :class:`~speedflags.FlagLedger`; the ledger's hot path binds
-    these containers once.
+class Stacks:
+    """The frames open now: by id (``open``), per domain (``by_key``) and per context
+    (``context``), and the id of the last frame opened (``last_id``). A part of
+    :class:`~speedflags.FlagLedger`; the ledger's hot path binds these containers once.
 
     Example:
         >>> import speedflags
-        >>> from speedflags._ledger.stacks import FrameStacks
-        >>> frames = FrameStacks(speedflags.ledger().lock)
+        >>> from speedflags._ledger.stacks import Stacks
+        >>> frames = Stacks(speedflags.ledger().lock)
         >>> frames.find(object()) is None  # no frame open for it here
         True
     """
 
-    __slots__ = ("context", "lock", "open", "stacks")
+    __slots__ = ("by_key", "context", "last_id", "lock", "open")
 
     def __init__(self, lock: Any) -> None:
         self.lock = lock  # the ledger's (a threading.RLock)
         # domain -> [(frame, index)] (process scope); (domain, thread id) -> ... (thread scope)
-        self.stacks: dict[Hashable, Stack] = {}
+        self.by_key: dict[Hashable, Stack] = {}
         # every open frame, of every thread and context, by id (so in order of entry)
         self.open: dict[int, Frame] = {}
         # the open frames of the current context (thread or asyncio task), innermost last,
@@ -59,6 +59,9 @@ class FrameStacks:
         self.context: ContextVar[tuple[Frame, ...]] = ContextVar(
             f"speedflags_frames_{id(self):x}", default=()
         )
+        # the last frame's id: an enter interrupted after the ledger opened its frame finds
+        # the frame by it (:func:`~.entering.cancel_open`)
+        self.last_id = 0
 
     # --- stacks -------------------------------------------------------------------------
 
@@ -69,7 +72,7 @@ class FrameStacks:
         it again at the next entry cost ~0.25 µs a frame. Those of threads gone are dropped
         here, once the stacks that are kept outnumber ``_KEEP_STACKS``.
         """
-        stacks = self.stacks
+        stacks = self.by_key
         if len(stacks) >= _KEEP_STACKS:
             for old in [k for k, stack in stacks.items() if not stack and isinstance(k, tuple)]:
                 del stacks[old]
@@ -79,7 +82,7 @@ class FrameStacks:
 
     def unlink(self, frame: Frame, i: int) -> None:
         """Take lever ``i`` of ``frame`` off its stack, if it is there."""
-        stack = self.stacks.get(frame.key(i))
+        stack = self.by_key.get(frame.key(i))
         if stack is None:
             return
         for j in range(len(stack) - 1, -1, -1):
@@ -97,17 +100,41 @@ class FrameStacks:
 
     def on_a_stack(self, frame: Frame, i: int) -> bool:
         """Whether lever ``i`` of ``frame`` is still on its stack."""
-        return any(f is frame and k == i for f, k in self.stacks.get(frame.key(i)) or ())
+        return any(f is frame and k == i for f, k in self.by_key.get(frame.key(i)) or ())
+
+    def on_top(self, frame: Frame, i: int) -> bool:
+        """Whether lever ``i`` of ``frame`` is the top of its stack (else another frame's
+        state holds its domain)."""
+        stack = self.by_key.get(frame.key(i))
+        if not stack:
+            return False
+        top, j = stack[-1]
+        return top is frame and j == i
+
+    def adopt(self, frame: Frame, new: Frame) -> None:
+        """``frame`` takes the place of ``new``, just opened for it: its id among the open
+        frames, its stack entries, its place in this context (a decorated body's frame
+        opened again as the same object, :mod:`.suspend`)."""
+        self.open[new.id] = frame
+        for i in range(new.applied):
+            stack = self.by_key[new.key(i)]
+            stack[:] = [(frame, k) if f is new else (f, k) for f, k in stack]
+        self.context.set(tuple(frame if f is new else f for f in self.context.get()))
 
     def forget(self) -> None:
         """Drop every frame everywhere, restoring nothing (for tests that left frames open)."""
         for frame in self.open.values():
             frame.closed = True
         self.open.clear()
-        self.stacks.clear()
+        self.by_key.clear()
         self.context.set(())
 
     # --- contexts -----------------------------------------------------------------------
+
+    def here(self) -> tuple[Frame, ...]:
+        """This context's open frames, innermost last (and maybe, on top, frames closed
+        since: the next open drops them)."""
+        return self.context.get()
 
     def find(self, owner: object) -> Frame | None:
         """The innermost open frame entered through ``owner`` in this context, else in

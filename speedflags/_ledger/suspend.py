@@ -14,7 +14,7 @@ Both belong to the body. They are set aside with the step's levers when it suspe
 frames above the step's are closed, innermost first, and each close keeps what it finds
 changed as the body's, not drift) and put back when it resumes (the step's frame opens, the
 states the body held are written back over its levers, and the frames are opened again above
-it, each as the same :class:`~.program.Frame`, with the states they held). So, across a
+it, each as the same :class:`~.frame.Frame`, with the states they held). So, across a
 suspension, the body finds everything as it left it, and the step's levers never override
 what the body set; meanwhile nothing of the body is in force. A step ended by an exception
 sets the body's frames aside too: they are opened again for its finishing while the body can
@@ -36,14 +36,14 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from .frame import Frame
 from .interrupts import PENDING, critical, deliver_pending
 from .own_writes import _WRITING, section
-from .paths import HELD_NOTE
-from .program import Frame
+from .rare_paths import HELD_NOTE
 
 if TYPE_CHECKING:
     from .history import Where
-    from .ledger import FlagLedger
+    from .protocol import FrameLedger
 
 __all__ = ["HELD_NOTE", "PUT_BACK", "Suspended", "put_back", "reopen"]
 
@@ -84,13 +84,13 @@ class Suspended:
         )
         return frame is not None
 
-    def suspend(self, ledger: FlagLedger, step: Frame, where: Where, own: bool = True) -> None:
+    def suspend(self, ledger: FrameLedger, step: Frame, where: Where, own: bool = True) -> None:
         """The body suspends: close the frames it holds above ``step`` (innermost first),
         keeping what each holds, and (``own``) mark ``step`` so that its close keeps what the
         body holds of its levers (the caller closes it next) instead of taking it for drift.
         ``own=False``: the step ends by an exception, and only its frames are set aside
         (a change of the step's levers it left is drift, as in any block)."""
-        frames = ledger._frames.get()
+        frames = ledger.stacks.here()
         if frames and frames[-1] is not step and step in frames:  # the body holds frames
             for frame in reversed([f for f in frames[frames.index(step) + 1 :] if not f.closed]):
                 states: dict[int, Any] = {}  # filled by its close: what the body holds
@@ -104,7 +104,7 @@ class Suspended:
         # outermost first; once (a reopen interrupted after it reopened left it listed)
         self.frames[:] = [(frame, states)] + [e for e in self.frames if e[0] is not frame]
 
-    def resume(self, ledger: FlagLedger, step: Frame, where: Where) -> None:
+    def resume(self, ledger: FrameLedger, step: Frame, where: Where) -> None:
         """The body resumes: ``step`` (just opened) takes back the states the body held of
         its levers, and the frames it held open again above it, as they were."""
         if self.states:
@@ -117,18 +117,8 @@ class Suspended:
             put_back(ledger, frame, states, frame._where)
 
 
-def _on_top(ledger: FlagLedger, frame: Frame, i: int) -> bool:
-    # Lever i of frame is the top of its stack (under another thread's frame, the state is
-    # that frame's)
-    stack = ledger._stacks.get(frame.key(i))
-    if not stack:
-        return False
-    top, j = stack[-1]
-    return top is frame and j == i
-
-
 @critical
-def put_back(ledger: FlagLedger, frame: Frame, states: dict[int, Any], where: Where) -> None:
+def put_back(ledger: FrameLedger, frame: Frame, states: dict[int, Any], where: Where) -> None:
     """Write back over ``frame``'s levers (just opened) the states the body held of them, and
     record each as a ``set``. The frame's ``afters`` stay what it applied: what it finds
     when it closes is compared with them (a change the body still holds then is drift)."""
@@ -142,29 +132,29 @@ def put_back(ledger: FlagLedger, frame: Frame, states: dict[int, Any], where: Wh
             deliver_pending()
 
 
-def _write_back(ledger: FlagLedger, frame: Frame, states: dict[int, Any], where: Where) -> None:
+def _write_back(ledger: FrameLedger, frame: Frame, states: dict[int, Any], where: Where) -> None:
     program = frame.program
     with ledger.lock, section(ledger, frame.label, where):
         tid = threading.get_ident()
         _WRITING.add(tid)
         try:
             for i, state in states.items():
-                if not _on_top(ledger, frame, i):
+                if not ledger.stacks.on_top(frame, i):
                     continue  # another thread's frame holds the domain now: it is theirs
                 lever = program.levers[i]
                 current = lever.read()
                 after = lever.restore(state, current) if current != state else current
-                ledger._ring.frame_one(frame, where, i, "set", PUT_BACK, current, after)
+                ledger.ring.frame_one(frame, where, i, "set", PUT_BACK, current, after)
         finally:
             _WRITING.discard(tid)
 
 
 @critical
-def reopen(ledger: FlagLedger, frame: Frame) -> None:
+def reopen(ledger: FrameLedger, frame: Frame) -> None:
     """Open ``frame`` (closed when its body suspended) again, as the same object: a frame
     opened anew with its levers, whose place ``frame`` then takes everywhere (its id, its
     stack entries, the innermost of this context), so that whoever holds it closes it."""
-    mark = ledger._last_id
+    mark = ledger.stacks.last_id
     try:
         new = ledger.open(frame.program, frame.label, frame._where, frame.owner, frame.device)
         with ledger.lock:
@@ -179,23 +169,19 @@ def reopen(ledger: FlagLedger, frame: Frame) -> None:
             deliver_pending()
 
 
-def _adopt(ledger: FlagLedger, frame: Frame, new: Frame) -> None:
+def _adopt(ledger: FrameLedger, frame: Frame, new: Frame) -> None:
     # ``frame`` takes ``new``'s place: its state, its id, its stack entries, this context's
     for name in _SLOTS:
         setattr(frame, name, getattr(new, name))
     frame.suspending = None
-    ledger._open[new.id] = frame
-    for i in range(new.applied):
-        stack = ledger._stacks[new.key(i)]
-        stack[:] = [(frame, k) if f is new else (f, k) for f, k in stack]
-    ledger._frames.set(tuple(frame if f is new else f for f in ledger._frames.get()))
+    ledger.stacks.adopt(frame, new)
     new.closed = True
 
 
-def _adopt_orphan(ledger: FlagLedger, frame: Frame, mark: int) -> None:
+def _adopt_orphan(ledger: FrameLedger, frame: Frame, mark: int) -> None:
     # The frame opened for ``frame`` after ``mark``, still this context's innermost under its
     # own object: ``frame`` takes its place (again: _adopt is whole when repeated).
-    frames = ledger._frames.get()
+    frames = ledger.stacks.here()
     new = frames[-1] if frames else None
     if new is None or new is frame or new.owner is not frame.owner:
         return

@@ -23,16 +23,12 @@ clear or "within noise", with both figures.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from .._measure.rounds import measure_rounds, warm_up
 from .._measure.timing import Timing
-from .compare import MIN_GAIN, Z, compare, faster
+from .compare import MIN_GAIN, Plan, Z, compare, faster
 from .entry import Entry, StepRunner
-
-if TYPE_CHECKING:
-    from .search import Search
 
 __all__ = ["BLOCK", "NOISY", "TOP", "confidence", "contenders", "duel", "rotated"]
 
@@ -89,7 +85,10 @@ def _clear(fp32: Timing, timings: Sequence[Timing]) -> bool:
 
 
 def rotated(
-    search: Search, runners: Sequence[StepRunner], counts: Sequence[int], warm: bool = True
+    clock: Callable[[], float],
+    runners: Sequence[StepRunner],
+    counts: Sequence[int],
+    warm: bool = True,
 ) -> list[list[float]]:
     """Time ``counts[i]`` calls of ``runners[i]``, one call each in turn, the order rotating
     every round (A B C, B C A, ...); return each runner's times.
@@ -98,37 +97,47 @@ def rotated(
     machine's load, which a block of one runner's calls after another's does not.
     """
     for runner in runners if warm else ():
-        warm_up(runner, search.clock, 1, 0.0)
+        warm_up(runner, clock, 1, 0.0)
     times: list[list[float]] = [[] for _ in runners]
     for turn in range(max(counts, default=0)):
         for i in range(len(runners)):
             index = (turn + i) % len(runners)
             if len(times[index]) < counts[index]:
-                times[index].extend(measure_rounds(runners[index], search.clock, 1))
+                times[index].extend(measure_rounds(runners[index], clock, 1))
     return times
 
 
-def duel(search: Search, fp32: Entry, top: Sequence[Entry]) -> int:
+def duel(
+    fp32: Entry,
+    top: Sequence[Entry],
+    *,
+    runner: Callable[[Entry], StepRunner],
+    clock: Callable[[], float],
+    plan: Plan,
+    left: Callable[[], float],
+    say: Callable[[str], None],
+) -> int:
     """Time ``fp32`` and ``top`` call by call, paired, until clear; return the blocks timed.
 
-    Sets each entry's ``timing`` (one pass per block), ``against`` (fp32's), and its row's
-    speedup, noise, rounds and acceptance.
+    ``runner(entry)`` runs an entry's step; ``clock`` times it; ``plan`` bounds the duel's
+    blocks and time, ``left()`` says the run's time left, ``say`` reports progress. Sets each
+    entry's ``timing`` (one pass per block), ``against`` (fp32's), and its row's speedup,
+    noise, rounds and acceptance.
     """
     entries = [fp32, *top]
-    runners = [StepRunner(search._step(entry), search) for entry in entries]
-    plan = search.plan
-    budget = min(plan.duel_s, 0.5 * max(search.left(), 0.0))
+    runners = [runner(entry) for entry in entries]
+    budget = min(plan.duel_s, 0.5 * max(left(), 0.0))
     blocks: list[list[list[float]]] = [[] for _ in entries]
     spent = 0.0
     while len(blocks[0]) < plan.duel_max_blocks:
-        times = rotated(search, runners, [BLOCK] * len(runners), warm=not blocks[0])
+        times = rotated(clock, runners, [BLOCK] * len(runners), warm=not blocks[0])
         for got, block in zip(blocks, times, strict=True):
             got.append(block)
             spent += sum(block)
         done = len(blocks[0])
         timings = [Timing.of(b) for b in blocks]
         if done >= plan.duel_min_blocks and (
-            _clear(timings[0], timings[1:]) or spent >= budget or search.left() <= 0
+            _clear(timings[0], timings[1:]) or spent >= budget or left() <= 0
         ):
             break
     reference = Timing.of(blocks[0])
@@ -142,7 +151,7 @@ def duel(search: Search, fp32: Entry, top: Sequence[Entry]) -> int:
         entry.row.accepted = faster(entry.timing, reference)
         entry.row.note = "" if entry.row.accepted else "not faster than fp32 beyond the noise"
     shown = ", ".join(f"{e.row.label} {_figure(e)}" for e in top)
-    search.say(f"noisy timings: duel of {len(top)} beside fp32, {len(blocks[0])} blocks: {shown}")
+    say(f"noisy timings: duel of {len(top)} beside fp32, {len(blocks[0])} blocks: {shown}")
     return len(blocks[0])
 
 

@@ -9,39 +9,47 @@ one timed call of fp32, and its row says "in effect, emulated: slower" with both
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from .._measure.rounds import measure_rounds, warm_up
 from .._measure.vocabulary import EMULATED
 from .entry import Entry, StepRunner
 from .result import ms
 
-if TYPE_CHECKING:
-    from .search import Search
-
 __all__ = ["time_once"]
 
 
-def time_once(search: Search, fp32: Entry, entry: Entry) -> None:
+def time_once(
+    fp32: Entry,
+    entry: Entry,
+    *,
+    runner: Callable[[Entry], StepRunner],
+    check: Callable[[Entry], None],
+    clock: Callable[[], float],
+    left: Callable[[], float],
+    say: Callable[[str], None],
+) -> None:
     """Time ``entry`` (an emulated candidate whose row note holds the reason) once beside
-    fp32; mark its row, which is never accepted."""
+    fp32; mark its row, which is never accepted. ``check(entry)`` measures its error (and
+    may reject it), ``runner(entry)`` runs its step; ``clock``, ``left`` and ``say`` as for
+    :func:`~speedflags._tune.duel.duel`."""
     row = entry.row
     row.verdict = EMULATED
     reason = row.note
-    if search.left() <= 0:
+    if left() <= 0:
         row.note = f"{EMULATED} (not timed: out of time): {reason}"
         return
-    search._check(entry)
+    check(entry)
     if entry.rejected:
         row.note = f"{EMULATED}; {row.note}: {reason}"
         return
     times = []
     for timed in (fp32, entry):
-        runner = StepRunner(search._step(timed), search)
+        step = runner(timed)
         if timed is fp32:  # the emulated one was warmed up by its error's call
-            warm_up(runner, search.clock, 1, 0.0)
-        times.append(min(measure_rounds(runner, search.clock, 1)))
+            warm_up(step, clock, 1, 0.0)
+        times.append(min(measure_rounds(step, clock, 1)))
     row.median_s, row.rounds = times[1], 1
     row.speedup = times[0] / times[1] if times[1] > 0 else None
     row.note = f"{EMULATED}: timed once ({ms(times[1])}, fp32 {ms(times[0])}): {reason}"
-    search.say(f"{row.label}: emulated, {row.speedup or 0:.2g}x of fp32 in one call")
+    say(f"{row.label}: emulated, {row.speedup or 0:.2g}x of fp32 in one call")

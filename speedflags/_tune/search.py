@@ -143,6 +143,10 @@ class Search:
             raise RuntimeError(f"tune: no call for {entry.row.label}")
         return call
 
+    def _runner(self, entry: Entry) -> StepRunner:
+        # ``entry``'s step as a runner: each call from the step's state and arguments
+        return StepRunner(self._step(entry), self)
+
     def _call(self, entry: Entry) -> Any:
         self.state.restore()
         out = self._step(entry)(*self.args, **self.kwargs)
@@ -185,7 +189,7 @@ class Search:
         ``rotate`` (one pass): the rounds go call by call, the entries in turn, so that a
         burst of load hits all of them (:func:`~speedflags._tune.duel.rotated`).
         """
-        runners = [StepRunner(self._step(entry), self) for entry in entries]
+        runners = [self._runner(entry) for entry in entries]
         blocks: list[int] = []
         for entry, runner in zip(entries, runners, strict=True):
             if entry.estimate is None:
@@ -197,7 +201,7 @@ class Search:
         done: list[list[list[float]]] = [[] for _ in entries]
         if rotate:
             passes = 0  # the one pass is taken call by call
-            done = [[times] for times in rotated(self, runners, blocks)]
+            done = [[times] for times in rotated(self.clock, runners, blocks)]
         for index in range(passes):
             if index and self.left() <= 0:
                 break  # out of time: what the passes so far measured
@@ -389,7 +393,10 @@ class Search:
         for row in [r for r in rows if r.verdict == EMULATED]:
             once = Entry(check_levers("tune", row.levers), "lever")
             once.row.note = row.note.removeprefix(f"{EMULATED}: ")
-            time_once(self, fp32, once)
+            time_once(
+                fp32, once, runner=self._runner, check=self._check, clock=self.clock,
+                left=self.left, say=self.say,
+            )  # fmt: skip
             emulated.append(once.row)
         rows = [r for r in rows if r.verdict != EMULATED]
         accepted = [e for e in entries if e.row.accepted]
@@ -403,7 +410,10 @@ class Search:
         entries += combos
         top = contenders(entries)  # noise that large: the top candidates paired, call by call
         if top and self.left() > 0:
-            duel(self, fp32, top)
+            duel(
+                fp32, top, runner=self._runner, clock=self.clock, plan=self.plan,
+                left=self.left, say=self.say,
+            )  # fmt: skip
         best = self._choose(entries)
         for entry in entries:  # what computing in a lower dtype does to a run of steps
             if not entry.rejected and dict(entry.levers).get("param_dtype") is not None:

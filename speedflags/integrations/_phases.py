@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from .._fast_math import FastMath
+from .._ledger.frame import Frame
 from .._ledger.ledger import ledger
-from .._ledger.program import Frame
 from .._short_repr import short_repr
 from .._status import heal_tf32, tf32_status
 from .._warn import user_stacklevel

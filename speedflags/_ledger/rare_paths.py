@@ -3,9 +3,9 @@
 :class:`~speedflags.FlagLedger` keeps its hot path (open and close of a frame that is the
 innermost of its stacks) in :mod:`.ledger`. What happens when a lever fails, a frame
 exits under another thread's frames, or a frame overrides another thread's or task's, is
-here: :class:`RarePaths`, a part of the ledger. Its methods run under the ledger's lock and
-only *build* warnings and errors: the ledger speaks once the lock is released
-(:mod:`speedflags._ledger.notices`).
+here: :class:`RarePaths` (``FlagLedger.rare_paths``), a part of the ledger. Its methods run
+under the ledger's lock and only *build* warnings and errors: the ledger speaks once the
+lock is released (:mod:`speedflags._ledger.notices`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import Any
 from .._short_repr import short_repr
 from . import notices as _notices
 from . import own_writes as _own_writes
-from .history import History, Where
+from .frame import Frame
+from .history import Where
 from .notices import Failure, Notice
-from .program import Frame
-from .stacks import FrameStacks
+from .ring import Ring
+from .stacks import Stacks
 
 BURIED_NOTE = "closed under frames entered later; see the records around it"
 # a decorated generator's or coroutine's step closing as its body suspends (.suspend)
@@ -27,23 +28,24 @@ HELD_NOTE = "held by the body across a yield or await: put back when it resumes"
 
 class RarePaths:
     """What the ledger does when a frame is not simply the top of its stacks: a part of
-    :class:`~speedflags.FlagLedger`, working on its open frames and its history.
+    :class:`~speedflags.FlagLedger`, working on two others, its open frames (``stacks``)
+    and its history (``ring``).
 
     Example:
         >>> import threading
-        >>> from speedflags._ledger.history import History
-        >>> from speedflags._ledger.paths import RarePaths
-        >>> from speedflags._ledger.stacks import FrameStacks
-        >>> paths = RarePaths(FrameStacks(threading.RLock()), History(16))
-        >>> paths.frames.open, len(paths.history)
+        >>> from speedflags._ledger.rare_paths import RarePaths
+        >>> from speedflags._ledger.ring import Ring
+        >>> from speedflags._ledger.stacks import Stacks
+        >>> rare_paths = RarePaths(Stacks(threading.RLock()), Ring(16))
+        >>> rare_paths.stacks.open, len(rare_paths.ring)
         ({}, 0)
     """
 
-    __slots__ = ("frames", "history")
+    __slots__ = ("ring", "stacks")
 
-    def __init__(self, frames: FrameStacks, history: History) -> None:
-        self.frames = frames
-        self.history = history
+    def __init__(self, stacks: Stacks, ring: Ring) -> None:
+        self.stacks = stacks
+        self.ring = ring
 
     # --- entering ----------------------------------------------------------------------
 
@@ -52,12 +54,12 @@ class RarePaths:
         whose state for a domain it has just replaced with a different one."""
         found: list[Notice] = []
         program = frame.program
-        stacks = self.frames.stacks
+        by_key = self.stacks.by_key
         for i in range(program.n):
             if i in program.prev:  # a later lever of this frame sets the same domain
                 continue
             theirs: dict[int, tuple[Frame, int]] = {}
-            for other, j in stacks[frame.key(i)]:
+            for other, j in by_key[frame.key(i)]:
                 if other is frame:
                     break
                 if other.thread_id != frame.thread_id or other.task is not frame.task:
@@ -126,7 +128,7 @@ class RarePaths:
                     current = lever.read()
                     before = frame.befores[i]
                     restored = lever.restore(before, current) if current != before else current
-                    self.history.frame_one(frame, where, i, "restore", reason, current, restored)
+                    self.ring.frame_one(frame, where, i, "restore", reason, current, restored)
                     break
                 except BaseException as err:  # keep rolling back the others
                     if attempt == 2:
@@ -138,11 +140,11 @@ class RarePaths:
     def _forget_frame(self, frame: Frame, applied: int, watched: Any) -> None:
         # A frame whose enter was rolled back: off its stacks, closed, out of this context.
         for i in range(applied):
-            self.frames.unlink(frame, i)
+            self.stacks.unlink(frame, i)
         frame.applied = 0
         frame.closed = True
-        self.frames.open.pop(frame.id, None)
-        self.frames.leave(frame)
+        self.stacks.open.pop(frame.id, None)
+        self.stacks.leave(frame)
         _own_writes.leave(watched)
 
     # --- exiting -----------------------------------------------------------------------
@@ -190,8 +192,8 @@ class RarePaths:
         """Bring lever ``i`` of ``frame`` back, whatever part of its exit already ran: off
         its stack, and the state what the stack says should hold now."""
         lever = frame.program.levers[i]
-        stack = self.frames.stacks.get(frame.key(i)) or []
-        self.frames.drop_stale(stack, frame)
+        stack = self.stacks.by_key.get(frame.key(i)) or []
+        self.stacks.drop_stale(stack, frame)
         position = next((j for j, (f, k) in enumerate(stack) if f is frame and k == i), None)
         current = lever.read()
         if position is not None and position < len(stack) - 1:
@@ -209,8 +211,8 @@ class RarePaths:
     ) -> Any:
         """Lever ``i`` of ``frame`` is under entries of frames still open: put back the state
         it found, then re-apply theirs on top of it, in their order."""
-        stack = self.frames.stacks[frame.key(i)]
-        self.frames.drop_stale(stack, frame)
+        stack = self.stacks.by_key[frame.key(i)]
+        self.stacks.drop_stale(stack, frame)
         position = next(j for j, (f, k) in enumerate(stack) if f is frame and k == i)
         later = stack[position + 1 :]
         lever = frame.program.levers[i]
@@ -225,6 +227,6 @@ class RarePaths:
             other.befores[j] = state
             other.afters[j] = state = other_lever.apply(other.program.values[j], state)
             reason = f"re-applied: {short_repr(frame.label)}, entered earlier, exited first"
-            self.history.frame_one(other, where, j, "set", reason, other.befores[j],
+            self.ring.frame_one(other, where, j, "set", reason, other.befores[j],
                                    other.afters[j])  # fmt: skip
         return state

@@ -1,0 +1,57 @@
+"""The ledger as its frame API sees it: :class:`FrameLedger`, and :class:`Scope`.
+
+The frame API (:mod:`.scope`, :mod:`.entering`, :mod:`.decorate`, :mod:`.suspend`) works on
+a ledger it is handed, and :class:`~speedflags.FlagLedger` builds its scopes
+(``FlagLedger.frame``), so the API cannot import the ledger's module, not even for its type:
+it names what it uses here, and ``FlagLedger`` follows it. Likewise :class:`Scope` is what
+the decorators and the interrupt handling use of a :class:`~.scope.FrameScope`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from .frame import Frame
+from .history import Where
+from .program import Levers
+from .recovery import Recovery
+from .ring import Ring
+from .stacks import Stacks
+
+__all__ = ["FrameLedger", "Scope"]
+
+
+class FrameLedger(Protocol):
+    """What the frame API uses of a ledger: its frame calls, its lock, and three of its
+    parts (``stacks``: the open frames; ``ring``: the history; ``recovery``: why a frame
+    cannot be closed here)."""
+
+    stacks: Stacks
+    ring: Ring
+    recovery: Recovery
+
+    @property
+    def lock(self) -> Any: ...
+
+    def open(
+        self,
+        levers: Levers,
+        label: str = "",
+        where: Where = None,
+        owner: object = None,
+        device: str | None = None,
+    ) -> Frame: ...
+
+    def close(self, frame: Frame, where: Where = None) -> None: ...
+
+    def innermost(self, owner: object) -> Frame: ...
+
+
+class Scope(Protocol):
+    """What the decorators and the interrupt handling use of a scope: its ledger, and how
+    it opens one frame (owned by itself)."""
+
+    @property
+    def ledger(self) -> FrameLedger: ...
+
+    def open_frame(self, label: str, where: Where) -> Frame: ...
