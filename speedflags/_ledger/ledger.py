@@ -382,7 +382,7 @@ class FlagLedger:
     ) -> FlagRecord:
         """Append an event that is not a frame (a heal, a compile fallback, a write seen by
         ``watch``) to the history, with this thread's name and the process's rank."""
-        if self._lock._is_owned():
+        if self._lock._is_owned():  # type: ignore[attr-defined]
             # Held already (a watch's boundary notes inside an open): not taken a second
             # time. On Python 3.10 an interrupt landing while a nested `with` unwinds can skip
             # its release, leaving the lock held after the outer block let go of it.
