@@ -201,9 +201,11 @@ def test_ctrl_c_at_random_instants_never_leaks_or_is_lost() -> None:
         assert (row["lost"], row["leaks"]) == (0, 0), (key, row["examples"])
         # the run exercised what it is for: most trials were interrupted (nearly all on a
         # quiet machine; 64% for one row on a loaded 16-core GPU machine, where the timer
-        # fires late), and interrupts landed in speedflags' own code and were held back
+        # fires late), and interrupts landed in speedflags' own code (19.6% for a decorated
+        # generator on the py312 leg, whose body runs outside it between steps) and were
+        # held back
         assert row["interrupts"] > 0.5 * row["trials"], key
-        assert row["in_speedflags"] > 0.2 * row["interrupts"], key
+        assert row["in_speedflags"] > 0.1 * row["interrupts"], key
         if "signal_safe" in key:
             assert row["deferred"] > 0.1 * row["interrupts"], key
 
