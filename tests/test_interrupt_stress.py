@@ -271,4 +271,4 @@ def test_every_way_out_of_critical_code_leaves_no_interrupt_held_back() -> None:
             name = getattr(code, "co_qualname", code.co_name)
             assert leaves_quietly(code, load), f"{name}: a check point after PENDING at {load}"
         checked.append(code.co_name)
-    assert {"open", "close", "cancel_open", "finish_exit", "_end_step", "__exit__"} <= set(checked)
+    assert {"open", "close", "close_left_open", "_end_step", "__exit__"} <= set(checked)

@@ -32,11 +32,10 @@ from speedflags import fast_math, speedup
 from speedflags._fast_math import FastMath
 from speedflags._ledger import own_writes as _own_writes
 from speedflags._ledger.entering import call_framed, close_innermost
-from speedflags._ledger.history import json_default
+from speedflags._ledger.history import expand, json_default
 from speedflags._ledger.interrupts import PENDING
 from speedflags._ledger.ledger import FlagLedger
 from speedflags._ledger.own_writes import _WRITING
-from speedflags._ledger.ring import expand
 from speedflags._ledger.scope import FrameScope
 from speedflags.errors import (
     DriftWarning,
@@ -409,7 +408,7 @@ REENTRY = """
 import dis, signal, sys, torch, speedflags
 from speedflags import fast_math
 from speedflags._ledger.history import json_default
-from speedflags._ledger.ring import expand
+from speedflags._ledger.history import expand
 from speedflags._ledger.interrupts import PENDING
 from speedflags._ledger.ledger import FlagLedger
 

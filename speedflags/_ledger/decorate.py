@@ -29,7 +29,7 @@ from typing import (
 from .._short_repr import short_repr
 from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import InvalidTypeError, SpeedflagsError
-from .entering import call_framed, cancel_open
+from .entering import call_framed, close_left_open
 from .interrupts import PENDING, critical, deliver_pending
 
 if TYPE_CHECKING:
@@ -308,7 +308,7 @@ def _step(
     """``advance(*args)`` (one step of a generator or coroutine) inside its own frame.
 
     Opened and closed as a decorated plain call is: a frame whose open returned into an
-    interruption is found by its owner and closed (``cancel_open``); a close interrupted at
+    interruption is found by its owner and closed (``close_left_open``); a close interrupted at
     its first instruction (a plain signal handler) is made again. The close itself runs in
     ``_end_step``, critical code: a :func:`~speedflags.signal_safe` handler called in it
     waits until the frame is closed, and runs there.
@@ -368,7 +368,7 @@ def _end_step(
     # above is an order error, as for a decorated call.
     try:
         if frame is None:
-            cancel_open(driver.ledger, driver.scope, mark, where)
+            close_left_open(driver.ledger, driver.scope, where, opened_after=mark)
         elif not frame.closed:
             if ends is not RETURNED:
                 held.suspend(driver.ledger, frame, where, ends is SUSPENDED)

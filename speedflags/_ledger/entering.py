@@ -8,10 +8,10 @@ left is a frame nobody holds. The frame API (:class:`~speedflags.FrameScope`
 and the decorators of :mod:`.decorate`) handles it here, once:
 
 - an enter reads ``mark``, the id of the last frame opened, before it opens; interrupted,
-  it calls :func:`cancel_open`, which closes the frame its owner opened after ``mark``, if
-  any;
-- an exit interrupted before the ledger's close began calls :func:`finish_exit`, which
-  closes the owner's innermost frame unless it is closed already;
+  it calls :func:`close_left_open` with it, which closes the frame its owner opened after
+  ``mark``, if any;
+- an exit interrupted before the ledger's close began calls :func:`close_left_open`
+  without one, which closes the owner's innermost frame unless it is closed already;
 - :func:`call_framed` runs a call inside a frame with both, and makes a close interrupted at
   its first instruction again.
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .frame import Frame
     from .protocol import FrameLedger, Scope
 
-__all__ = ["call_framed", "cancel_open", "close_innermost", "finish_exit", "innermost_here"]
+__all__ = ["call_framed", "close_innermost", "close_left_open", "innermost_here"]
 
 
 @critical
@@ -59,38 +59,26 @@ def innermost_here(ledger: FrameLedger, owner: object) -> Frame:
 
 
 @critical
-def cancel_open(ledger: FrameLedger, owner: object, mark: int, where: Where = None) -> None:
-    """Close the frame this context opened for ``owner`` after frame id ``mark``, if any.
+def close_left_open(
+    ledger: FrameLedger, owner: object, where: Where = None, opened_after: int | None = None
+) -> None:
+    """Close the frame an interrupted enter or exit of ``owner`` left open in this context.
 
-    What an enter runs when an exception interrupts it between a successful open and its own
-    return: ``mark`` is the ledger's last frame id, read before the open. A
-    :func:`~speedflags.signal_safe` handler deferred in here (or by the failed open before it)
-    runs before it returns.
+    - An enter interrupted between a successful open and its own return passes
+      ``opened_after``, the ledger's last frame id read before the open: the frame on top of
+      this context is closed if ``owner`` opened it after that id.
+    - An exit interrupted by an exception (not the ledger's own error) before the ledger
+      closed the frame passes none: ``owner``'s innermost frame here is closed unless it is
+      closed already (found closed, the exit did happen; a scope nested directly in itself
+      whose outer exit is interrupted before it starts is left open: its inner frame, closed,
+      is found first).
+
+    One function for both, so that one ``finally`` runs the
+    :func:`~speedflags.signal_safe` handlers deferred in here (or by the failed open or close
+    before it) before it returns.
     """
     try:
-        frames = ledger.stacks.here()
-        if frames:
-            frame = frames[-1]
-            if frame.owner is owner and frame.id > mark and not frame.closed:
-                ledger.close(frame, where)
-    finally:
-        while True:  # no check point after the last test: see deliver_pending
-            if not PENDING:
-                break
-            deliver_pending()
-
-
-@critical
-def finish_exit(ledger: FrameLedger, owner: object, where: Where = None) -> None:
-    """Close ``owner``'s innermost frame in this context if its exit never started.
-
-    What an exit runs when an exception (not the ledger's own error) interrupted it before
-    the ledger closed the frame. A frame of ``owner`` found closed first means the exit did
-    happen. (A scope nested directly in itself, whose outer exit is interrupted before it
-    starts, is left open: its inner frame, closed, is found first.)
-    """
-    try:
-        frame = _last_of(ledger.stacks.here(), owner)
+        frame = _left_open(ledger.stacks.here(), owner, opened_after)
         if frame is not None and not frame.closed:
             ledger.close(frame, where)
     finally:
@@ -100,10 +88,15 @@ def finish_exit(ledger: FrameLedger, owner: object, where: Where = None) -> None
             deliver_pending()
 
 
-def _last_of(frames: tuple[Frame, ...], owner: object) -> Frame | None:
-    # The innermost frame of ``owner``, closed or not. A function of its own: this loop inside
-    # finish_exit's try would be a hole in it on Python 3.13 (tests/test_exception_table_holes.py)
-    for frame in reversed(frames):
+def _left_open(frames: tuple[Frame, ...], owner: object, opened_after: int | None) -> Frame | None:
+    # What close_left_open closes, found by a function of its own: a loop inside its try would
+    # be a hole in it on Python 3.13 (tests/test_exception_table_holes.py)
+    if opened_after is not None:  # an enter's: on top, opened after the mark
+        top = frames[-1] if frames else None
+        if top is not None and top.owner is owner and top.id > opened_after:
+            return top
+        return None
+    for frame in reversed(frames):  # an exit's: the innermost of owner, closed or not
         if frame.owner is owner:
             return frame
     return None
@@ -121,7 +114,7 @@ def call_framed(
     decorated plain call runs.
 
     An exception that lands between the ledger's open and the ``try``, or before the
-    ledger's close begins, is caught too: the frame opened is closed (``cancel_open``), and a
+    ledger's close begins, is caught too: the frame opened is closed (``close_left_open``), and a
     close interrupted before it began is made again.
     """
     the_ledger = scope.ledger
@@ -134,14 +127,14 @@ def call_framed(
         # frame None: the open failed, or an exception came between it and here
         try:
             if frame is None:
-                cancel_open(the_ledger, scope, mark, where)
+                close_left_open(the_ledger, scope, where, opened_after=mark)
             else:
                 the_ledger.close(frame, where)
         except SpeedflagsError:
             raise
         except BaseException:  # interrupted before the exit began: exit now
             if frame is None:
-                cancel_open(the_ledger, scope, mark, where)
+                close_left_open(the_ledger, scope, where, opened_after=mark)
             elif not frame.closed:
                 the_ledger.close(frame, where)
             raise

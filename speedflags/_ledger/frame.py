@@ -17,7 +17,7 @@ from .history import Where, format_where
 if TYPE_CHECKING:  # (at run time, .program re-exports Frame until __init__ imports it here)
     from .program import Program
 
-__all__ = ["Closes", "Frame", "new_frame", "without_closed"]
+__all__ = ["Closes", "Frame", "without_closed"]
 
 
 class Closes(Protocol):
@@ -132,46 +132,6 @@ class Frame:
         return (
             f"<Frame {self.id} {short_repr(self.label)} {state} at {self.where} in {self.thread}>"
         )
-
-
-_new_object = object.__new__
-
-
-def new_frame(
-    label: str,
-    owner: object,
-    where: Where,
-    device: str | None,
-    program: Program,
-    thread_id: int,
-    thread: str,
-    task: object,
-    rank: int | None,
-    token: int,
-    ledger: Closes,
-) -> Frame:
-    """A new :class:`Frame`, not opened yet (what :meth:`FlagLedger.open` makes; a function
-    rather than ``Frame.__init__``: Python runs a plain function's call inline, a class's
-    goes through ``type.__call__``, ~15 % of the frame object's cost)."""
-    frame: Frame = _new_object(Frame)
-    frame.id = 0
-    frame.ledger = ledger
-    frame.label = label
-    frame.owner = owner
-    frame.thread_id = thread_id
-    frame.thread = thread
-    frame.token = token
-    frame.task = task
-    frame._where = where
-    frame.device = device
-    frame.closed = False
-    frame.program = program
-    frame.rank = rank
-    n = program.n
-    frame.befores = [None] * n
-    frame.afters = [None] * n
-    frame.applied = 0
-    return frame
 
 
 def without_closed(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:

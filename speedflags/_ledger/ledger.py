@@ -18,7 +18,7 @@ from . import notices as _notices
 from . import own_writes as _own_writes
 from . import ring as _ring
 from .frame import Frame
-from .history import FlagRecord, Where, no_rank
+from .history import FlagRecord, Where, entry, no_rank
 from .history import to_json as _to_json
 from .interrupts import PENDING, critical, deliver_pending
 from .notices import Failure, Notice
@@ -26,7 +26,7 @@ from .own_writes import _WRITING
 from .program import Levers, Program
 from .rare_paths import RarePaths
 from .recovery import Recovery
-from .ring import Ring, entry
+from .ring import Ring
 from .scope import FrameScope
 from .stacks import Stacks
 
@@ -325,7 +325,7 @@ class FlagLedger:
                 if watched is not None:
                     watched.__exit__(None, None, None)
             except BaseException as exc:  # interrupted in the bookkeeping: finish it first
-                self.recovery.finish_close(frame, where, found, restored, notes, watched)
+                self.recovery.finish_close(frame, where, (found, restored, notes), watched)
                 pending = pending or exc
             finally:
                 _WRITING.discard(tid)

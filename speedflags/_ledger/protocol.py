@@ -9,6 +9,7 @@ the decorators and the interrupt handling use of a :class:`~.scope.FrameScope`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .frame import Frame
@@ -33,14 +34,10 @@ class FrameLedger(Protocol):
     @property
     def lock(self) -> Any: ...
 
-    def open(
-        self,
-        levers: Levers,
-        label: str = "",
-        where: Where = None,
-        owner: object = None,
-        device: str | None = None,
-    ) -> Frame: ...
+    @property
+    def open(self) -> Callable[[Levers, str, Where, object, str | None], Frame]:
+        """``FlagLedger.open``, as the frame API calls it: ``(levers, label, where, owner,
+        device)``, every argument given, in that order."""
 
     def close(self, frame: Frame, where: Where = None) -> None: ...
 

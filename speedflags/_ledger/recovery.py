@@ -27,7 +27,7 @@ from .interrupts import forked
 from .notices import Failure, Notice
 from .own_writes import _WRITING
 from .rare_paths import RarePaths
-from .ring import Ring
+from .ring import Outcome, Ring
 from .stacks import Stacks
 
 _get_ident = threading.get_ident
@@ -165,16 +165,10 @@ class Recovery:
             return notes, failures, pending
         return notes, failures, pending or exc
 
-    def finish_close(
-        self,
-        frame: Frame,
-        where: Where,
-        found: list[Any],
-        restored: list[Any],
-        notes: list[str] | None,
-        watched: Any,
-    ) -> None:
-        """An exception interrupted a close outside its per-lever loop: complete the exit."""
+    def finish_close(self, frame: Frame, where: Where, outcome: Outcome, watched: Any) -> None:
+        """An exception interrupted a close outside its per-lever loop: complete the exit
+        (``outcome``: what the close had done)."""
+        found, restored, _ = outcome
         levers = frame.program.levers
         for i in range(len(found) - 1, -1, -1):
             if found[i] is None:  # not reached by close(): what it finds is what was found
@@ -193,7 +187,7 @@ class Recovery:
         # the close may have recorded it before the interruption (checked here, off its hot
         # path)
         if not self.ring.closed_last(frame):
-            self.ring.closed(frame, where, found, restored, notes)
+            self.ring.closed(frame, where, outcome)
         _own_writes.leave(watched)
 
     # --- threads that ended ---------------------------------------------------------------
@@ -245,7 +239,7 @@ class Recovery:
         frame.closed = True
         frame.task = None
         self.stacks.open.pop(frame.id, None)
-        self.ring.closed(frame, where, found, restored, notes)
+        self.ring.closed(frame, where, (found, restored, notes))
         shared = [program.levers[i].name for i in range(n) if program.keys[i] is not None]
         message = (
             f"{short_repr(frame.label)} (entered at {frame.where} in thread "

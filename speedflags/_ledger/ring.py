@@ -3,13 +3,13 @@
 
 The ledger appends one entry per frame operation (a frame's set, its restore) or event; the
 per-lever :class:`~speedflags.FlagRecord` objects are built from them only when
-``FlagLedger.history`` is read. An entry has the fields of :class:`Entry` and is made by one
-function, :func:`entry`, as an exact tuple holding only strings, numbers and exact tuples of
+``FlagLedger.history`` is read. An entry (:class:`~.history.Entry`'s fields, made by
+:func:`~.history.entry`) is an exact tuple holding only strings, numbers and exact tuples of
 them (lever keys, not levers; the frame's label and id, not the frame): the garbage
 collector stops tracking such tuples, so the ring costs no traversal on every collection
 (measured: the collector was ~23% of a frame's cost while entries referenced frames; a
 ``NamedTuple`` instance, a tuple subclass, stays tracked). Readers see an entry by name
-through :func:`view`.
+through :func:`~.history.view`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from . import history as _history
-from .history import FlagRecord, Where, check_note
+from .history import FlagRecord, Where, check_note, entry, expand, records, view
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -28,71 +28,18 @@ if TYPE_CHECKING:
 now = time.time
 
 
-class Entry(NamedTuple):
-    """The fields of a ring entry, one lever or more of one frame operation or event.
-
-    A frame's ``set`` entry holds its levers in order of application; a ``restore`` entry
-    holds what each lever read on exit (``befores``) and after its restore (``afters``),
-    and its records are in reverse order (the order of the restores); any other ``action``
-    is a single record (an event, a skip, a re-applied or rolled-back lever).
-    """
-
-    action: str  # "set", "restore", or the single record's action ("heal", "skip", ...)
-    seq: int  # the first record's position in the history
-    time: float  # time.time() of the operation
-    label: str
-    frame: int  # the frame's id (0 for an event)
-    thread: str  # the thread's name
-    rank: int | None
-    where: Where
-    levers: tuple[str, ...]  # lever keys (history.lever_key), or an event's name
-    reasons: tuple[str, ...] | None  # per lever (None: all empty)
-    befores: tuple[Any, ...]
-    afters: tuple[Any, ...]
+# Who made a record: (label, frame id (0 for an event), thread name, rank)
+Origin = tuple[str, int, str, int | None]
 
 
-def entry(
-    action: str,
-    seq: int,
-    when: float,
-    label: str,
-    frame: int,
-    thread: str,
-    rank: int | None,
-    where: Where,
-    levers: tuple[str, ...],
-    reasons: tuple[str, ...] | None,
-    befores: tuple[Any, ...],
-    afters: tuple[Any, ...],
-) -> tuple[Any, ...]:
-    """A ring entry with :class:`Entry`'s fields, as an exact tuple (the one constructor)."""
-    return (action, seq, when, label, frame, thread, rank, where, levers, reasons, befores,
-            afters)  # fmt: skip
+# What an exit did, lever by lever (by index, in application order): what it read, what it
+# left, and a note per lever (None: no notes)
+Outcome = tuple[list[Any], list[Any], list[str] | None]
 
 
-def view(raw: tuple[Any, ...]) -> Entry:
-    """``raw``, an entry of the ring, with its fields named."""
-    return Entry._make(raw)
-
-
-def expand(raw: tuple[Any, ...]) -> list[FlagRecord]:
-    """The records one ring entry stands for, in ``seq`` order."""
-    e = view(raw)
-    n = len(e.levers)
-    order = range(n - 1, -1, -1) if e.action == "restore" else range(n)
-    return [
-        FlagRecord(e.seq + k, e.time, e.label, e.frame, e.thread, e.rank, e.where, e.levers[i],
-                   e.action, e.reasons[i] if e.reasons else "", e.befores[i], e.afters[i])
-        for k, i in enumerate(order)
-    ]  # fmt: skip
-
-
-def records(entries: tuple[tuple[Any, ...], ...], limit: int) -> tuple[FlagRecord, ...]:
-    """The last ``limit`` records of ``entries`` (oldest first)."""
-    out: list[FlagRecord] = []
-    for raw in entries:
-        out.extend(expand(raw))
-    return tuple(out[-limit:])
+def origin_of(frame: Frame) -> Origin:
+    """Who made ``frame``'s records."""
+    return (frame.label, frame.id, frame.thread, frame.rank)
 
 
 class Ring:
@@ -106,7 +53,7 @@ class Ring:
     Example:
         >>> from speedflags._ledger.ring import Ring
         >>> ring = Ring(2)
-        >>> _ = [ring.one("", 0, "main", None, None, "note", "event", str(i), None, None)
+        >>> _ = [ring.one(("", 0, "main", None), None, "note", "event", str(i), None, None)
         ...      for i in range(3)]
         >>> [r.reason for r in ring.records()]  # the two most recent
         ['1', '2']
@@ -133,10 +80,7 @@ class Ring:
 
     def one(
         self,
-        label: str,
-        frame_id: int,
-        thread: str,
-        rank: int | None,
+        origin: Origin,
         where: Where,
         lever: str,
         action: str,
@@ -144,8 +88,10 @@ class Ring:
         before: Any,
         after: Any,
     ) -> tuple[Any, ...]:
-        """Append a single record (an event, a skip, a re-applied lever); return its entry."""
+        """Append a single record (an event, a skip, a re-applied lever) made by ``origin``;
+        return its entry."""
         self.seq += 1
+        label, frame_id, thread, rank = origin
         raw = entry(action, self.seq, now(), label, frame_id, thread, rank, where, (lever,),
                     (reason,), (before,), (after,))  # fmt: skip
         self.entries.append(raw)
@@ -165,36 +111,27 @@ class Ring:
         refused (:func:`~.history.check_note`) unless ``to_json()`` can write it."""
         check_note(lever=lever, action=action, reason=reason, label=label, before=before,
                    after=after)  # fmt: skip
-        thread = threading.current_thread().name
-        raw = self.one(label, 0, thread, _history.rank_source(), where, lever, action, reason,
-                       before, after)  # fmt: skip
-        return expand(raw)[0]
+        origin = (label, 0, threading.current_thread().name, _history.rank_source())
+        return expand(self.one(origin, where, lever, action, reason, before, after))[0]
 
     def frame_one(
         self, frame: Frame, where: Where, i: int, action: str, reason: str, before: Any, after: Any
     ) -> None:
         """A single record of lever ``i`` of ``frame``."""
         key = frame.program.lever_keys[i]
-        self.one(frame.label, frame.id, frame.thread, frame.rank, where, key, action, reason,
-                 before, after)  # fmt: skip
+        self.one(origin_of(frame), where, key, action, reason, before, after)
 
     def skips(self, frame: Frame, where: Where) -> None:
         """The ``skip`` records of the levers ``frame``'s program leaves out."""
+        origin = origin_of(frame)
         for name, reason in frame.program.skipped:
-            self.one(frame.label, frame.id, frame.thread, frame.rank, where, name, "skip",
-                     reason, None, None)  # fmt: skip
+            self.one(origin, where, name, "skip", reason, None, None)
 
-    def closed(
-        self,
-        frame: Frame,
-        where: Where,
-        found: list[Any],
-        restored: list[Any],
-        notes: list[str] | None,
-    ) -> None:
-        """The ``restore`` records of ``frame``'s exit: what each lever read, and after. For
-        exits finished off the hot path (interrupted, abandoned); ``FlagLedger.close``
-        appends the same entry itself."""
+    def closed(self, frame: Frame, where: Where, outcome: Outcome) -> None:
+        """The ``restore`` records of ``frame``'s exit, from its ``outcome``. For exits
+        finished off the hot path (interrupted, abandoned); ``FlagLedger.close`` appends the
+        same entry itself."""
+        found, restored, notes = outcome
         n = len(found)
         self.seq = seq = self.seq + n
         self.entries.append(

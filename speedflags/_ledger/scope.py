@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import SpeedflagsError
 from .decorate import decorate
-from .entering import cancel_open, close_innermost, finish_exit, innermost_here
+from .entering import close_innermost, close_left_open, innermost_here
 from .frame import Frame
 from .history import Where
 from .interrupts import PENDING, critical, deliver_pending
@@ -113,8 +113,9 @@ class FrameScope:
     # exit between its start and the ledger's close: the except clauses below close the
     # frame opened, or that the exit never reached. The exits are critical code: a
     # signal_safe handler called at their first instruction (no except clause yet) waits for
-    # the close. ``async with`` repeats the bodies: a call between them would be one more
-    # place for an exception to land outside the except clauses.
+    # the close. ``async with`` calls the enter inside an except clause of its own (an
+    # exception can land between the enter's return and its own); its exit repeats the
+    # body, the close's common case excepted.
 
     def __enter__(self, where: Where = None) -> Frame:
         """Open a frame of this scope and return it: ``with scope as frame:``, or
@@ -133,7 +134,7 @@ class FrameScope:
                 return the_ledger.open(ready[0], self._label, where, self, ready[1])
             return self.open_frame(self._label, where)
         except BaseException:
-            cancel_open(the_ledger, self, mark, where)
+            close_left_open(the_ledger, self, where, opened_after=mark)
             raise
 
     start = __enter__  # ``frame = scope.start()``: a frame until ``scope.stop()``
@@ -157,7 +158,7 @@ class FrameScope:
         except SpeedflagsError:
             raise
         except BaseException:
-            finish_exit(self.ledger, self)
+            close_left_open(self.ledger, self)
             raise
         finally:
             if in_graph:
@@ -173,15 +174,11 @@ class FrameScope:
     async def __aenter__(self) -> Frame:
         caller = _getframe(1)
         where = (caller.f_code.co_filename, caller.f_lineno)
-        the_ledger = self.ledger
-        mark = the_ledger.stacks.last_id
-        try:
-            ready = self._ready
-            if ready is not None:  # open_frame's work, inline (the hot path)
-                return the_ledger.open(ready[0], self._label, where, self, ready[1])
-            return self.open_frame(self._label, where)
+        mark = self.ledger.stacks.last_id
+        try:  # __enter__ closes what it opened if interrupted; this, if interrupted after it
+            return self.__enter__(where)
         except BaseException:
-            cancel_open(the_ledger, self, mark, where)
+            close_left_open(self.ledger, self, where, opened_after=mark)
             raise
 
     @critical
@@ -192,7 +189,7 @@ class FrameScope:
         except SpeedflagsError:
             raise
         except BaseException:
-            finish_exit(self.ledger, self)
+            close_left_open(self.ledger, self)
             raise
         finally:  # a signal_safe handler held back here; no check point after the last test
             while True:
@@ -227,7 +224,7 @@ class FrameScope:
         except SpeedflagsError:
             raise
         except BaseException:
-            finish_exit(self.ledger, self, where)
+            close_left_open(self.ledger, self, where)
             raise
         finally:
             if in_graph:
@@ -286,7 +283,7 @@ def _exit_eagerly(scope: FrameScope) -> None:
     except SpeedflagsError:
         raise
     except BaseException:
-        finish_exit(scope.ledger, scope)
+        close_left_open(scope.ledger, scope)
         raise
     finally:
         while True:  # no check point after the last test: see deliver_pending

@@ -60,7 +60,7 @@ class Stacks:
             f"speedflags_frames_{id(self):x}", default=()
         )
         # the last frame's id: an enter interrupted after the ledger opened its frame finds
-        # the frame by it (:func:`~.entering.cancel_open`)
+        # the frame by it (:func:`~.entering.close_left_open`)
         self.last_id = 0
 
     # --- stacks -------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def reopen(ledger: FrameLedger, frame: Frame) -> None:
         with ledger.lock:
             _adopt(ledger, frame, new)
     except BaseException:  # interrupted (a plain handler) before its place was all taken:
-        _adopt_orphan(ledger, frame, mark)  # take it now, as cancel_open finds an open's
+        _adopt_orphan(ledger, frame, mark)  # take it now, as close_left_open finds an open's
         raise
     finally:  # signal_safe handlers deferred in here
         while True:  # no check point after the last test: see deliver_pending
