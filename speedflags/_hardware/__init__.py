@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
@@ -195,6 +195,22 @@ def _no_cuda_capabilities(device: torch.device) -> Capabilities:
     )
 
 
+class _Gpu(NamedTuple):
+    """What the answers about one CUDA (or ROCm) device are worked out from."""
+
+    name: str  # torch.cuda.get_device_name
+    arch: tuple[int, int]  # the compute capability, (major, minor)
+    rocm: bool
+
+    @property
+    def sm(self) -> str:
+        return f"sm{self.arch[0]}{self.arch[1]}"
+
+    @property
+    def ampere(self) -> bool:
+        return self.arch >= (8, 0)
+
+
 def _cuda_capabilities(device: torch.device) -> Capabilities:
     if not torch.cuda.is_available():
         return _no_cuda_capabilities(device)
@@ -202,72 +218,77 @@ def _cuda_capabilities(device: torch.device) -> Capabilities:
     index = given if given is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
     name = torch.cuda.get_device_name(index)
-    sm = f"sm{major}{minor}"
-    rocm = torch.version.hip is not None
-    ampere = (major, minor) >= (8, 0)
-
-    if rocm:
-        tf32 = Capability(False, "TF32 is an NVIDIA tensor-core mode; this is a ROCm device")
-    elif not ampere:
-        tf32 = Capability(False, f"{name} is {sm}; TF32 needs Ampere (sm80) or newer")
-    elif os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
-        tf32 = Capability(
-            False,
-            "NVIDIA_TF32_OVERRIDE=0 disables TF32 inside the CUDA libraries, whatever PyTorch's "
-            "flags say",
-        )
-    else:
-        tf32 = Capability(True, f"{name} is {sm} (Ampere or newer)")
-
-    if ampere or (rocm and _rocm_bf16()):
-        bf16 = Capability(True, f"{name} ({sm}) has native bf16 tensor cores")
-    else:
-        bf16 = Capability(
-            False, f"{name} is {sm}; native bf16 needs sm80 or newer (older GPUs emulate it)"
-        )
-
-    if (major, minor) >= (7, 0):
-        fp16 = Capability(True, f"{name} ({sm}) has fp16 tensor cores")
-    elif (major, minor) >= (5, 3):
-        fp16 = Capability(True, f"{name} ({sm}) has native fp16 arithmetic (no tensor cores)")
-    else:
-        fp16 = Capability(False, f"{name} is {sm}; native fp16 needs sm53 or newer")
-
-    flash_built = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)()
-    if not flash_built:
-        flash = Capability(False, "this PyTorch build has no flash-attention kernel")
-    elif not ampere:
-        flash = Capability(False, f"{name} is {sm}; PyTorch's flash attention needs sm80+")
-    else:
-        flash = Capability(True, f"{name} ({sm}) runs flash attention for fp16/bf16 inputs")
-
-    if (major, minor) >= (5, 0):
-        efficient = Capability(True, f"{name} ({sm}) runs memory-efficient attention")
-    else:
-        efficient = Capability(False, f"{name} is {sm}; memory-efficient attention needs sm50+")
-
-    cudnn_version = cudnn_version_or_none()
-    if not hasattr(torch_C, "_set_sdp_use_cudnn"):
-        cudnn = Capability(False, f"PyTorch {torch.__version__} has no cuDNN attention backend")
-    elif cudnn_version is None or cudnn_version < 90000:
-        cudnn = Capability(False, f"cuDNN attention needs cuDNN 9; found {cudnn_version}")
-    elif not ampere:
-        cudnn = Capability(False, f"{name} is {sm}; cuDNN attention needs sm80+")
-    else:
-        cudnn = Capability(True, f"{name} ({sm}) with cuDNN {cudnn_version}")
-
+    gpu = _Gpu(name, (major, minor), torch.version.hip is not None)
     return Capabilities(
         device=str(torch.device("cuda", index)),
         name=name,
         compute_capability=(major, minor),
-        tf32=tf32,
-        bf16=bf16,
-        fp16=fp16,
-        flash_sdpa=flash,
-        efficient_sdpa=efficient,
-        cudnn_sdpa=cudnn,
+        tf32=_tf32(gpu),
+        bf16=_bf16(gpu),
+        fp16=_fp16(gpu),
+        flash_sdpa=_flash_sdpa(gpu),
+        efficient_sdpa=_efficient_sdpa(gpu),
+        cudnn_sdpa=_cudnn_sdpa(gpu),
         cpu_bf16=_host_cpu_bf16(),
     )
+
+
+def _tf32(gpu: _Gpu) -> Capability:
+    if gpu.rocm:
+        return Capability(False, "TF32 is an NVIDIA tensor-core mode; this is a ROCm device")
+    if not gpu.ampere:
+        return Capability(False, f"{gpu.name} is {gpu.sm}; TF32 needs Ampere (sm80) or newer")
+    if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        return Capability(
+            False,
+            "NVIDIA_TF32_OVERRIDE=0 disables TF32 inside the CUDA libraries, whatever PyTorch's "
+            "flags say",
+        )
+    return Capability(True, f"{gpu.name} is {gpu.sm} (Ampere or newer)")
+
+
+def _bf16(gpu: _Gpu) -> Capability:
+    if gpu.ampere or (gpu.rocm and _rocm_bf16()):
+        return Capability(True, f"{gpu.name} ({gpu.sm}) has native bf16 tensor cores")
+    return Capability(
+        False, f"{gpu.name} is {gpu.sm}; native bf16 needs sm80 or newer (older GPUs emulate it)"
+    )
+
+
+def _fp16(gpu: _Gpu) -> Capability:
+    if gpu.arch >= (7, 0):
+        return Capability(True, f"{gpu.name} ({gpu.sm}) has fp16 tensor cores")
+    if gpu.arch >= (5, 3):
+        return Capability(
+            True, f"{gpu.name} ({gpu.sm}) has native fp16 arithmetic (no tensor cores)"
+        )
+    return Capability(False, f"{gpu.name} is {gpu.sm}; native fp16 needs sm53 or newer")
+
+
+def _flash_sdpa(gpu: _Gpu) -> Capability:
+    flash_built = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)()
+    if not flash_built:
+        return Capability(False, "this PyTorch build has no flash-attention kernel")
+    if not gpu.ampere:
+        return Capability(False, f"{gpu.name} is {gpu.sm}; PyTorch's flash attention needs sm80+")
+    return Capability(True, f"{gpu.name} ({gpu.sm}) runs flash attention for fp16/bf16 inputs")
+
+
+def _efficient_sdpa(gpu: _Gpu) -> Capability:
+    if gpu.arch >= (5, 0):
+        return Capability(True, f"{gpu.name} ({gpu.sm}) runs memory-efficient attention")
+    return Capability(False, f"{gpu.name} is {gpu.sm}; memory-efficient attention needs sm50+")
+
+
+def _cudnn_sdpa(gpu: _Gpu) -> Capability:
+    cudnn_version = cudnn_version_or_none()
+    if not hasattr(torch_C, "_set_sdp_use_cudnn"):
+        return Capability(False, f"PyTorch {torch.__version__} has no cuDNN attention backend")
+    if cudnn_version is None or cudnn_version < 90000:
+        return Capability(False, f"cuDNN attention needs cuDNN 9; found {cudnn_version}")
+    if not gpu.ampere:
+        return Capability(False, f"{gpu.name} is {gpu.sm}; cuDNN attention needs sm80+")
+    return Capability(True, f"{gpu.name} ({gpu.sm}) with cuDNN {cudnn_version}")
 
 
 def cudnn_available() -> bool:

@@ -18,6 +18,7 @@ __all__ = [
     "fp8_rows",
     "fp8_section",
     "junit_counts",
+    "not_run",
     "overhead_section",
     "table",
     "tests_section",
@@ -39,6 +40,18 @@ def table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     return lines
+
+
+def not_run(script: str) -> str:
+    """The line a section shows in place of a script's results when it did not run or
+    left no ``<script>.json``.
+
+    Example:
+        >>> from speedflags._verify.sections import not_run
+        >>> not_run("overhead")
+        'overhead did not run or left no overhead.json'
+    """
+    return f"{script} did not run or left no {script}.json"
 
 
 def junit_counts(path: str) -> dict[str, Any] | None:
@@ -201,11 +214,12 @@ def fp8_section(data: dict[str, Any] | None) -> list[str]:
 
     Example:
         >>> from speedflags._verify.sections import fp8_section
-        >>> fp8_section(None)
-        ['fp8-headroom did not run or left no fp8-headroom.json']
+        >>> data = {"settings": {"dry_run": True}, "no_fp8_gpu": "no CUDA device"}
+        >>> fp8_section(data)[0]
+        'A dry run on the CPU (no CUDA device): no figure here is a measurement.'
     """
     if data is None:
-        return ["fp8-headroom did not run or left no fp8-headroom.json"]
+        return [not_run("fp8-headroom")]
     lines = []
     settings = data.get("settings") or {}
     if settings.get("dry_run"):
@@ -278,11 +292,13 @@ def train_section(data: dict[str, Any] | None) -> list[str]:
 
     Example:
         >>> from speedflags._verify.sections import train_section
-        >>> train_section(None)
-        ['train-step did not run or left no train-step.json']
+        >>> data = {"environment": {"device_name": "NVIDIA H100"},
+        ...         "settings": {"rounds": 5, "baseline": "eager-fp32"}}
+        >>> train_section(data)[0]
+        'NVIDIA H100, round-robin rounds: 5; speedup against eager-fp32.'
     """
     if data is None:
-        return ["train-step did not run or left no train-step.json"]
+        return [not_run("train-step")]
     settings = data.get("settings") or {}
     lines = [
         f"{data.get('environment', {}).get('device_name', '?')}, "
@@ -312,7 +328,7 @@ def overhead_section(data: dict[str, Any] | None) -> list[str]:
 '', '- goal: ... not met']
     """
     if data is None:
-        return ["overhead did not run or left no overhead.json"]
+        return [not_run("overhead")]
     env = data.get("environment") or {}
     lines = [f"PyTorch {env.get('torch', '?')}, Python {env.get('python', '?')}; per call:", ""]
     rows = [

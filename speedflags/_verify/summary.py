@@ -20,7 +20,14 @@ from .._measure.workloads import WORKLOADS
 from ..errors import SpeedflagsError
 from ..levers.registry import lever_spec
 from .peaks import peak_for
-from .sections import fp8_section, overhead_section, table, tests_section, train_section
+from .sections import (
+    fp8_section,
+    not_run,
+    overhead_section,
+    table,
+    tests_section,
+    train_section,
+)
 
 __all__ = ["lever_rows", "load", "render", "throughput_rows"]
 
@@ -162,7 +169,7 @@ def render(folder: str) -> str:
     lines += ["", "## Tests", "", *tests_section(folder)]
     lines += ["", "## Levers: verdict and speedup", ""]
     if verified is None:
-        lines.append("verify did not run or left no verify.json")
+        lines.append(not_run("verify"))
     else:
         lines += table(
             ("lever", "verdict", "measured", "bench speedup"), lever_rows(verified, bench)

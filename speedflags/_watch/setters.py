@@ -103,6 +103,24 @@ class Setter(NamedTuple):
         return f"{self.shown} set to {value!r}"
 
 
+# torch.backends.cuda.enable_<kernel>_sdp(...) calls torch._C._set_sdp_use_<kernel>
+_SDPA_KERNELS = ("flash", "mem_efficient", "math", "cudnn")
+# torch.backends.cuda.matmul.<flag> = ... calls torch._C._set_cublas_<flag>
+_CUBLAS_REDUCTION_FLAGS = (
+    "allow_fp16_reduced_precision_reduction",
+    "allow_bf16_reduced_precision_reduction",
+    "allow_fp16_accumulation",  # PyTorch 2.7+
+)
+# torch.set_autocast_<x> is torch._C.set_autocast_<x> itself, re-exported
+_AUTOCAST_SETTERS = (
+    "set_autocast_enabled",
+    "set_autocast_dtype",
+    # PyTorch < 2.4's per-device setters (still present, deprecated, in 2.13)
+    "set_autocast_cpu_enabled",
+    "set_autocast_cpu_dtype",
+    "set_autocast_gpu_dtype",
+)
+
 _TABLE = (
     Setter("_set_cublas_allow_tf32", "tf32", family.LEGACY_MATMUL),
     Setter("_set_cudnn_allow_tf32", "tf32", family.LEGACY_CUDNN),
@@ -117,17 +135,17 @@ _TABLE = (
         call=True,
     ),
     Setter("_set_cudnn_benchmark", "cudnn_benchmark", "torch.backends.cudnn.benchmark"),
-    Setter("_set_sdp_use_flash", "sdpa", "torch.backends.cuda.enable_flash_sdp", call=True),
-    Setter(
-        "_set_sdp_use_mem_efficient",
-        "sdpa",
-        "torch.backends.cuda.enable_mem_efficient_sdp",
-        call=True,
+    *(
+        Setter(
+            f"_set_sdp_use_{kernel}", "sdpa", f"torch.backends.cuda.enable_{kernel}_sdp", call=True
+        )
+        for kernel in _SDPA_KERNELS
     ),
-    Setter("_set_sdp_use_math", "sdpa", "torch.backends.cuda.enable_math_sdp", call=True),
-    Setter("_set_sdp_use_cudnn", "sdpa", "torch.backends.cuda.enable_cudnn_sdp", call=True),
-    Setter("_set_sdp_use_overrideable", "sdpa", "torch._C._set_sdp_use_overrideable", call=True),
-    Setter("_set_sdp_priority_order", "sdpa", "torch._C._set_sdp_priority_order", call=True),
+    # shown by their torch._C names
+    *(
+        Setter(name, "sdpa", f"torch._C.{name}", call=True)
+        for name in ("_set_sdp_use_overrideable", "_set_sdp_priority_order")
+    ),
     # torch.use_deterministic_algorithms and set_deterministic_debug_mode call it by attribute
     Setter(
         "_set_deterministic_algorithms",
@@ -136,28 +154,15 @@ _TABLE = (
         call=True,
     ),
     Setter("_set_cudnn_deterministic", "deterministic", "torch.backends.cudnn.deterministic"),
-    Setter(
-        "_set_cublas_allow_fp16_reduced_precision_reduction",
-        "reduced_precision_reduction",
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+    *(
+        Setter(
+            f"_set_cublas_{flag}",
+            "reduced_precision_reduction",
+            f"torch.backends.cuda.matmul.{flag}",
+        )
+        for flag in _CUBLAS_REDUCTION_FLAGS
     ),
-    Setter(
-        "_set_cublas_allow_bf16_reduced_precision_reduction",
-        "reduced_precision_reduction",
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
-    ),
-    # PyTorch 2.7+
-    Setter(
-        "_set_cublas_allow_fp16_accumulation",
-        "reduced_precision_reduction",
-        "torch.backends.cuda.matmul.allow_fp16_accumulation",
-    ),
-    Setter("set_autocast_enabled", "amp", "torch.set_autocast_enabled", call=True),
-    Setter("set_autocast_dtype", "amp", "torch.set_autocast_dtype", call=True),
-    # PyTorch < 2.4's per-device setters (still present, deprecated, in 2.13)
-    Setter("set_autocast_cpu_enabled", "amp", "torch.set_autocast_cpu_enabled", call=True),
-    Setter("set_autocast_cpu_dtype", "amp", "torch.set_autocast_cpu_dtype", call=True),
-    Setter("set_autocast_gpu_dtype", "amp", "torch.set_autocast_gpu_dtype", call=True),
+    *(Setter(name, "amp", f"torch.{name}", call=True) for name in _AUTOCAST_SETTERS),
 )
 
 # The guarded settings' setters come with their registry entries (levers/guarded.py).

@@ -15,7 +15,7 @@ import torch._C as torch_C
 from .._hardware import capabilities, cudnn_available
 from ._base import Effect, SimpleLever, validate_bool
 from .deterministic import refuse_nested
-from .spec import Shorthand, declare
+from .spec import ON_OFF, Shorthand, declare
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
@@ -89,12 +89,10 @@ DECLARED = (
     declare(
         CudnnBenchmarkLever(),
         shorthand=CUDNN_BENCHMARK_SHORTHAND,
+        **ON_OFF,
         order=30,
-        values="True or False",
         summary="cuDNN times its convolution algorithms per input shape",
         accuracy="none in principle; the chosen algorithm may differ run to run",
-        baseline=False,
-        candidates=(True,),
         ops=("conv",),
         dynamo_misses="all of it",
     ),

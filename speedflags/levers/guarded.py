@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,39 +43,40 @@ __all__ = ["GUARDED", "GUARDED_NAMES", "SKIPPED", "Setting", "guarded_snapshot",
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
 
+@dataclass(eq=False, repr=False)
 class Setting:
     """One guarded piece of torch state: read it, describe it, put it back.
 
     Attributes:
         name: its name in snapshots, reports and the leak check (``"default_dtype"``).
         scope: ``"process"`` or ``"thread"``.
-        domain: the piece of state (the name: no lever shares it).
         summary: what it is, in torch's words.
         setters: the ``torch._C`` functions (or ``torch`` functions) that write it, for
             :func:`speedflags.watch`: ``(owner, name, shown, call)``.
         ranks_agree: whether every rank of a distributed job must read the same.
+
+    Example:
+        >>> from speedflags.levers.guarded import setting
+        >>> grad = setting("grad_enabled")
+        >>> grad.scope, grad.describe(grad.read())
+        ('thread', True)
     """
 
-    def __init__(
-        self,
-        name: str,
-        scope: Scope,
-        summary: str,
-        get: Callable[[], Any],
-        put: Callable[[Any], None],
-        describe: Callable[[Any], Any] = lambda state: state,
-        setters: tuple[tuple[str, str, str, bool], ...] = (),
-        ranks_agree: bool = True,
-    ) -> None:
-        self.name = name
-        self.scope = scope
-        self.domain = name
-        self.summary = summary
-        self._get = get
-        self._put = put
-        self._describe = describe
-        self.setters = setters
-        self.ranks_agree = ranks_agree
+    name: str
+    scope: Scope
+    summary: str
+    # the raw getter (may raise: read() is the guarded read), the writer, and the describer
+    # of a readable state (describe() passes Unreadable through)
+    _get: Callable[[], Any]
+    _put: Callable[[Any], None]
+    _describe: Callable[[Any], Any] = lambda state: state
+    setters: tuple[tuple[str, str, str, bool], ...] = ()
+    ranks_agree: bool = True
+
+    @property
+    def domain(self) -> str:
+        """The piece of state: the setting's name (no lever shares it)."""
+        return self.name
 
     @property
     def fast_read(self) -> Callable[[], Any]:
@@ -168,6 +170,40 @@ def _set_nesting(depth: int) -> None:
         current = int(_decrement())
 
 
+# An entry for _candidates' add: the torch._C functions it needs, how to make the setting
+# once they are known to exist, and its name.
+_Entry = tuple[tuple[str, ...], Callable[[], Setting], str]
+
+
+def _backend_enabled(backend: str) -> _Entry:
+    """``torch.backends.<backend>.enabled`` (``cudnn``, ``mkldnn``): one bool per backend."""
+    get, put = f"_get_{backend}_enabled", f"_set_{backend}_enabled"
+    shown = f"torch.backends.{backend}.enabled"
+
+    def make() -> Setting:
+        getter = getattr(_C, get)
+        return Setting(
+            f"{backend}_enabled", "process", shown, lambda: bool(getter()), getattr(_C, put),
+            bool, (("torch._C", put, shown, False),),
+        )  # fmt: skip
+
+    return (get, put), make, f"{backend}_enabled"
+
+
+def _preferred_library(kind: str) -> _Entry:
+    """``torch.backends.cuda.preferred_<kind>_library()`` (``blas``, ``linalg``): an enum."""
+    get, put = f"_get_{kind}_preferred_backend", f"_set_{kind}_preferred_backend"
+    shown = f"torch.backends.cuda.preferred_{kind}_library"
+
+    def make() -> Setting:
+        return Setting(
+            f"{kind}_library", "process", f"{shown}()", getattr(_C, get), getattr(_C, put),
+            _enum_name, (("torch._C", put, shown, True),),
+        )  # fmt: skip
+
+    return (get, put), make, f"{kind}_library"
+
+
 def _candidates() -> tuple[tuple[Setting, ...], dict[str, str]]:
     found = []
     skipped: dict[str, str] = {}
@@ -200,44 +236,10 @@ def _candidates() -> tuple[tuple[Setting, ...], dict[str, str]]:
         ),
         "default_device",
     )  # fmt: skip
-    add(
-        ("_get_cudnn_enabled", "_set_cudnn_enabled"),
-        lambda: Setting(
-            "cudnn_enabled", "process", "torch.backends.cudnn.enabled",
-            lambda: bool(_C._get_cudnn_enabled()), _C._set_cudnn_enabled, bool,
-            (("torch._C", "_set_cudnn_enabled", "torch.backends.cudnn.enabled", False),),
-        ),
-        "cudnn_enabled",
-    )  # fmt: skip
-    add(
-        ("_get_mkldnn_enabled", "_set_mkldnn_enabled"),
-        lambda: Setting(
-            "mkldnn_enabled", "process", "torch.backends.mkldnn.enabled",
-            lambda: bool(_C._get_mkldnn_enabled()), _C._set_mkldnn_enabled, bool,
-            (("torch._C", "_set_mkldnn_enabled", "torch.backends.mkldnn.enabled", False),),
-        ),
-        "mkldnn_enabled",
-    )  # fmt: skip
-    add(
-        ("_get_blas_preferred_backend", "_set_blas_preferred_backend"),
-        lambda: Setting(
-            "blas_library", "process", "torch.backends.cuda.preferred_blas_library()",
-            _C._get_blas_preferred_backend, _C._set_blas_preferred_backend, _enum_name,
-            (("torch._C", "_set_blas_preferred_backend",
-              "torch.backends.cuda.preferred_blas_library", True),),
-        ),
-        "blas_library",
-    )  # fmt: skip
-    add(
-        ("_get_linalg_preferred_backend", "_set_linalg_preferred_backend"),
-        lambda: Setting(
-            "linalg_library", "process", "torch.backends.cuda.preferred_linalg_library()",
-            _C._get_linalg_preferred_backend, _C._set_linalg_preferred_backend, _enum_name,
-            (("torch._C", "_set_linalg_preferred_backend",
-              "torch.backends.cuda.preferred_linalg_library", True),),
-        ),
-        "linalg_library",
-    )  # fmt: skip
+    for backend in ("cudnn", "mkldnn"):
+        add(*_backend_enabled(backend))
+    for kind in ("blas", "linalg"):
+        add(*_preferred_library(kind))
     add(
         ("is_autocast_cache_enabled", "set_autocast_cache_enabled"),
         lambda: Setting(

@@ -37,7 +37,7 @@ from . import _fp32_model as family
 from ._base import UNSET, Effect, SimpleLever, validate_bool, verified
 from ._fp32_mixed import require_consistent
 from ._fp32_torch import Calls, read_state, transition
-from .spec import MATMUL_OPS, Shorthand, declare
+from .spec import MATMUL_OPS, ON_OFF, Shorthand, declare
 
 # (state before, value or target, state after, setter calls): a write to replay
 Replay = tuple[Any, Any, family.FamilyState, Calls]
@@ -215,12 +215,10 @@ DECLARED = (
     declare(
         TF32Lever(),
         shorthand=TF32_SHORTHAND,
+        **ON_OFF,
         order=10,
-        values="True or False",
         summary="TF32 tensor cores for float32 cuBLAS matmuls and cuDNN conv/rnn",
         accuracy="TF32 keeps 10 mantissa bits: ~1e-3 relative error on float32 matmuls",
-        baseline=False,
-        candidates=(True,),
         ops=MATMUL_OPS,
         dynamo_misses=(
             "cuDNN's allow_tf32 and the cuDNN and oneDNN nodes of the fp32_precision tree "

@@ -36,7 +36,7 @@ import torch._C as torch_C
 
 from .._hardware import capabilities
 from ._base import Effect, SimpleLever, validate_bool, verified
-from .spec import Shorthand, declare
+from .spec import ON_OFF, Shorthand, declare
 
 _C: Any = torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
@@ -179,8 +179,10 @@ DECLARED = (
     declare(
         ReducedPrecisionReductionLever(),
         shorthand=REDUCED_PRECISION_REDUCTION_SHORTHAND,
+        # off: fp32 reductions, the accurate path (as tf32=False is, though PyTorch's own
+        # default is True); tune measures True on top of it
+        **ON_OFF,
         order=60,
-        values="True or False",
         summary=(
             "cuBLAS may reduce fp16/bf16 GEMMs in fp16/bf16 (True, PyTorch's default) or "
             "only in fp32 (False, which also turns off allow_fp16_accumulation); CUDA only"
@@ -189,10 +191,6 @@ DECLARED = (
             "True: fp16/bf16 GEMM partial sums rounded to fp16/bf16 (split-K), error growing "
             "with the reduction length; False: fp32 reductions"
         ),
-        # off: fp32 reductions, the accurate path (as tf32=False is, though PyTorch's own
-        # default is True); tune measures True on top of it
-        baseline=False,
-        candidates=(True,),
         ops=GEMM_OPS,
         dynamo_misses=(
             "allow_fp16_accumulation and the split-K part; the fp16 and bf16 reduction flags "

@@ -15,8 +15,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, get_type_hints
 
 from .._short_repr import short_repr
@@ -26,11 +27,18 @@ from ._base import UNSET, DeviceLever, Effect, Scope
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MATMUL_OPS", "LeverSpec", "Shorthand", "declare"]
+__all__ = ["MATMUL_OPS", "ON_OFF", "LeverSpec", "Shorthand", "declare"]
 
 # matmuls (mm, addmm, bmm, ...), convolutions, recurrent layers and attention: the kernels
 # TF32, matmul precision, autocast and param_dtype change
 MATMUL_OPS = ("mm", "matmul", "linear", "einsum", "conv", "lstm", "gru", "rnn", "scaled_dot")
+
+# What every on/off lever declares alike (tf32, cudnn_benchmark, reduced_precision_reduction):
+# True or False, off is plain eager's, and tune tries on. Written once, so the three cannot
+# drift apart: ``declare(lever, **ON_OFF, ...)``.
+ON_OFF: Mapping[str, Any] = MappingProxyType(
+    {"values": "True or False", "baseline": False, "candidates": (True,)}
+)
 
 
 @dataclass(frozen=True)
@@ -182,7 +190,8 @@ def declare(
     and ``validate`` are given). ``declared`` are the other fields of :class:`LeverSpec`,
     by name: ``order``, ``values``, ``summary`` and ``accuracy`` always; ``shorthand``,
     ``baseline``, ``candidates``, ``ops``, ``dynamo_misses``, ``effect_of`` and ``describe``
-    where the lever has them. The keyword's type comes from
+    where the lever has them (an on/off lever gives ``**ON_OFF`` for ``values``, ``baseline``
+    and ``candidates``). The keyword's type comes from
     :class:`~speedflags.levers.arguments.LeverArgs`.
 
     Example:
