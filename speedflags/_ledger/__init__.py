@@ -5,16 +5,16 @@
   made of parts, each with its own state and one name (module, class, ledger attribute):
 - :mod:`.stacks` (``Stacks``, ``ledger.stacks``): the open frames, per domain (stacks) and
   per thread or asyncio task, and the last frame's id;
-- :mod:`.ring` (``Ring``, ``ledger.ring``): the history as kept, entries with the named
-  fields of ``Entry`` made by ``entry()``;
+- :mod:`.ring` (``Ring``, ``ledger.ring``): the history as kept, a ring of compact entries;
 - :mod:`.rare_paths` (``RarePaths``, ``ledger.rare_paths``): roll-backs, exits under later
   frames, conflicts;
 - :mod:`.recovery` (``Recovery``, ``ledger.recovery``): interrupted exits, threads that
   ended, and the state after a ``fork``.
 
 Below the parts: :mod:`.program` (a frame's levers compiled once), :mod:`.frame`
-(:class:`~speedflags.Frame`), :mod:`.history` (:class:`~speedflags.FlagRecord`, JSON, lever
-keys, the rank source), :mod:`.notices` (the warnings and errors built under the lock,
+(:class:`~speedflags.Frame`), :mod:`.history` (the history's entries, with the named fields
+of ``Entry``, made by ``entry()``; :class:`~speedflags.FlagRecord`, one lever's view of an
+entry; JSON, lever keys, the rank source), :mod:`.notices` (the warnings and errors built under the lock,
 spoken after it), :mod:`.own_writes` (which writes are speedflags' own, and the hook a
 running :func:`~speedflags.watch` installs at the ledger's boundaries) and
 :mod:`.interrupts` (:func:`~speedflags.signal_safe`, deferring signals around a section).
