@@ -14,9 +14,9 @@
 Below the parts: :mod:`.program` (a frame's levers compiled once), :mod:`.frame`
 (:class:`~speedflags.Frame`), :mod:`.history` (the history's entries, with the named fields
 of ``Entry``, made by ``entry()``; :class:`~speedflags.FlagRecord`, one lever's view of an
-entry; JSON, lever keys, the rank source), :mod:`.notices` (the warnings and errors built under the lock,
-spoken after it), :mod:`.own_writes` (which writes are speedflags' own, and the hook a
-running :func:`~speedflags.watch` installs at the ledger's boundaries) and
+entry; JSON, lever keys, the rank source), :mod:`.notices` (the warnings and errors built
+under the lock, spoken after it), :mod:`.own_writes` (which writes are speedflags' own, and
+the hook a running :func:`~speedflags.watch` installs at the ledger's boundaries) and
 :mod:`.interrupts` (:func:`~speedflags.signal_safe`, deferring signals around a section).
 Above them, the frame API, which knows the ledger and a scope through the Protocols of
 :mod:`.protocol`: :mod:`.scope` (``with``, ``start``/``stop``, ``@``), :mod:`.entering`
