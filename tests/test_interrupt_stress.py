@@ -199,15 +199,13 @@ def test_ctrl_c_at_random_instants_never_leaks_or_is_lost() -> None:
     assert len(rows) == 2 * len(FORMS), stderr[-2000:]
     for key, row in rows.items():
         assert (row["lost"], row["leaks"]) == (0, 0), (key, row["examples"])
-        # the run exercised what it is for: many trials were interrupted (71-100% a row on a
-        # quiet Zen 3; 64% for one row on a loaded 16-core GPU machine, and exactly 50% for
-        # the async generator on the newest leg of a loaded 2-core CI run: each timer is set
-        # within 1.2x a run's median time measured before, so a burst of load while that is
-        # measured sends timers past the runs), and interrupts landed in speedflags' own
-        # code (19.6% for a decorated generator on the py312 leg, whose body runs outside it
-        # between steps) and were held back. The assertions this test is for are the ones
-        # above: nothing lost, nothing leaked.
-        assert row["interrupts"] > 0.25 * row["trials"], key
+        # the run exercised what it is for: most trials were interrupted (nearly all on a
+        # quiet machine; 64% for one row on a loaded 16-core GPU machine, where the timer
+        # fires late; 71% at the worst in three runs under two busy loops on a 2-core Zen 3,
+        # the timers set within the fastest run's time), and interrupts landed in
+        # speedflags' own code (19.6% for a decorated generator on the py312 leg, whose body
+        # runs outside it between steps) and were held back
+        assert row["interrupts"] > 0.5 * row["trials"], key
         assert row["in_speedflags"] > 0.1 * row["interrupts"], key
         if "signal_safe" in key:
             assert row["deferred"] > 0.1 * row["interrupts"], key
