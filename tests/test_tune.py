@@ -323,10 +323,11 @@ def one_thread() -> Any:
     not speedflags.capabilities("cpu").cpu_bf16, reason="the CPU has no bf16 instructions"
 )
 @pytest.mark.usefixtures("one_thread")
-def test_an_mlp_forward_on_a_bf16_cpu_picks_bf16_autocast() -> None:
-    # The acceptance case, on real timings: only the choice is asserted (bf16
-    # autocast is 1.5 to 2x here), and 1e-9 keeps fp32. A neighbour's burst of load can
-    # hide any gain for a while, so the choice must show in one of three runs.
+def test_an_mlp_forward_on_a_bf16_cpu_picks_a_bf16_lever() -> None:
+    # On real timings: only the choice is asserted (bf16 is 2 to 4x here), and 1e-9 keeps
+    # fp32. Either bf16 lever may win: autocast, or param_dtype, which casts each weight once
+    # (on a Zen 5, param_dtype was chosen in three runs of three). A neighbour's burst of load
+    # can hide any gain for a while, so the choice must show in one of three runs.
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(
         torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 1024)
@@ -336,9 +337,9 @@ def test_an_mlp_forward_on_a_bf16_cpu_picks_bf16_autocast() -> None:
     for _ in range(3):
         result = speedflags.tune(mlp, x, budget=5e-2, seconds=60, levers=NO_COMPILE)
         tried.append(str(result))
-        if result.best.get("amp") == "bf16":
+        if "bf16" in (result.best.get("amp"), result.best.get("param_dtype")):
             break
-    assert result.best.get("amp") == "bf16", "\n\n".join(tried)
+    assert "bf16" in (result.best.get("amp"), result.best.get("param_dtype")), "\n\n".join(tried)
     assert row(result, amp="bf16").error == pytest.approx(4e-3, rel=0.5)
     # nothing but sdpa (not called here) stays within 1e-9, and nothing is timed
     strict = speedflags.tune(mlp, x, budget=1e-9, seconds=20, levers=NO_COMPILE)
