@@ -302,10 +302,10 @@ def draw(figure: Figure, path: Path) -> None:
         rows.setdefault(panel.workload, []).append(panel)
     columns = max(len(p) for p in rows.values())
     heights = [max(len(p.bars) for p in panels) + 2.2 for panels in rows.values()]
-    fig = plt.figure(figsize=(6.6 * columns, 0.42 * sum(heights) + 1.6), layout="constrained")
+    fig = plt.figure(figsize=(5.6 * columns, 0.4 * sum(heights) + 1.6), layout="constrained")
     grid = fig.add_gridspec(len(rows), columns, height_ratios=heights)
     values = [v for p in figure.panels for b in p.bars for v in (b.low, b.high)] or [1.0]
-    left, right = min(min(values), 1.0) / 1.6, max(max(values), 1.0) * 9
+    left, right = min(min(values), 1.0) / 1.6, max(max(values), 1.0) * 30
     for i, panels in enumerate(rows.values()):
         for j, panel in enumerate(panels):
             _draw_panel(fig.add_subplot(grid[i, j]), panel, (left, right))
@@ -313,7 +313,7 @@ def draw(figure: Figure, path: Path) -> None:
     lines.append(textwrap.fill("from " + ", ".join(p.name for p in figure.sources), 150))
     if figure.absent:
         lines.append("not run here: " + "; ".join(figure.absent))
-    fig.suptitle("\n".join(lines), fontsize=11)
+    fig.suptitle("\n".join(lines), fontsize=12)
     handles = [
         Patch(color=FASTER, label="faster, beyond the noise of its passes"),
         Patch(color=SLOWER, label="slower, beyond the noise"),
@@ -322,9 +322,9 @@ def draw(figure: Figure, path: Path) -> None:
     if any(b.emulated for p in figure.panels for b in p.bars):
         handles.append(Patch(facecolor="white", edgecolor=SLOWER, hatch="//", label="emulated"))
     fig.legend(
-        handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False
+        handles=handles, loc="outside lower center", ncols=len(handles), fontsize=9, frameon=False
     )
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
 
 
@@ -357,22 +357,23 @@ def _draw_panel(ax: object, panel: Panel, limits: tuple[float, float]) -> None:
             )
         error = "" if bar.rel_error is None else f"  error {bar.rel_error:.1e}"
         shown = f"{bar.speedup:.2f}x" + (" ~" if bar.within_noise else "") + error
-        ax.text(max(bar.high, bar.speedup, 1.0) * 1.08, y, shown, va="center", fontsize=8)
+        ax.text(max(bar.high, bar.speedup, 1.0) * 1.08, y, shown, va="center", fontsize=9)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_xlim(*limits)
-    ticks = [t for t in (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64) if limits[0] <= t <= limits[1]]
-    ax.set_xticks(ticks, [f"{t:g}x" for t in ticks])
+    # ticks under the bars only: the room on the right is for the figures
+    ticks = [t for t in (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64) if limits[0] <= t <= limits[1] / 15]
+    ax.set_xticks(ticks, [f"{t:g}x" for t in ticks], fontsize=8)
     ax.minorticks_off()
-    ax.set_yticks(ys, [b.label for b in panel.bars], fontsize=8)
+    ax.set_yticks(ys, [b.label for b in panel.bars], fontsize=9)
     ax.set_ylim(-0.8, max(len(panel.bars), 1) - 0.2)
     base = f"1x = {panel.baseline}" if panel.baseline else "no baseline"
     if panel.baseline_error is not None:
         base += f" (error {panel.baseline_error:.1e})"
-    ax.set_title(f"{textwrap.fill(panel.title, 80)}\n{base}", fontsize=9, loc="left")
+    ax.set_title(f"{textwrap.fill(panel.title, 46)}\n{base}", fontsize=10, loc="left")
     if panel.not_drawn:
         note = "not drawn: " + "; ".join(panel.not_drawn)
-        ax.set_xlabel(textwrap.fill(note, 95), fontsize=7, color="#555555", loc="left")
+        ax.set_xlabel(textwrap.fill(note, 62), fontsize=8, color="#555555", loc="left")
     if not panel.bars:
         ax.text(1.0, 0, "  nothing measured beside the baseline", va="center", fontsize=8)
 
