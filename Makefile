@@ -2,6 +2,9 @@
 #   make run    torch (pinned) and speedflags only, then: python -m speedflags report --apply --restore
 #   make test   the same, then the extras and dev tools (EXTRAS), then: ruff, mypy, the test
 #               suite, the benchmarks once (not timed) and the examples with --smoke
+#   make docs   the documentation site into site/ (mkdocs build --strict), its tools (the docs
+#               extra) installed on top of the pinned torch, the figures of the measured
+#               results redrawn when a result file changes
 # Measuring (benchmarks/RESULTS.md):
 #   make bench     the pytest-benchmark suites, timed, with the speedup-and-accuracy table
 #   make results   python -m speedflags bench, written to benchmarks/results/$(RESULTS).json
@@ -47,7 +50,7 @@ endif
 PINS ?=
 ifeq ($(TORCH_VERSION),$(DEFAULT_TORCH))
 # The default leg installs every optional extra, so that their tests run there, not skip.
-EXTRAS ?= test,dev,plot,yaml,lightning,transformers
+EXTRAS ?= test,dev,plot,yaml,lightning,transformers,docs
 # ...and the older package name too: the Lightning callback is tested against both.
 EXTRA_PACKAGES ?= pytorch-lightning>=2.1
 ifeq ($(PYTHON_VERSION),$(DEFAULT_PYTHON_VERSION))
@@ -68,7 +71,7 @@ RESULTS ?= $(DEVICE)
 # the extras and dev tools of `make test`, per set of EXTRAS (a new set installs its own)
 EXTRAS_STAMP := $(VENV)/.installed-extras-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup setup-run torch-source run test lint typecheck unit examples bench results gpu-check test-default test-floor test-py312 test-newest test-all newest clean setup-default setup-floor setup-py312 setup-newest
+.PHONY: setup setup-run torch-source run test lint typecheck unit examples bench results gpu-check test-default test-floor test-py312 test-newest test-all newest clean setup-default setup-floor setup-py312 setup-newest docs docs-default
 
 # torch first, pinned (pip never resolves a bare `torch`), then speedflags on it: nothing else
 $(STAMP): setup.cfg pyproject.toml
@@ -95,8 +98,8 @@ run: setup-run
 	$(PY) -m speedflags report --apply --restore
 
 lint: setup
-	$(PY) -m ruff check speedflags tests benchmarks .ci examples
-	$(PY) -m ruff format --check speedflags tests benchmarks .ci examples
+	$(PY) -m ruff check speedflags tests benchmarks .ci examples docs/_hooks
+	$(PY) -m ruff format --check speedflags tests benchmarks .ci examples docs/_hooks
 
 typecheck: setup
 	$(PY) -m mypy
@@ -113,6 +116,28 @@ bench: setup
 
 results: setup
 	$(PY) -m speedflags bench --device $(DEVICE) --passes 9 --json benchmarks/results/$(RESULTS).json
+
+# The documentation site (mkdocs.yml): the pages of docs/, the README as its landing page, an
+# API reference from the docstrings, and one figure per device of the measured results,
+# drawn from benchmarks/results/*.json by benchmarks/plot_results.py into $(FIGURES) when a
+# result file (or the script) is newer than the figures. --strict: a broken link, a page
+# missing from the navigation or a docstring mkdocstrings cannot read fails the build.
+# Its tools are the docs extra (and matplotlib, the plot extra), on top of the pinned torch.
+DOCS_STAMP := $(VENV)/.installed-docs
+FIGURES := build/docs-figures
+RESULT_FILES := $(wildcard benchmarks/results/*.json)
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[docs,plot]" "torch==$(TORCH_VERSION)" $(foreach pin,$(PINS),'$(pin)')
+	touch $@
+
+$(FIGURES)/.drawn: $(RESULT_FILES) benchmarks/plot_results.py | $(DOCS_STAMP)
+	$(PY) benchmarks/plot_results.py --out $(FIGURES)
+	touch $@
+
+# NO_MKDOCS_2_WARNING: Material's banner about MkDocs 2.0, which mkdocs<2 (the extra) is not
+docs: $(DOCS_STAMP) $(FIGURES)/.drawn
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # Everything a GPU machine should prove, in one command, into $(GPU_OUT) (docs/gpu_check.md).
 # No setup: it runs in the Python at hand (this checkout's .venv if there is one, else
@@ -164,6 +189,10 @@ test-default test-floor test-py312: test-%:
 setup-default setup-floor setup-py312: setup-%:
 	py="$$(.ci/find_python.sh $($*_PYTHON))" && $(MAKE) setup PYTHON="$$py" $($*_ARGS)
 
+# the site, in the default leg's environment (CI builds it after that leg's tests)
+docs-default:
+	py="$$(.ci/find_python.sh $(default_PYTHON))" && $(MAKE) docs PYTHON="$$py" $(default_ARGS)
+
 # The newest torch release the registry serves for Python $(NEWEST_PYTHON_VERSION), resolved
 # first and then installed pinned; resolution fails loudly (no registry, or only a local
 # wheel) instead of testing another.
@@ -179,4 +208,4 @@ test-newest setup-newest: %-newest:
 test-all: test-default test-floor test-py312 test-newest
 
 clean:
-	rm -rf .venv .venv-py* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info gpu-check-out
+	rm -rf .venv .venv-py* .pytest_cache .mypy_cache .ruff_cache .hypothesis .benchmarks *.egg-info gpu-check-out site $(FIGURES)

@@ -208,8 +208,10 @@ def speedup(
     or raises.
 
     Args:
-        **levers, device, strict: as in :func:`speedflags.fast_math` (one keyword per
-            lever of the registry; the "Levers" section below).
+        **levers: as in :func:`speedflags.fast_math` (one keyword per lever of the
+            registry; the "Levers" section below).
+        device: as in :func:`speedflags.fast_math`.
+        strict: as in :func:`speedflags.fast_math`.
         compile: ``True``, or a dict of ``torch.compile`` options (``mode``, ``dynamic``,
             ``fullgraph``, ``backend``, ``options``, ...). Compiled lazily at the first
             call, once per function (methods share one artefact) and state of the levers

@@ -250,7 +250,8 @@ def test_a_spec_built_outside_runs_its_block_eagerly_with_the_levers_in_force() 
 def test_a_spec_built_outside_is_refused_by_dynamo_under_fullgraph() -> None:
     # Dynamo refuses a `with` on an object it did not see built, before calling __enter__
     # (2.13: "Unsupported context manager"; 2.1: "SETUP_WITH UserDefinedObjectVariable"):
-    # its error, not speedflags'. docs/inside_compile.md and the README say to build it inline.
+    # its error, not speedflags'. docs/inside_compile.md and docs/torch_compile.md say to build
+    # it inline.
     def step(x: torch.Tensor) -> torch.Tensor:
         with OUTSIDE_AMP:
             return x @ W
@@ -260,7 +261,7 @@ def test_a_spec_built_outside_is_refused_by_dynamo_under_fullgraph() -> None:
 
 
 # What dynamo does with these blocks, per PyTorch version (issue 38, item 10): measured on
-# 2.1.2, 2.13 and 2.15, and said so in the README's table and docs/inside_compile.md.
+# 2.1.2, 2.13 and 2.15, and said so in docs/torch_compile.md's table and docs/inside_compile.md.
 ENTERS_SOURCED = torch.__version__ >= "2.15"  # dynamo calls __enter__ of an object built outside
 
 

@@ -63,8 +63,25 @@ def test_the_package_docstring_example() -> None:
     assert result.attempted > 0 and result.failed == 0
 
 
-# The pages whose examples run as tests: the README and the ledger's reference.
-EXAMPLE_PAGES = (README, README.parent / "docs" / "ledger.md")
+# The pages whose examples run as tests: the README and every page of docs/ that has one
+# (the site shows them as they are tested).
+EXAMPLE_PAGES = (
+    README,
+    *(
+        page
+        for page in sorted((README.parent / "docs").glob("*.md"))
+        if ">>> " in page.read_text(encoding="utf-8")
+    ),
+)
+
+
+def test_the_pages_with_examples_are_found() -> None:
+    # a page that loses its examples, or a folder that is not found, fails here, not silently
+    if not README.exists():
+        pytest.skip("no README.md next to the tests (installed without sources)")
+    names = {page.name for page in EXAMPLE_PAGES}
+    assert {"README.md", "ledger.md", "getting_started.md", "model_levers.md"} <= names
+    assert {"train_steps.md", "verify.md", "watch.md"} <= names
 
 
 @pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda page: page.name)

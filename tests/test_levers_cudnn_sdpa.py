@@ -131,7 +131,7 @@ def test_pytorchs_sdpa_kernel_with_set_priority_loses_the_order() -> None:
     finally:
         C._set_sdp_use_flash(True)
         C._set_sdp_priority_order(original)
-    assert lost, "PyTorch now restores the order itself; the README's claim needs updating"
+    assert lost, "PyTorch now restores the order itself; docs/guarantees.md's claim needs updating"
 
 
 def attention_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # What the sdist must carry besides the package: its tests run from it (conftest, helpers,
 # and the files they read), and a user reads the docs and runs the examples.
 SDIST_FOLDERS = ("tests", "docs", "examples", "benchmarks", ".ci")
-SDIST_FILES = ("LICENSE", "README.md", "Makefile", "setup.cfg", "pyproject.toml")
+SDIST_FILES = ("LICENSE", "README.md", "Makefile", "setup.cfg", "pyproject.toml", "mkdocs.yml")
 SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".benchmarks"}
 
 needs_build = pytest.mark.skipif(
@@ -142,11 +142,39 @@ def test_the_readme_links_resolve_on_a_package_index_page() -> None:
     links = list(_links(readme))
     relative = [link for link in links if not link.startswith(("https://", "http://"))]
     assert all(not link.startswith("#") for link in relative), relative
+    assert relative, "the README links no docs page"
     for link in relative:
         assert link.startswith("docs/") and (ROOT / link).is_file(), link
         assert f"[{link}]({link})" in readme, f"the link to {link} must show its path"
-    docs = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
-    assert sorted(link.removeprefix("docs/") for link in set(relative)) == docs  # all linked
+    # each part of the README ends in its page (the site's navigation reaches every page:
+    # tests/test_site.py)
+    for page in (
+        "getting_started", "levers", "guarantees", "model_levers", "train_steps",
+        "torch_compile", "pytest_plugin", "watch", "verify", "tune", "cli", "trainers",
+        "distributed", "measured", "development",
+    ):  # fmt: skip
+        assert f"docs/{page}.md" in relative, f"the README does not link docs/{page}.md"
+
+
+def test_the_readme_reads_in_five_minutes() -> None:
+    # what moved out of it is on the pages it links
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 300, f"README.md has {lines} lines"
+
+
+def test_the_readme_installs_from_the_repository_until_published() -> None:
+    # speedflags is not on the package index yet: every install command a reader can copy
+    # works from a clone (`pip install speedflags` is named only as what it will be)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = [
+        line.split("#", 1)[0].strip()
+        for block in re.findall(r"```bash\n(.*?)```", readme, re.DOTALL)
+        for line in block.splitlines()
+    ]
+    installs = [c for c in commands if c.startswith("pip install")]
+    assert "pip install ." in installs and "pip install '.[plot]'" in installs, installs
+    assert not [c for c in installs if "speedflags" in c], installs
+    assert any(c.startswith("git clone") and "make run" in c for c in commands), commands
 
 
 def _ci_python_versions() -> list[str]:

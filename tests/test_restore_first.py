@@ -166,11 +166,11 @@ def test_roll_back_error_names_the_rolled_back_and_the_failed_levers() -> None:
 def test_the_blocks_exception_propagates_unchanged_unless_the_exit_has_an_error_of_its_own() -> (
     None
 ):
-    # The README's promise, made to agree with the behaviour (issue 38): the body's exception
-    # propagates as itself; an exit with an error of its own (a warning a filter turned into
-    # an error, an out-of-order exit, a restore that failed) raises that one instead, once
-    # every lever is restored, with the body's exception as its __context__ (Python's rule
-    # for an error raised in __exit__): both are in the traceback.
+    # docs/guarantees.md's promise, made to agree with the behaviour (issue 38): the body's
+    # exception propagates as itself; an exit with an error of its own (a warning a filter
+    # turned into an error, an out-of-order exit, a restore that failed) raises that one
+    # instead, once every lever is restored, with the body's exception as its __context__
+    # (Python's rule for an error raised in __exit__): both are in the traceback.
     before = speedflags.snapshot()
     body = KeyError("the body's")
     with pytest.raises(KeyError) as plain:

@@ -278,7 +278,7 @@ SHORTHAND_CALLS: dict[str, Callable[..., Any]] = {
 
 @pytest.mark.parametrize("name", list(SHORTHAND_CALLS))
 def test_shorthands_take_device_and_label_as_fast_math_does(name: str) -> None:
-    # Failed before: sdpa_backend("flash", device="cpu") was a TypeError; the README says the
+    # Failed before: sdpa_backend("flash", device="cpu") was a TypeError; docs/levers.md says the
     # shorthands have fast_math's semantics.
     make = SHORTHAND_CALLS[name]
     before = speedflags.snapshot()

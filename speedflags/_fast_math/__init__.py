@@ -344,7 +344,7 @@ def fast_math(
 
     Every lever defaults to "leave unchanged" (``None`` means the same). A bare
     ``fast_math()`` applies the recommended levers for the device (see
-    :func:`speedflags.recommended` and the README's table).
+    :func:`speedflags.recommended` and the table in ``docs/levers.md``).
 
     Args:
         **levers: one keyword per lever of :data:`speedflags.levers.REGISTRY` (below);

@@ -70,8 +70,10 @@ def tune(
     as arguments (see :mod:`speedflags._tune.state`).
 
     Args:
-        fn, *args, **kwargs: the step and what it is called with (every keyword argument
-            not listed here goes to ``fn``).
+        fn: the step.
+        *args: the positional arguments ``fn`` is called with.
+        **kwargs: the keyword arguments ``fn`` is called with (every keyword argument not
+            listed here goes to ``fn``).
         budget: the largest relative error accepted (a positive number).
         seconds: a bound on the whole run, in seconds (a timing under way finishes its
             pass, so the run may overrun by a few calls); ``None``: no bound. With a bound,

@@ -13,7 +13,7 @@ runs the calls and checks the result. ``docs/tf32_policy.md`` has the measured r
    nodes, putting ``'none'`` (inherit) back where the parent already resolves to the wanted
    value and an explicit value where a parent would leak through.
 
-Two things no API can restore (documented for users in the README): cuDNN conv/rnn start
+Two things no API can restore (documented for users in docs/guarantees.md): cuDNN conv/rnn start
 at a hidden ``DEFAULT`` that cannot be written back, and an inherited value cannot be told
 from an explicit one through the getters.
 
