@@ -350,7 +350,7 @@ def rate_problems(
         >>> from speedflags._compile.graph_policy import rate_problems
         >>> w = torch.nn.Parameter(torch.ones(2))
         >>> rate_problems([torch.optim.SGD([w], lr=0.1)], {})[0][:60]
-        'SGD param group 0: lr=0.1 is a Python number: dynamo guards o'
+        'SGD param group 0: lr=0.1 is a Python number: dynamo guards '
         >>> rate_problems([torch.optim.AdamW([w], lr=torch.tensor(0.1))], {})
         []
     """
