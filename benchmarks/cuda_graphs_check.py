@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_step_interleaved
-from test_train_step import BATCH, CLASSES, D_MODEL, _model
+from test_train_step import BATCH, CLASSES, D_MODEL, parts
 
 import speedflags
 
@@ -59,21 +59,10 @@ def _batch(seq: int, seed: int, device: str) -> tuple[torch.Tensor, torch.Tensor
 
 def _trainer(device: str, graphed: bool, schedule: bool) -> tuple[Any, Any, Any]:
     """A train step (bf16 autocast; graphed or eager), its optimizer and its scheduler."""
-    model = _model(device)
-    lr = torch.tensor(1e-3, device=device)
-    opt = speedflags.training.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=lr)
+    train_step, _, opt = parts(device, torch.tensor(1e-3, device=device))
     sched = None
     if schedule:  # a new rate at every call: warm-up then decay
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 10) * 0.97**i)
-
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
     step = speedflags.speedup(amp="bf16", device=device, cuda_graphs=graphed)(train_step)
     return step, opt, sched
 

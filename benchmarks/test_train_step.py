@@ -61,14 +61,12 @@ def _make_step(device: str, variant: str) -> Callable[..., torch.Tensor]:
     return _make(device, variant)[0]
 
 
-def _make(device: str, variant: str) -> tuple[Callable[..., torch.Tensor], torch.nn.Module]:
-    """The variant's train step and the model it trains (for checking its parameters)."""
+def parts(
+    device: str, lr: float | torch.Tensor = 1e-3
+) -> tuple[Callable[..., torch.Tensor], torch.nn.Module, torch.optim.Optimizer]:
+    """The plain train step (forward, cross-entropy, backward, a fused AdamW step), its model
+    and its optimizer, from one initialisation."""
     model = _model(device)
-    # cuda_graphs=True asks for a learning rate a graph reads from device memory (the same
-    # value: the same arithmetic as the float the other variants use)
-    lr: float | torch.Tensor = 1e-3
-    if variant == "speedup-bf16-cuda-graphs":
-        lr = torch.tensor(1e-3, device=device)
     opt = speedflags.training.fast_optimizer(torch.optim.AdamW, model.parameters(), lr=lr)
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -78,6 +76,18 @@ def _make(device: str, variant: str) -> tuple[Callable[..., torch.Tensor], torch
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.detach()
+
+    return train_step, model, opt
+
+
+def _make(device: str, variant: str) -> tuple[Callable[..., torch.Tensor], torch.nn.Module]:
+    """The variant's train step and the model it trains (for checking its parameters)."""
+    # cuda_graphs=True asks for a learning rate a graph reads from device memory (the same
+    # value: the same arithmetic as the float the other variants use)
+    lr: float | torch.Tensor = 1e-3
+    if variant == "speedup-bf16-cuda-graphs":
+        lr = torch.tensor(1e-3, device=device)
+    train_step, model, _ = parts(device, lr)
 
     amp = "bf16"
     if variant == "fp32-eager":

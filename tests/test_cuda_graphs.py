@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from _cuda_graphs_helpers import train_step
 from conftest import last_seq, records_since
 
 import speedflags
@@ -288,17 +289,14 @@ def _model_and_batch() -> tuple[torch.nn.Module, torch.Tensor]:
 def test_a_python_float_learning_rate_is_refused_before_the_call_runs(graphs_here: Any) -> None:
     graphs_here({"backend": "aot_eager"})
     model, x = _model_and_batch()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    plain = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     start = [p.detach().clone() for p in model.parameters()]
     ran = []
 
     @speedup(cuda_graphs=True, device="cpu", amp=False)
     def step(batch: torch.Tensor) -> torch.Tensor:
         ran.append(1)
-        loss = model(batch).square().mean()
-        loss.backward()
-        opt.step()
-        return loss.detach()
+        return plain(batch)
 
     with pytest.raises(CudaGraphsError) as caught:
         step(x)
@@ -385,14 +383,7 @@ def test_a_tensor_rate_under_a_scheduler_is_neither_recompiled_per_value_nor_fro
         model, x = _model_and_batch()
         opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.05), foreach=False)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (i + 1))
-
-        def step(batch: torch.Tensor) -> torch.Tensor:
-            loss = model(batch).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
-
+        step = train_step(model, opt)
         run = speedup(cuda_graphs=True, device="cpu", amp=False)(step) if graphed else step
         graphs = []
         for _ in range(8):
@@ -507,3 +498,24 @@ def test_stats_without_cuda_graphs_have_none() -> None:
     step = speedup(device="cpu", amp=False)(lambda: None)
     step()
     assert step.stats.cuda_graphs is None and step.stats.to_dict()["cuda_graphs"] is None
+
+
+def test_optimizers_are_found_through_a_helper_and_a_trainer_object() -> None:
+    from speedflags._compile.reachable import reachable
+
+    model, _ = _model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    helper = train_step(model, opt)  # the optimizer in a helper's closure
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.model, self.opt = model, opt
+
+        def step(self, batch: torch.Tensor) -> torch.Tensor:
+            self.opt.step()  # reached through self only
+            return batch
+
+    kinds = (torch.optim.Optimizer,)
+    assert reachable(lambda x: helper(x), (), {}, kinds, further=True) == [opt]
+    assert reachable(Trainer.step, (Trainer(), None), {}, kinds, further=True) == [opt]
+    assert reachable(lambda x: helper(x), (), {}, kinds) == []  # tune's search stops sooner

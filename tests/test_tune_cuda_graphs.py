@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+from _cuda_graphs_helpers import train_step
 
 import speedflags
 from speedflags._compile import graph_policy as policy
@@ -72,15 +73,7 @@ def test_a_launch_bound_step_with_a_float_learning_rate_is_rejected_with_the_fix
 ) -> None:
     gpu_here(monkeypatch, bound=True)
     model, x = _forward()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def step(batch: torch.Tensor) -> torch.Tensor:
-        loss = model(batch).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
-
+    step = train_step(model, torch.optim.SGD(model.parameters(), lr=0.01))
     result = speedflags.tune(step, x, levers=["compile"], device="cpu", seconds=60)
     (row,) = [row for row in result.rows if row.cuda_graphs]
     assert row.stage == "cuda_graphs" and row.label == "(fp32), cuda_graphs=True"

@@ -371,7 +371,8 @@ class GraphedStep:
                     _warn.warn_once(("no device", str(device), LEVER), message,
                                     DeviceUnavailableWarning)  # fmt: skip
                 return
-            self._optimizers = reachable(self.func, args, kwargs, (torch.optim.Optimizer,))
+            kinds = (torch.optim.Optimizer,)
+            self._optimizers = reachable(self.func, args, kwargs, kinds, further=True)
             self._device_type = device.type  # the outputs copied out of the graphs' memory
             options = policy.graph_options(self._user_options, self.label)
             self.compiled = GuardedCompile(self.func, options, self.label)

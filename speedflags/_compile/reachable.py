@@ -5,15 +5,20 @@ schedulers, grad scalers); ``@speedup(cuda_graphs=True)`` for the optimizers who
 rates a recorded graph must not freeze. It looks in the positional and keyword arguments (and
 in lists, tuples and dicts among them), in the step itself (a module, a bound method's
 object, a ``functools.partial``'s arguments, a closure's variables, through decorators that
-set ``__wrapped__``) and in the globals the step's code names. What it cannot see (an object
-reached through another object's attribute) is not found: pass such objects as arguments.
+set ``__wrapped__``) and in the globals the step's code names; asked to look further (CUDA
+graphs' learning-rate check does), one step beyond: the closures and named globals of the
+functions found there, and the attributes of the objects found there (a trainer passed as
+``self``). What it cannot see is not found: pass such objects as arguments.
 """
 
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import torch
 
 __all__ = ["DEPTH", "reachable"]
 
@@ -48,13 +53,32 @@ def _candidates(
     return seen
 
 
+def _one_step_further(seen: Sequence[Any]) -> list[Any]:
+    """What the objects ``seen`` reach in one more step: a function's closure and the
+    globals its code names (a helper the step calls), an object's attributes (a trainer
+    passed as ``self``). Modules and tensors are not opened: their attributes are the
+    model, not the training loop's state."""
+    further: list[Any] = []
+    for obj in seen:
+        if isinstance(obj, types.FunctionType):
+            further.extend(_candidates(obj, (), {}))
+        elif not isinstance(obj, (type, types.ModuleType, torch.nn.Module, torch.Tensor)):
+            attributes = getattr(obj, "__dict__", None)
+            if isinstance(attributes, dict):
+                further.extend(attributes.values())
+    return further
+
+
 def reachable(
     fn: Callable[..., Any],
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     kinds: tuple[type, ...],
+    further: bool = False,
 ) -> list[Any]:
-    """The objects of ``kinds`` the step can reach (see the module docstring), once each.
+    """The objects of ``kinds`` the step can reach (see the module docstring), once each;
+    with ``further``, also through the functions and objects found there (a helper's
+    closure, a trainer's attributes): one step more.
 
     Example:
         >>> import torch
@@ -77,6 +101,9 @@ def reachable(
             for item in obj.values():
                 visit(item, depth + 1)
 
-    for obj in _candidates(fn, args, kwargs):
+    seen = _candidates(fn, args, kwargs)
+    if further:
+        seen += _one_step_further(seen)
+    for obj in seen:
         visit(obj, 0)
     return list(found.values())

@@ -349,25 +349,8 @@ class Search:
         if self.left() < COMPILE_MIN_S:
             self.notes.append(f"note: compile not tried: less than {COMPILE_MIN_S:.0f} s left")
             return None
-        entry = self._wrap(Entry(best.levers if best is not None else (), "compile", True))
-        step = entry.call
-        self.say(f"compiling {entry.row.label} (torch.compile)")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a fallback is reported in the row instead
-            self._check(entry)
-            stats = getattr(step, "stats", None)
-            if stats is None or stats.mode != "compiled":
-                entry.rejected = True
-                entry.row.note = f"compile fell back: {getattr(stats, 'fallback_reason', None)}"
-            if not entry.rejected:
-                kept = best.row.accepted if best is not None else False
-                self._settle(fp32, [entry], also=[best] if best is not None else [])
-                if best is not None:  # chosen already; this timing only compares with it
-                    best.row.accepted, best.row.note = kept, ""
-        if entry.row.accepted and best is not None and not faster(entry.timing, best.timing):
-            entry.row.accepted = False
-            entry.row.note = f"not faster than {best.row.label} beyond the noise"
-        return entry
+        entry = Entry(best.levers if best is not None else (), "compile", True)
+        return self._race_compiled(fp32, best, entry, "torch.compile")
 
     def _cuda_graphs(self, fp32: Entry, best: Entry | None) -> Entry | None:
         """``speedup(cuda_graphs=True, **choice)`` on a GPU, for a launch-bound step."""
@@ -388,13 +371,22 @@ class Search:
             return None
         self.notes.append(f"note: CUDA graphs tried: launch-bound: {figures}")
         levers = best.levers if best is not None else ()
-        entry = self._wrap(Entry(levers, "cuda_graphs", compile=True, cuda_graphs=True))
+        entry = Entry(levers, "cuda_graphs", compile=True, cuda_graphs=True)
+        # two more untimed calls after the check: the graphs recorded, then replayed
+        return self._race_compiled(fp32, best, entry, "torch.compile with CUDA graphs", calls=2)
+
+    def _race_compiled(
+        self, fp32: Entry, best: Entry | None, entry: Entry, what: str, calls: int = 0
+    ) -> Entry:
+        """Check a compiled candidate, make ``calls`` more untimed calls, time it beside fp32
+        and the choice; accepted when faster than both beyond the noise."""
+        entry = self._wrap(entry)
         step = entry.call
-        self.say(f"compiling {entry.row.label} (torch.compile with CUDA graphs)")
+        self.say(f"compiling {entry.row.label} ({what})")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a fallback or a skip is reported in the row
             self._check(entry)
-            for _ in range(2 if not entry.rejected else 0):  # recorded, then replayed
+            for _ in range(0 if entry.rejected else calls):
                 try:
                     self._call(entry)
                 except Exception as exc:
@@ -403,18 +395,17 @@ class Search:
                     break
             stats = getattr(step, "stats", None)
             graphs = getattr(stats, "cuda_graphs", None)
-            if entry.rejected:
-                pass
-            elif stats is None or stats.mode != "compiled":
+            mode = getattr(stats, "mode", None)
+            if mode == "fallback" or (mode != "compiled" and not entry.rejected):
                 entry.rejected = True
                 entry.row.note = f"compile fell back: {getattr(stats, 'fallback_reason', None)}"
-            elif graphs is None or graphs.state != "on":
+            elif entry.cuda_graphs and not entry.rejected and getattr(graphs, "state", "") != "on":
                 entry.rejected = True
                 entry.row.note = f"CUDA graphs skipped: {getattr(graphs, 'reason', None)}"
             if not entry.rejected:
                 kept = best.row.accepted if best is not None else False
                 self._settle(fp32, [entry], also=[best] if best is not None else [])
-                if best is not None:
+                if best is not None:  # chosen already; this timing only compares with it
                     best.row.accepted, best.row.note = kept, ""
             if graphs is not None and graphs.skips and not entry.row.note:
                 entry.row.note = f"inductor did not record: {'; '.join(graphs.skips)}"
