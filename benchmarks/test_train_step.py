@@ -128,8 +128,7 @@ VARIANTS = [
 # variants that need a CUDA device, and why
 CUDA_ONLY = {
     "speedup-bf16-graphs": "CUDA Graphs (compile mode 'reduce-overhead') need a CUDA device",
-    "speedup-bf16-cuda-graphs": "skipped: no CUDA (@speedup(cuda_graphs=True) has no effect "
-    "on a CPU)",
+    "speedup-bf16-cuda-graphs": "no CUDA: @speedup(cuda_graphs=True) has no effect on a CPU",
 }
 
 
