@@ -98,13 +98,19 @@ def _skip_loggers() -> list[logging.Logger]:
     return _LOGGERS
 
 
+_counters: Any = None
+
+
 def _skip_count() -> int | None:
     """Inductor's count of graphs it did not record (PyTorch 2.2 and later keep one)."""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:  # pragma: no cover - every PyTorch with torch.compile has it
-        return None
-    return int(counters["inductor"].get("cudagraph_skips", 0))
+    global _counters
+    if _counters is None:  # dynamo is loaded by the compiled step, not before
+        try:
+            from torch._dynamo.utils import counters
+        except ImportError:  # pragma: no cover - every PyTorch with torch.compile has it
+            return None
+        _counters = counters
+    return int(_counters["inductor"].get("cudagraph_skips", 0))
 
 
 class SkipWatch(logging.Filter):
