@@ -8,8 +8,9 @@ step") come from this script:
     .venv/bin/python benchmarks/train_step_interleaved.py [--rounds 25] [--threads N]
 
 ``--device cuda`` times the same steps on a GPU (``make gpu-check`` does), each step
-synchronised before its clock stops, and adds the CUDA Graphs variant
-(``compile={"mode": "reduce-overhead"}``; skipped on a CPU, saying why). Before timing,
+synchronised before its clock stops, and adds the CUDA Graphs variants
+(``compile={"mode": "reduce-overhead"}`` and ``cuda_graphs=True``; skipped on a CPU,
+saying why). Before timing,
 each variant trains its own copy of one initialisation for five steps (``--check-steps``)
 on the same batches, its warm-up (compiling and recording) included: its losses are
 compared with fp32 eager's, and its parameters must have moved. For the CUDA Graphs
@@ -127,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stats = getattr(step, "stats", None)
         if stats is not None:
             record["mode"] = stats.mode
+            graphs = getattr(stats, "cuda_graphs", None)
+            if graphs is not None:  # @speedup(cuda_graphs=True): what its graphs did
+                record["cuda_graphs"] = graphs.to_dict()
             if stats.mode == "fallback":
                 reason = getattr(stats, "fallback_reason", "")
                 problems.append(f"{variant}: the compile fell back to eager: {reason}")

@@ -26,6 +26,7 @@ from .levers.registry import shown_levers
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from ._compile.graphed import GraphedStep
     from ._compile.guarded import GuardedCompile
     from ._speedup_stats import SpeedupStats
     from .levers.arguments import LeverArgs
@@ -38,7 +39,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class _Speedup:
     """A validated ``speedup(...)``: call it on a function to decorate it."""
 
-    __slots__ = ("_compile", "_fast", "_inference", "_label")
+    __slots__ = ("_compile", "_cuda_graphs", "_device", "_fast", "_inference", "_label", "_strict")
 
     def __init__(
         self,
@@ -49,10 +50,12 @@ class _Speedup:
         inference: object,
         check_ranks: object = False,
         model: torch.nn.Module | None = None,
+        cuda_graphs: object = False,
     ) -> None:
         from ._compile.options import compile_options  # local: not loaded by import speedflags
 
         options = compile_options(compile)
+        graphs = _cuda_graphs_option(cuda_graphs)
         if not isinstance(inference, bool):
             raise InvalidTypeError(
                 f"speedup(inference={short_repr(inference)}): expected True or False, "
@@ -67,6 +70,8 @@ class _Speedup:
             shown.append("strict=True")
         if options is not None:
             shown.append(f"compile={compile!r}")
+        if graphs:
+            shown.append("cuda_graphs=True")
         if inference:
             shown.append("inference=True")
         if check_ranks is True:
@@ -89,6 +94,13 @@ class _Speedup:
             raise type(exc)(message) from None
         self._compile = options
         self._inference = inference
+        self._cuda_graphs = graphs
+        self._device = device
+        self._strict = strict
+        if graphs:  # refuse what contradicts CUDA graphs now, not at the first call
+            from ._compile.graph_policy import graph_options
+
+            graph_options(options, self._label)
 
     def __repr__(self) -> str:
         return f"<speedflags {self._label}>"
@@ -104,14 +116,21 @@ class _Speedup:
             or inspect.iscoroutinefunction(func)
             or inspect.isasyncgenfunction(func)
         )
-        guarded: GuardedCompile | None = None
-        if self._compile is not None:
-            if not plain:
-                raise InvalidTypeError(
-                    f"speedup(compile=...) cannot compile {func.__qualname__!r}: torch.compile "
-                    "compiles plain functions, not generator or coroutine functions; compile "
-                    "the function it calls, or leave compile out"
-                )
+        guarded: GuardedCompile | GraphedStep | None = None
+        if (self._compile is not None or self._cuda_graphs) and not plain:
+            what = "compile=..." if self._compile is not None else "cuda_graphs=True"
+            raise InvalidTypeError(
+                f"speedup({what}) cannot compile {func.__qualname__!r}: torch.compile "
+                "compiles plain functions, not generator or coroutine functions; compile "
+                f"the function it calls, or leave {what.split('=')[0]} out"
+            )
+        if self._cuda_graphs:
+            from ._compile.graphed import GraphedStep  # local: compile/ loads with cuda_graphs=
+
+            guarded = GraphedStep(
+                func, self._compile, label, self._device, self._strict, self._label
+            )
+        elif self._compile is not None:
             from ._compile.guarded import GuardedCompile  # local: compile/ loads with compile=
 
             guarded = GuardedCompile(func, self._compile, label)
@@ -128,7 +147,7 @@ class _Speedup:
     def _plain(
         self,
         func: Callable[..., Any],
-        guarded: GuardedCompile | None,
+        guarded: GuardedCompile | GraphedStep | None,
         label: str,
         stats: SpeedupStats,
     ) -> Callable[..., Any]:
@@ -152,6 +171,14 @@ class _Speedup:
 # change and the with statement's hold on it, as one can in torch.inference_mode's Python
 # __enter__ and __exit__ (docs/architecture.md, "Interrupts, signals and fork").
 _C_INFERENCE_MODE: Any = getattr(torch._C, "_InferenceMode", None)  # type: ignore[attr-defined, unused-ignore]
+
+
+def _cuda_graphs_option(value: object) -> bool:
+    if value is False:  # the usual case: nothing of compile/ loaded
+        return False
+    from ._compile.graph_policy import cuda_graphs_option
+
+    return cuda_graphs_option(value)
 
 
 def _inference_guard() -> Any:
@@ -182,6 +209,7 @@ def speedup(
     inference: bool = ...,
     check_ranks: bool = ...,
     model: torch.nn.Module | None = ...,
+    cuda_graphs: bool = ...,
     **levers: Unpack[LeverArgs],
 ) -> Callable[[F], F]: ...
 
@@ -196,6 +224,7 @@ def speedup(
     inference: bool = False,
     check_ranks: bool = False,
     model: torch.nn.Module | None = None,
+    cuda_graphs: bool = False,
     **levers: Unpack[LeverArgs],
 ) -> Any:
     """Decorate a train (or eval) step: fast paths on for every call, restored after it.
@@ -231,6 +260,19 @@ def speedup(
             raises :class:`~speedflags.RankMismatchError` on every rank. Checked once.
         model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``) act on
             for each call, as in ``fast_math``.
+        cuda_graphs: ``True`` to compile the step with CUDA graphs (torch.compile's own:
+            inductor's graph trees record each compiled graph once and replay it as one
+            launch), for steps bound by kernel launches; implies ``compile`` (with the
+            options given there, if any). Around the graphs: an optimizer's learning rate
+            must be a tensor on its parameters' device, so that a scheduler's new values
+            neither compile the step again nor stay frozen in a graph (else
+            :class:`~speedflags.CudaGraphsError` before the call runs, naming the fix);
+            graphs are recorded for the first 8 distinct input shapes, later shapes run
+            eagerly with one :class:`~speedflags.CudaGraphsWarning` naming the shapes seen;
+            the tensors a graphed call returns are copies, safe to keep; inductor's
+            "skipping cudagraphs" reasons go to ``.stats.cuda_graphs``, the history and a
+            warning. On a CPU or without CUDA it has no effect (recorded; ``strict=True``
+            raises :class:`~speedflags.LeverUnavailableError`). ``docs/cuda_graphs.md``.
 
     Returns:
         The decorated function (``functools.wraps`` metadata, ``__wrapped__`` is the
@@ -241,7 +283,8 @@ def speedup(
         InvalidValueError, InvalidTypeError: at decoration, for a bad argument, before any
             torch state is touched (a ``compile`` backend name is checked against
             dynamo's registry; a bad ``mode`` is reported by torch at the first call,
-            as a fallback).
+            as a fallback); ``cuda_graphs`` other than ``True``/``False``, or with
+            ``compile`` options that turn CUDA graphs off or use another backend.
 
     Scope: as ``fast_math``: ``amp`` is thread-local, the other levers process-wide, each
     for the duration of a call. Restores every lever after every call, also when it
@@ -262,7 +305,7 @@ def speedup(
     Levers:
     {levers}
     """
-    spec = _Speedup(levers, device, strict, compile, inference, check_ranks, model)
+    spec = _Speedup(levers, device, strict, compile, inference, check_ranks, model, cuda_graphs)
     if func is None:
         return spec
     if not callable(func):

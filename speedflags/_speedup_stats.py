@@ -9,6 +9,7 @@ from ._recommend import recommended
 from ._short_repr import set_module
 
 if TYPE_CHECKING:  # compile/ is loaded by a step given compile=, not by import speedflags
+    from ._compile.graphed import CudaGraphsStats, GraphedStep
     from ._compile.guarded import GuardedCompile
     from ._compile.lever_guard import LeverGuardStats
 
@@ -16,7 +17,8 @@ __all__ = ["SpeedupStats"]
 
 
 _STATS_FIELDS = (
-    "calls", "mode", "fallback_reason", "compile_options", "inference", "levers", "lever_guard"
+    "calls", "mode", "fallback_reason", "compile_options", "inference", "levers", "lever_guard",
+    "cuda_graphs",
 )  # fmt: skip
 
 
@@ -37,6 +39,9 @@ class SpeedupStats:
             device's recommended levers).
         lever_guard: with compile, how states of the levers dynamo does not guard are kept
             apart (``mode``, ``states``, ``recompiles``: ``docs/compile.md``), else None.
+        cuda_graphs: with ``cuda_graphs=True``, what CUDA graphs did (``state``,
+            ``reason``, ``shapes`` recorded, ``eager_calls`` past the shape limit, inductor's
+            ``skips``: ``docs/cuda_graphs.md``), else None.
 
     Example:
         >>> import speedflags
@@ -50,7 +55,9 @@ class SpeedupStats:
 
     __slots__ = ("_compile", "_fast", "_inference", "calls")
 
-    def __init__(self, fast: FastMath, compiled: GuardedCompile | None, inference: bool) -> None:
+    def __init__(
+        self, fast: FastMath, compiled: GuardedCompile | GraphedStep | None, inference: bool
+    ) -> None:
         self.calls = 0
         self._fast = fast
         self._compile = compiled
@@ -70,7 +77,8 @@ class SpeedupStats:
 
     @property
     def compile_options(self) -> dict[str, Any] | None:
-        return None if self._compile is None else dict(self._compile.options)
+        options = None if self._compile is None else self._compile.options
+        return None if options is None else dict(options)
 
     @property
     def inference(self) -> bool:
@@ -78,7 +86,14 @@ class SpeedupStats:
 
     @property
     def lever_guard(self) -> LeverGuardStats | None:
-        return None if self._compile is None else self._compile.levers.stats
+        guard = None if self._compile is None else self._compile.levers
+        return None if guard is None else guard.stats
+
+    @property
+    def cuda_graphs(self) -> CudaGraphsStats | None:
+        # a @speedup(cuda_graphs=True) step's GraphedStep has them; a GuardedCompile not
+        graphs: CudaGraphsStats | None = getattr(self._compile, "graph_stats", None)
+        return graphs
 
     @property
     def levers(self) -> dict[str, Any]:
@@ -97,7 +112,12 @@ class SpeedupStats:
     def to_dict(self) -> dict[str, Any]:
         """The stats as plain values."""
         values = {name: getattr(self, name) for name in _STATS_FIELDS}
-        return {**values, "lever_guard": self.lever_guard and self.lever_guard.to_dict()}
+        graphs = self.cuda_graphs
+        return {
+            **values,
+            "lever_guard": self.lever_guard and self.lever_guard.to_dict(),
+            "cuda_graphs": graphs and graphs.to_dict(),
+        }
 
     def __repr__(self) -> str:
         reason = f", fallback_reason={self.fallback_reason!r}" if self.fallback_reason else ""

@@ -23,6 +23,8 @@ from ._short_repr import set_module
 __all__ = [
     "AbandonedFrameWarning",
     "CompileFallbackWarning",
+    "CudaGraphsError",
+    "CudaGraphsWarning",
     "DeviceUnavailableWarning",
     "DriftWarning",
     "InvalidTypeError",
@@ -119,6 +121,23 @@ class LeverUnavailableError(SpeedflagsError, RuntimeError):
         ...         pass
         ... except speedflags.LeverUnavailableError as exc:
         ...     print("no effect on cpu" in str(exc))
+        True
+    """
+
+
+@set_module("speedflags")
+class CudaGraphsError(SpeedflagsError, RuntimeError):
+    """``@speedup(cuda_graphs=True)``: a step that a CUDA graph would run wrongly, refused.
+
+    Raised before the call runs anything (nothing is changed, the levers are restored),
+    with the fix in the message: an optimizer whose learning rate is a Python number (a
+    scheduler's new value would make torch.compile compile again, or be frozen into a
+    recorded graph), or a tensor on another device than its parameters. See
+    ``docs/cuda_graphs.md``.
+
+    Example:
+        >>> import torch, speedflags
+        >>> issubclass(speedflags.CudaGraphsError, RuntimeError)
         True
     """
 
@@ -386,4 +405,20 @@ class CompileFallbackWarning(SpeedflagsWarning):
         >>> import warnings, speedflags
         >>> with warnings.catch_warnings():  # in CI: a step that stops compiling fails loudly
         ...     warnings.simplefilter("error", speedflags.CompileFallbackWarning)
+    """
+
+
+@set_module("speedflags")
+class CudaGraphsWarning(SpeedflagsWarning):
+    """``@speedup(cuda_graphs=True)``: part of a step runs without CUDA graphs, and why.
+
+    Emitted once per step and cause: the step met more distinct input shapes than it
+    records graphs for (later shapes run eagerly; the warning names the shapes seen), or
+    inductor declined to record a graph ("skipping cudagraphs due to ..."). Each event is
+    also in the step's ``.stats.cuda_graphs`` and the ledger's history.
+
+    Example:
+        >>> import warnings, speedflags
+        >>> with warnings.catch_warnings():  # in CI: a step that stops graphing fails loudly
+        ...     warnings.simplefilter("error", speedflags.CudaGraphsWarning)
     """

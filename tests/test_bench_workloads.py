@@ -6,6 +6,8 @@ ones ``benchmarks/RESULTS.md`` measured (fp32 ~2.5e-7, bf16 ~3e-3; see docs/perf
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -33,6 +35,16 @@ def error_of(problem: object, config: Config) -> float:
     runner = problem.runner(config)  # type: ignore[attr-defined]
     with config.frames(CPU):
         return float(problem.error(runner))  # type: ignore[attr-defined]
+
+
+def trains(runner: Any, steps: int) -> bool:
+    """Whether ``steps`` fp32 steps of a train-step runner on one batch lower its loss."""
+    x, y = runner.setup()
+    with FP32.frames(CPU):
+        first = float(runner.run(x, y))
+        for _ in range(steps):
+            last = float(runner.run(x, y))
+    return last < first
 
 
 def test_inputs_are_reproducible_random_normals_and_leave_the_global_rng_alone() -> None:
@@ -91,13 +103,7 @@ def test_mlp_train_step_shape_flops_and_a_real_step() -> None:
     assert problem.batch == 32
     assert problem.flops == 8 * 2 * 32 * 32 * 32
     assert "Linear(32, 32) x3" in problem.shape
-    runner = problem.runner(FP32)
-    x, y = runner.setup()
-    with FP32.frames(CPU):
-        first = float(runner.run(x, y))
-        for _ in range(20):
-            last = float(runner.run(x, y))
-    assert last < first  # AdamW really trains
+    assert trains(problem.runner(FP32), 20)  # AdamW really trains
 
 
 def test_mlp_train_error_is_the_first_gradient_against_float64() -> None:
@@ -209,3 +215,33 @@ def test_mlp_train_in_pure_bf16_runs_and_measures_its_error_on_every_pytorch() -
     runner = problem.runner(pure)
     with pure.frames(CPU):
         assert runner.run(*runner.setup()).dtype == torch.float32
+
+
+def test_transformer_train_step_shape_flops_reference_and_a_real_step() -> None:
+    from speedflags._measure.model_problems import TransformerTrainProblem
+
+    problem = TransformerTrainProblem(8, CPU)
+    assert "TransformerEncoder(2 layers, d_model 256" in problem.shape
+    assert problem.flops > 3 * 2 * 16 * 8 * 4 * 256 * 256  # at least the projections' GEMMs
+    assert problem.reference().dtype == torch.float64 and problem.reference().dim() == 0
+    runner = problem.runner(FP32)
+    assert problem.error(runner) < 1e-6  # fp32 against float64, from the same weights
+    assert trains(runner, 10)  # AdamW really trains
+
+
+def test_the_cuda_graphs_row_says_why_on_a_cpu_and_the_compiled_rows_describe_the_step() -> None:
+    workload = WORKLOADS["transformer-train"]
+    assert [c.name for c in workload.configs] == [
+        "fp32", "amp-bf16", "compiled+amp-bf16", "cuda-graphs+amp-bf16"
+    ]  # fmt: skip
+    graphs = workload.config("cuda-graphs+amp-bf16")
+    reason = graphs.unavailable(CPU)
+    assert reason is not None and reason.startswith("no effect on cpu: CUDA graphs record")
+    assert not graphs.emulated(CPU)  # refused here, never measured as "emulated"
+    assert graphs.describe() == "@speedup(cuda_graphs=True, amp='bf16') around each call"
+    compiled = workload.config("compiled+amp-bf16")
+    assert not compiled.identical_to_baseline() and not graphs.identical_to_baseline()
+    step = compiled.around(lambda: None, CPU)
+    assert step.stats.compile_options == {} and step.stats.mode == "pending"  # not run yet
+    with pytest.raises(ValueError, match=r"Config\.step='jit'"):
+        Config("x", step="jit")

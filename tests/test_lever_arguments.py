@@ -79,6 +79,7 @@ from speedflags import FastMath, Schedule, fast_math, speedup
 fast_math(tf32=True, matmul_precision="high", amp="bf16", sdpa=("flash", "math"))
 fast_math(amp=torch.bfloat16, deterministic="warn", cudnn_benchmark=None)
 speedup(amp=False, compile=True)
+speedup(amp="bf16", cuda_graphs=True)
 Schedule({0: {"matmul_precision": "medium"}, 10: {}})
 speedflags.autocast("bf16", device="cpu")
 speedflags.matmul_precision("high")
@@ -95,6 +96,7 @@ fast_math(deterministic="warm")  # error
 FastMath(tf33=True)  # error
 speedup(ampp="bf16")  # error
 speedup(amp="bf17")  # error
+speedup(cuda_graphs="yes")  # error
 Schedule({0: {"tf33": True}})  # error
 Schedule({0: {"amp": "bf17"}})  # error
 speedflags.autocast("bf17")  # error

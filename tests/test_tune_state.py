@@ -154,3 +154,31 @@ def test_an_optimizer_that_gained_a_param_group_is_refused_before_anything_is_co
     assert not torch.equal(opt.state[model.weight]["exp_avg"], moment)  # nothing copied
     with pytest.raises(ValueError, match="parameter groups"):
         opt.load_state_dict(saved)
+
+
+def test_a_tensor_learning_rate_is_copied_into_not_replaced() -> None:
+    # Failed before: the restore put a copy in its place, so a compiled (CUDA-graphed) step
+    # that reads the rate saw a new tensor after every restore.
+    model = torch.nn.Linear(4, 2)
+    lr = torch.tensor(0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    def step() -> float:
+        loss = model(torch.ones(1, 4)).sum()
+        loss.backward()
+        opt.step()
+        sched.step()
+        return loss.item()
+
+    state = StepState(step, (), {})
+    step()
+    state.settle()  # the state every call starts from: the rate halved once
+    step()
+    step()
+    live = opt.param_groups[0]["lr"]  # the tensor itself (2.13), or the one 2.1's StepLR made
+    state.restore()
+    assert opt.param_groups[0]["lr"] is live
+    assert float(live) == pytest.approx(0.05)
+    assert isinstance(lr, torch.Tensor)
+    state.finish()

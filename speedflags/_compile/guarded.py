@@ -99,7 +99,7 @@ from .lever_guard import LeverBackend, LeverGuard
 from .lever_state import LeverState
 from .options import BACKEND_KEYS, compile_options
 
-__all__ = ["COMPILED", "FALLBACK", "PENDING", "GuardedCompile", "compile_options"]
+__all__ = ["COMPILED", "FALLBACK", "PENDING", "GuardedCompile", "compile_options", "user_where"]
 
 log = logging.getLogger("speedflags")
 log.addHandler(logging.NullHandler())  # a library logs; the application decides where to
@@ -113,7 +113,8 @@ _LAZY_BACKWARD_OUTCOME = (
 )
 
 
-def _user_where() -> tuple[str, int] | None:
+def user_where() -> tuple[str, int] | None:
+    """The file and line of the first frame outside speedflags that led here."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         frame = frame.f_back
@@ -160,16 +161,16 @@ class GuardedCompile:
             else:
                 result = self._run(compiled, args, kwargs)
             if self.state is FALLBACK:  # compiling failed in this call, which completed
-                autocast_left.put_back(autocast, self.label, _user_where())
+                autocast_left.put_back(autocast, self.label, user_where())
             return result
         except _NothingRan as failed:
             reason = failed.reason
         except BaseException:
-            autocast_left.put_back(autocast, self.label, _user_where())
+            autocast_left.put_back(autocast, self.label, user_where())
             raise
         finally:
             self.levers.ran()
-        autocast_left.put_back(autocast, self.label, _user_where())
+        autocast_left.put_back(autocast, self.label, user_where())
         # Outside the handler, so that an error here, the step's own, comes with no compiler
         # error attached: it propagates as it would without compile, and nothing falls back.
         result = self.func(*args, **kwargs)
@@ -328,7 +329,7 @@ class GuardedCompile:
             before="torch.compile",
             after="eager",
             label=self.label,
-            where=_user_where(),
+            where=user_where(),
         )
         log.warning(message)
         _warn.warn_once(("compile-fallback", self._serial), message, CompileFallbackWarning)

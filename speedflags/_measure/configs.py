@@ -29,6 +29,8 @@ __all__ = ["BASELINE_LEVERS", "Config"]
 
 # Every lever with an "off" value, at that value: plain fp32 eager.
 BASELINE_LEVERS: Mapping[str, Any] = baseline_levers()
+# How a configuration's step is compiled: not at all, @speedup(compile=True), or with CUDA graphs
+STEPS = ("", "compile", "cuda_graphs")
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -48,6 +50,10 @@ class Config:
             loop, as a user's code enters them: ``amp`` as ``torch.autocast`` around each
             call (its weight casts made again each time), any other as one ``fast_math``
             frame per call (as ``@speedup`` does).
+        step: ``"compile"`` or ``"cuda_graphs"``: the timed call is a step decorated with
+            ``@speedup(compile=True, ...)`` or ``@speedup(cuda_graphs=True, ...)``, every lever
+            of the configuration (and the baseline's, so that nothing recommended creeps
+            in) applied by it around each call; ``""``: not compiled.
 
     Example:
         >>> import torch
@@ -65,11 +71,25 @@ class Config:
     dtype: torch.dtype | None = None
     baseline: bool = False
     per_call: tuple[str, ...] = ()
+    step: str = ""
+
+    def __post_init__(self) -> None:
+        if self.step not in STEPS:
+            raise ValueError(f"Config.step={self.step!r}: valid: {', '.join(map(repr, STEPS))}")
+
+    def _held(self) -> dict[str, Any]:
+        # a compiled step applies all its levers itself, per call
+        if self.step:
+            return {}
+        return {k: v for k, v in self.levers.items() if k not in self.per_call}
 
     def describe(self) -> str:
         """What this configuration is, in the words a user would write."""
+        if self.step:
+            args = ", ".join([f"{self.step}=True", *(f"{k}={v!r}" for k, v in self.levers.items())])
+            return f"@speedup({args}) around each call"
         parts = []
-        held = {k: v for k, v in self.levers.items() if k not in self.per_call}
+        held = self._held()
         if held:
             args = ", ".join(f"{k}={v!r}" for k, v in held.items())
             parts.append(f"fast_math({args})")
@@ -122,7 +142,7 @@ class Config:
         levers on ``model``), restored on exit; the ``per_call`` levers are :meth:`around`
         each call."""
         label = f"speedflags bench {self.name}"
-        held = {k: v for k, v in self.levers.items() if k not in self.per_call}
+        held = self._held()
         with fast_math(**BASELINE_LEVERS, device=str(device), label=f"{label} (baseline)"):
             if held:
                 with fast_math(**held, device=str(device), label=label, model=_for(held, model)):
@@ -133,7 +153,19 @@ class Config:
     def around(
         self, call: Callable[..., Any], device: torch.device, model: torch.nn.Module | None = None
     ) -> Callable[..., Any]:
-        """``call``, entering the ``per_call`` levers around each call (itself when none)."""
+        """``call``, entering the ``per_call`` levers around each call (itself when none); a
+        compiled configuration's step, decorated with ``@speedup``."""
+        if self.step:
+            from .._speedup import speedup  # local: the compile machinery loads with it
+
+            levers: dict[str, Any] = {**BASELINE_LEVERS, **self.levers}
+            graphs = self.step == "cuda_graphs"
+            decorate = speedup(
+                compile=not graphs, cuda_graphs=graphs, device=str(device),
+                model=_for(levers, model), **levers,
+            )  # fmt: skip
+            compiled: Callable[..., Any] = decorate(call)
+            return compiled
         if not self.per_call:
             return call
         framed = {k: v for k, v in self.levers.items() if k in self.per_call and k != "amp"}
@@ -173,6 +205,12 @@ class Config:
                 return f"{name} does not run here: {cap.reason}"
             if not cap:
                 return f"no native {name}: {cap.reason}"
+        if self.step == "cuda_graphs":
+            from .._compile.graph_policy import unavailable  # local: compile/ is not loaded yet
+
+            why = unavailable(device)
+            if why is not None:
+                return why
         effects = [self._effect(name, value, device) for name, value in self.levers.items()]
         blocked = [e.reason for e in effects if e.slow or e.unsupported]
         if blocked:
@@ -197,6 +235,11 @@ class Config:
         """
         if self.baseline or self.unavailable(device) is None:
             return False
+        if self.step == "cuda_graphs":
+            from .._compile.graph_policy import unavailable
+
+            if unavailable(device) is not None:
+                return False  # no effect here: refused, not slow
         dtype_emulated = False
         if self.dtype is not None:
             caps = capabilities(device)
@@ -222,7 +265,7 @@ class Config:
             >>> Config("tf32", {"tf32": True}).identical_to_baseline()
             False
         """
-        if self.baseline or self.dtype is not None:
+        if self.baseline or self.dtype is not None or self.step:
             return False
         return all(
             name in BASELINE_LEVERS

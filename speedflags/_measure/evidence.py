@@ -145,10 +145,13 @@ class Trace:
     Attributes:
         ops: the names of the CPU-side events (``"aten::mm"``, ``"cudaGraphLaunch"``).
         kernels: the CUDA kernels launched, in order, repeats included.
+        kernel_s: the kernels' summed run time on the device, in seconds (how long the
+            GPU was busy; the call's wall time minus it is what the GPU waited).
     """
 
     ops: frozenset[str]
     kernels: tuple[str, ...]
+    kernel_s: float = 0.0
 
     def distinct_kernels(self) -> tuple[str, ...]:
         """The kernel names without repeats, in order of first launch."""
@@ -170,12 +173,16 @@ def cuda_trace(fn: Callable[[], Any], device: torch.device) -> tuple[Any, Trace]
         torch.cuda.synchronize(device)
     ops: set[str] = set()
     kernels: list[str] = []
+    busy_us = 0.0
     for event in prof.events():
         if str(getattr(event, "device_type", "")).endswith("CUDA"):
             kernels.append(str(event.name))
+            span = getattr(event, "time_range", None)
+            if span is not None:
+                busy_us += max(0.0, float(span.end) - float(span.start))
         else:
             ops.add(str(event.name))
-    return out, Trace(frozenset(ops), tuple(kernels))
+    return out, Trace(frozenset(ops), tuple(kernels), busy_us * 1e-6)
 
 
 def short(name: str, width: int = 60) -> str:

@@ -7,6 +7,9 @@ private generator, that a configuration's ``param_dtype`` and ``memory_format`` 
                    and writes each weight to cast it, ``param_dtype`` casts once per block
 ``convnet-train``  a small conv net's train step (3x3 convolutions, BatchNorm, ReLU, a linear
                    head; SGD), the workload channels_last is for
+``transformer-``   a small transformer's train step (2 encoder layers, d_model 256, batch 16;
+``train``          AdamW), bound by kernel launches on a fast GPU: the workload CUDA graphs
+                   are for
 =================  ==========================================================================
 """
 
@@ -17,11 +20,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.adamw import AdamW  # the defining module: 2.4's stubs do not re-export it
 
 from .configs import Config
 from .problems import Problem, Runner, _generator, _randn
 
-__all__ = ["ConvNetProblem", "LinearInferProblem"]
+__all__ = ["ConvNetProblem", "LinearInferProblem", "TransformerTrainProblem"]
 
 
 def _filled(model: nn.Module, gen: torch.Generator) -> nn.Module:
@@ -186,3 +190,102 @@ class ConvNetProblem(Problem):
             model = self._make(torch.float64)
             x, y = self._sets[0]
             return self._gradient(model, x.double(), y)
+
+
+class TransformerTrainProblem(Problem):
+    """A small transformer's train step: ``nn.TransformerEncoder`` (2 layers, d_model 256, 4
+    heads, feed-forward 1024, no dropout) and a linear head over 32 classes, batch 16 of
+    ``size`` tokens; cross-entropy, backward, AdamW. Small enough that a fast GPU waits on
+    kernel launches (``benchmarks/RESULTS.md``, "CUDA graphs"). The error is that of the
+    first step's loss, from the same weights and batch, against a float64 copy.
+
+    The optimizer's learning rate is a tensor on the device (what ``cuda_graphs=True`` asks
+    of a step whose optimizer runs in the graph), the same for every configuration. FLOP: the
+    encoder's matmuls, forward and backward (three times the forward), attention included.
+    """
+
+    workload = "transformer-train"
+    error_of = "loss of the first step"
+    d_model, heads, ff, layers, batch, classes = 256, 4, 1024, 2, 16, 32
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        super().__init__(size, device)
+        d, n, b = self.d_model, size, self.batch
+        self.shape = (
+            f"TransformerEncoder({self.layers} layers, d_model {d}, {self.heads} heads, "
+            f"ff {self.ff}), batch {b} x {n} tokens, AdamW"
+        )
+        per_layer = 2.0 * b * n * (4 * d * d + 2 * d * self.ff) + 4.0 * b * n * n * d
+        self.flops = 3.0 * (self.layers * per_layer + 2.0 * b * n * d * self.classes)
+        self._gen = _generator(device)
+        self._weights = self._make(torch.float32).state_dict()
+        self._sets = self._rotated(
+            lambda: (
+                _randn((b, n, d), self._gen, device),
+                torch.randint(0, self.classes, (b, n), generator=self._gen, device=device),
+            )
+        )
+
+    def _make(self, dtype: torch.dtype) -> nn.Sequential:
+        layer = nn.TransformerEncoderLayer(
+            self.d_model, self.heads, self.ff, dropout=0.0, batch_first=True, device="meta"
+        )
+        encoder = nn.TransformerEncoder(layer, self.layers, enable_nested_tensor=False)
+        model = nn.Sequential(encoder, nn.Linear(self.d_model, self.classes, device="meta"))
+        model = model.to_empty(device=self.device)
+        with torch.no_grad():
+            if hasattr(self, "_weights"):
+                model.load_state_dict(self._weights)
+            else:
+                for name, param in model.named_parameters():
+                    if param.dim() > 1:
+                        bound = param.shape[1] ** -0.5
+                        param.uniform_(-bound, bound, generator=self._gen)
+                    elif name.endswith("weight"):  # a LayerNorm's scale
+                        param.fill_(1.0)
+                    else:
+                        param.uniform_(-0.01, 0.01, generator=self._gen)
+        return model.to(dtype)
+
+    def _loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = model(x)
+        return F.cross_entropy(logits.flatten(0, 1).to(torch.float64 if x.dtype ==
+                               torch.float64 else torch.float32), y.flatten())  # fmt: skip
+
+    def runner(self, config: Config) -> Runner:
+        from ..training import fast_optimizer  # local: the blocks' training helpers
+
+        model = self._make(config.dtype or torch.float32)
+        lr = torch.tensor(1e-3, device=self.device)  # read from device memory by a graph
+        optimizer = fast_optimizer(AdamW, model.parameters(), lr=lr)
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = self._loss(model, x, y)
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        timed = config.around(step, self.device, model)
+        stats = getattr(timed, "stats", None)
+
+        def first_loss() -> torch.Tensor:
+            loss: torch.Tensor = timed(*self._sets[0])
+            if stats is not None and stats.mode == "fallback":  # not what the row says
+                raise RuntimeError(f"torch.compile fell back to eager: {stats.fallback_reason}")
+            return loss
+
+        return Runner(self._sets, timed, first_loss, model)
+
+    @staticmethod
+    def memory(size: int, device_type: str) -> int:
+        # activations of the encoder (forward and backward), fp32 and the float64 reference
+        p = TransformerTrainProblem
+        per_token = p.layers * (8 * p.d_model + 2 * p.ff) + p.heads * size
+        return p.batch * size * per_token * (4 + 8) * 3
+
+    def _compute_reference(self) -> torch.Tensor:
+        with torch.set_grad_enabled(True):
+            model = self._make(torch.float64)
+            x, y = self._sets[0]
+            return self._loss(model, x.double(), y).detach()

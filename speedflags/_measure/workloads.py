@@ -15,6 +15,9 @@ count, float64 reference, one :class:`~speedflags._measure.problems.Runner` per 
 ``infer``      each forward, ``param_dtype`` held around the loop, pure bf16 (size: d)
 ``convnet-``   a small conv net's train step: fp32, ``channels_last``, ``channels_last`` with
 ``train``      autocast around each step (size: height = width)
+``transfor``   a small transformer's train step, bound by kernel launches on a fast GPU: fp32
+``mer-train``  eager, bf16 autocast, ``@speedup`` compiled, ``@speedup(cuda_graphs=True)``
+               (CUDA only: a CPU row says why) (size: sequence length)
 =============  ===========================================================================
 """
 
@@ -29,7 +32,7 @@ import torch
 
 from .._hardware import capabilities
 from .configs import Config
-from .model_problems import ConvNetProblem, LinearInferProblem
+from .model_problems import ConvNetProblem, LinearInferProblem, TransformerTrainProblem
 
 # Re-exported (``X as X``): bench's runner, speedflags.bench and the tests import them here.
 from .problems import ConvProblem as ConvProblem
@@ -218,6 +221,20 @@ WORKLOADS: dict[str, Workload] = {
                 Config("amp-bf16", {"amp": "bf16"}, per_call=("amp",)),
             ),
             ConvNetProblem,
+        ),
+        Workload(
+            "transformer-train",
+            "small transformer train step",
+            "sequence length: TransformerEncoder(2 layers, d_model 256), batch 16, AdamW",
+            {"cpu": (64,), "cuda": (64,)},
+            8,
+            (
+                _FP32,
+                Config("amp-bf16", {"amp": "bf16"}, per_call=("amp",)),
+                Config("compiled+amp-bf16", {"amp": "bf16"}, step="compile"),
+                Config("cuda-graphs+amp-bf16", {"amp": "bf16"}, step="cuda_graphs"),
+            ),
+            TransformerTrainProblem,
         ),
     )
 }

@@ -28,6 +28,7 @@ class Entry:
     levers: Levers
     stage: str
     compile: bool = False
+    cuda_graphs: bool = False
     call: Callable[..., Any] | None = None
     row: Row = field(default_factory=lambda: Row({}))
     timing: Timing | None = None
@@ -36,7 +37,12 @@ class Entry:
     rejected: bool = False
 
     def __post_init__(self) -> None:
-        self.row = Row(plain_levers(self.levers), stage=self.stage, compile=self.compile)
+        self.row = Row(
+            plain_levers(self.levers),
+            stage=self.stage,
+            compile=self.compile,
+            cuda_graphs=self.cuda_graphs,
+        )
 
 
 class HasStep(Protocol):

@@ -32,8 +32,11 @@ class Row:
             an output that is not finite; ``None`` if it never ran.
         accepted: within the error budget and faster than fp32 beyond the noise.
         note: why it was skipped, rejected, dropped or not chosen.
-        stage: ``"lever"`` (one lever), ``"combination"`` or ``"compile"``.
+        stage: ``"lever"`` (one lever), ``"combination"``, ``"compile"`` or
+            ``"cuda_graphs"``.
         compile: run through ``speedup(compile=True, ...)``.
+        cuda_graphs: run through ``speedup(cuda_graphs=True, ...)`` (compiled, with CUDA
+            graphs; tried on a GPU for a launch-bound step: :mod:`speedflags._tune.graphs`).
         median_s: its median time per call; rounds: timed calls; noise: the relative
             standard error of ``speedup`` (from the spread of its paired passes, see
             :mod:`speedflags._tune.compare`).
@@ -58,6 +61,7 @@ class Row:
     note: str = ""
     stage: str = "lever"
     compile: bool = False
+    cuda_graphs: bool = False
     median_s: float | None = None
     noise: float | None = None
     rounds: int = 0
@@ -76,7 +80,9 @@ class Row:
     def label(self) -> str:
         """The candidate in the words a user writes."""
         parts = [f"{k}={v!r}" for k, v in self.levers.items()] or ["(fp32)"]
-        if self.compile:
+        if self.cuda_graphs:
+            parts.append("cuda_graphs=True")
+        elif self.compile:
             parts.append("compile=True")
         return ", ".join(parts)
 
@@ -104,6 +110,9 @@ class TuneResult:
         compile: whether ``speedup(compile=True, **best)`` beat ``best`` beyond the noise
             (``None``: not tried). Compiled code is run with inductor's ``fallback_random``
             so that dropout draws what eager drew and the error compares arithmetic only.
+        cuda_graphs: whether ``speedup(cuda_graphs=True, **best)`` beat ``best`` beyond the
+            noise (``None``: not tried: a CPU, or a step that is not launch-bound, as
+            ``notes`` says).
         state: what was reset before each call.
         torch_version: the PyTorch that measured it.
         verdicts: whether each lever value timed takes effect on the device, as
@@ -135,6 +144,7 @@ class TuneResult:
     reference_s: float | None = None
     elapsed_s: float | None = None
     compile: bool | None = None
+    cuda_graphs: bool | None = None
     state: str = ""
     torch_version: str = ""
     notes: list[str] = field(default_factory=list)
@@ -161,6 +171,7 @@ class TuneResult:
                 "budget": self.budget,
                 "device": self.device,
                 "compile": self.compile,
+                "cuda_graphs": self.cuda_graphs,
                 "reference_s": self.reference_s,
                 "elapsed_s": self.elapsed_s,
                 "state": self.state,
@@ -297,6 +308,9 @@ def render(result: TuneResult) -> str:
     if result.compile is not None:
         verdict = "helps on top of it" if result.compile else "does not help beyond the noise"
         lines.append(f"compile: speedup(compile=True, ...) {verdict}")
+    if result.cuda_graphs is not None:
+        verdict = "helps on top of it" if result.cuda_graphs else "does not help beyond the noise"
+        lines.append(f"cuda_graphs: speedup(cuda_graphs=True, ...) {verdict}")
     lines.extend(result.notes)
     lines.extend(f"verify: {label}: {said}" for label, said in result.verdicts.items())
     return "\n".join(lines)

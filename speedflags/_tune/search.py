@@ -25,6 +25,9 @@
    ``speedup(compile=..., **choice)`` timed beside the choice, with inductor's
    ``fallback_random`` (compiled dropout otherwise draws other numbers than eager's, and
    the error would measure the masks, not the arithmetic).
+7. **CUDA graphs** (on a GPU, for a launch-bound step, with time left):
+   ``speedup(cuda_graphs=True, **choice)`` the same way (:mod:`speedflags._tune.graphs`
+   says how launch-bound is judged).
 
 Timing is the bench's (:mod:`speedflags._measure.timing`, the runner's warm-up and rounds):
 every clock read waits for the device, and the step's state is put back before each call,
@@ -47,6 +50,7 @@ from .._measure.timing import Timing, plan_rounds, synchronize, timer_for
 from .._measure.vocabulary import EMULATED
 from .._status import snapshot
 from .._warn import measuring
+from ..errors import CudaGraphsError
 from ..levers.lever_sets import with_baseline
 from ..levers.registry import check_levers, lever_spec
 from .candidates import calls_of, can_compile, candidates, combinations
@@ -54,6 +58,7 @@ from .compare import Plan, compare, faster
 from .duel import confidence, contenders, duel, rotated
 from .emulated import time_once
 from .entry import Entry, StepRunner
+from .graphs import judge
 from .result import TuneResult, ms
 from .state import Outputs, StepState, check_reference, error_against, reference_outputs
 
@@ -128,9 +133,13 @@ class Search:
             # eager's RNG in compiled code: dropout draws the numbers fp32 drew, so the
             # error measures the arithmetic, not other random masks
             options = {"options": {"fallback_random": True}}
-            entry.call = speedup(compile=options, device=self.device, model=model, **levers)(
-                self.fn
-            )
+            entry.call = speedup(
+                compile=options,
+                cuda_graphs=entry.cuda_graphs,
+                device=self.device,
+                model=model,
+                **levers,
+            )(self.fn)
         else:
             label = f"speedflags tune {entry.row.label if entry.levers else 'fp32'}"
             spec = fast_math(**levers, device=self.device, label=label, model=model)
@@ -160,7 +169,7 @@ class Search:
             out = self._call(entry)
         except Exception as exc:
             entry.rejected = True
-            entry.row.note = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            entry.row.note = f"raised {type(exc).__name__}: {_first_line(exc)}"
             return
         error, why = error_against(out, reference)
         entry.row.error = error
@@ -340,21 +349,66 @@ class Search:
         if self.left() < COMPILE_MIN_S:
             self.notes.append(f"note: compile not tried: less than {COMPILE_MIN_S:.0f} s left")
             return None
-        entry = self._wrap(Entry(best.levers if best is not None else (), "compile", True))
+        entry = Entry(best.levers if best is not None else (), "compile", True)
+        return self._race_compiled(fp32, best, entry, "torch.compile")
+
+    def _cuda_graphs(self, fp32: Entry, best: Entry | None) -> Entry | None:
+        """``speedup(cuda_graphs=True, **choice)`` on a GPU, for a launch-bound step."""
+        from .._compile.graph_policy import unavailable  # local: compile/ loads with it
+
+        if unavailable(self.device) is not None:
+            return None  # a CPU, or no CUDA: no effect here, not a candidate
+        if self.left() < COMPILE_MIN_S:
+            self.notes.append(f"note: CUDA graphs not tried: less than {COMPILE_MIN_S:.0f} s left")
+            return None
+        step_s = fp32.timing.median if fp32.timing is not None else self.first_s
+        self.state.restore()
+        bound, figures = judge(lambda: self._step(fp32)(*self.args, **self.kwargs), self.device,
+                               step_s)  # fmt: skip
+        self.state.restore()
+        if not bound:
+            self.notes.append(f"note: CUDA graphs not tried: not launch-bound: {figures}")
+            return None
+        self.notes.append(f"note: CUDA graphs tried: launch-bound: {figures}")
+        levers = best.levers if best is not None else ()
+        entry = Entry(levers, "cuda_graphs", compile=True, cuda_graphs=True)
+        # two more untimed calls after the check: the graphs recorded, then replayed
+        return self._race_compiled(fp32, best, entry, "torch.compile with CUDA graphs", calls=2)
+
+    def _race_compiled(
+        self, fp32: Entry, best: Entry | None, entry: Entry, what: str, calls: int = 0
+    ) -> Entry:
+        """Check a compiled candidate, make ``calls`` more untimed calls, time it beside fp32
+        and the choice; accepted when faster than both beyond the noise."""
+        entry = self._wrap(entry)
         step = entry.call
-        self.say(f"compiling {entry.row.label} (torch.compile)")
+        self.say(f"compiling {entry.row.label} ({what})")
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a fallback is reported in the row instead
+            warnings.simplefilter("ignore")  # a fallback or a skip is reported in the row
             self._check(entry)
+            for _ in range(0 if entry.rejected else calls):
+                try:
+                    self._call(entry)
+                except Exception as exc:
+                    entry.rejected = True
+                    entry.row.note = f"raised {type(exc).__name__}: {_first_line(exc)}"
+                    break
             stats = getattr(step, "stats", None)
-            if stats is None or stats.mode != "compiled":
+            graphs = getattr(stats, "cuda_graphs", None)
+            mode = getattr(stats, "mode", None)
+            if mode == "fallback" or (mode != "compiled" and not entry.rejected):
                 entry.rejected = True
                 entry.row.note = f"compile fell back: {getattr(stats, 'fallback_reason', None)}"
+            elif entry.cuda_graphs and not entry.rejected and getattr(graphs, "state", "") != "on":
+                entry.rejected = True
+                entry.row.note = f"CUDA graphs skipped: {getattr(graphs, 'reason', None)}"
             if not entry.rejected:
                 kept = best.row.accepted if best is not None else False
                 self._settle(fp32, [entry], also=[best] if best is not None else [])
                 if best is not None:  # chosen already; this timing only compares with it
                     best.row.accepted, best.row.note = kept, ""
+            if graphs is not None and graphs.skips and not entry.row.note:
+                entry.row.note = f"inductor did not record: {'; '.join(graphs.skips)}"
         if entry.row.accepted and best is not None and not faster(entry.timing, best.timing):
             entry.row.accepted = False
             entry.row.note = f"not faster than {best.row.label} beyond the noise"
@@ -419,11 +473,11 @@ class Search:
             if not entry.rejected and dict(entry.levers).get("param_dtype") is not None:
                 self._drift(fp32, entry)
         sure, why = confidence(entries, best)
-        compiled = None
+        compiled = graphed = None
         if self.try_compile and can_compile():
             compiled = self._compile(fp32, best)
-        if compiled is not None:
-            entries.append(compiled)
+            graphed = self._cuda_graphs(fp32, best)
+        entries.extend(e for e in (compiled, graphed) if e is not None)
         if snapshot() != before:  # pragma: no cover - the frames restore everything
             self.notes.append("warning: some lever reads differently than before tuning")
         return TuneResult(
@@ -434,9 +488,20 @@ class Search:
             reference_s=fp32.timing.median if fp32.timing is not None else None,
             elapsed_s=time.perf_counter() - self.started,
             compile=None if compiled is None else compiled.row.accepted,
+            cuda_graphs=None if graphed is None else graphed.row.accepted,
             state=self.state.describe(),
             torch_version=torch.__version__,
             notes=self.notes,
             confidence=sure,
             confidence_note=why,
         )
+
+
+def _first_line(exc: Exception) -> str:
+    """What a row's note says of an error: its first line, cut to 120 characters; a step
+    refused for CUDA graphs whole, without the step's label (the row names it): the fix is
+    the point of it."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, CudaGraphsError):
+        return text.split("cuda_graphs=True: ", 1)[-1]
+    return text[:120]

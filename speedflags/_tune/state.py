@@ -23,7 +23,6 @@ such objects as arguments.
 from __future__ import annotations
 
 import copy
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -31,14 +30,13 @@ from typing import Any
 import torch
 from torch.optim.optimizer import Optimizer
 
+from .._compile.reachable import reachable
 from .._measure.accuracy import relative_error
 from ..errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Outputs", "StepState", "error_against", "outputs"]
 
 Outputs = list[tuple[str, torch.Tensor]]
-
-_DEPTH = 3  # how deep into containers the state search looks
 
 
 def outputs(value: Any, where: str = "output") -> Outputs:
@@ -140,34 +138,6 @@ def _stateful_types() -> tuple[type, ...]:
     return tuple(found)
 
 
-def _candidates(
-    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
-) -> list[Any]:
-    """Everything the step can reach directly: arguments, its object, closure and globals."""
-    seen: list[Any] = [fn, *args, *kwargs.values()]
-    target: Any = fn
-    for _ in range(_DEPTH):  # unwrap decorators and partials
-        if isinstance(target, functools.partial):
-            seen.extend([target.func, *target.args, *target.keywords.values()])
-            target = target.func
-        bound = getattr(target, "__self__", None)
-        if bound is not None:
-            seen.append(bound)
-        code = getattr(target, "__code__", None)
-        for cell in getattr(target, "__closure__", None) or ():
-            try:
-                seen.append(cell.cell_contents)
-            except ValueError:  # an empty cell
-                pass
-        names = getattr(target, "__globals__", None)
-        if code is not None and isinstance(names, dict):
-            seen.extend(names[n] for n in code.co_names if n in names)
-        target = getattr(target, "__wrapped__", getattr(target, "func", None))
-        if target is None:
-            break
-    return seen
-
-
 def find_state(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
     """The modules, optimizers, schedulers and grad scalers the step can reach, once each.
 
@@ -179,22 +149,7 @@ def find_state(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str,
         >>> [type(o).__name__ for o in find_state(lambda x: model(x), [{"opt": opt}], {})]
         ['SGD', 'Linear']
     """
-    kinds = _stateful_types()
-    found: dict[int, Any] = {}
-
-    def visit(obj: Any, depth: int) -> None:
-        if isinstance(obj, kinds):
-            found.setdefault(id(obj), obj)
-        elif depth < _DEPTH and isinstance(obj, (list, tuple)):
-            for item in obj:
-                visit(item, depth + 1)
-        elif depth < _DEPTH and isinstance(obj, dict):
-            for item in obj.values():
-                visit(item, depth + 1)
-
-    for obj in _candidates(fn, args, kwargs):
-        visit(obj, 0)
-    return list(found.values())
+    return reachable(fn, args, kwargs, _stateful_types())
 
 
 class _Snapshot:
@@ -251,6 +206,16 @@ class _Snapshot:
         return False
 
 
+def _same_layout(now: Any, value: Any) -> bool:
+    """Whether ``value`` (a saved tensor) can be copied into ``now`` (the live one)."""
+    return (
+        isinstance(now, torch.Tensor)
+        and isinstance(value, torch.Tensor)
+        and now.shape == value.shape
+        and now.dtype == value.dtype
+    )
+
+
 def _copy_into(optimizer: Optimizer, saved: dict[str, Any]) -> bool:
     """Copy ``saved`` into the optimizer's own state tensors, if they have its layout.
 
@@ -268,11 +233,7 @@ def _copy_into(optimizer: Optimizer, saved: dict[str, Any]) -> bool:
             return False
         for key, value in entry.items():
             now = target[key]
-            if isinstance(value, torch.Tensor) and not (
-                isinstance(now, torch.Tensor)
-                and now.shape == value.shape
-                and now.dtype == value.dtype
-            ):
+            if isinstance(value, torch.Tensor) and not _same_layout(now, value):
                 return False
     for index, entry in saved["state"].items():
         target = live["state"][index]
@@ -283,7 +244,14 @@ def _copy_into(optimizer: Optimizer, saved: dict[str, Any]) -> bool:
                 target[key] = copy.deepcopy(value)
     for group, saved_group in zip(optimizer.param_groups, saved["param_groups"], strict=True):
         for key, value in saved_group.items():
-            if key != "params":
+            if key == "params":
+                continue
+            now = group.get(key)
+            if isinstance(now, torch.Tensor) and _same_layout(now, value):
+                # a tensor learning rate (what a CUDA-graphed step reads): copied into, not
+                # replaced, so that a compiled step keeps reading the same tensor
+                now.copy_(value)
+            else:
                 group[key] = copy.deepcopy(value)  # the learning rate a scheduler changed
     return True
 

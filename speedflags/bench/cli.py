@@ -31,7 +31,9 @@ from .._short_repr import short_repr
 __all__ = ["add_parser", "command"]
 
 # checked against WORKLOADS by a test
-WORKLOAD_NAMES = ("matmul", "mlp-train", "sdpa", "conv", "linear-infer", "convnet-train")
+WORKLOAD_NAMES = (
+    "matmul", "mlp-train", "sdpa", "conv", "linear-infer", "convnet-train", "transformer-train"
+)  # fmt: skip
 
 DESCRIPTION = """\
 Measure what each lever buys on this machine, with its accuracy cost beside it: for each
@@ -53,6 +55,9 @@ workloads (size means):
              each forward, param_dtype="bf16" held around the loop, pure bf16 (size: d)
   convnet-train  a small conv net's train step: fp32, memory_format="channels_last", with
              and without autocast around each step (size: height = width)
+  transformer-train  a small transformer's train step (launch-bound on a fast GPU): fp32
+             eager, bf16 autocast, @speedup compiled, @speedup(cuda_graphs=True), the last
+             CUDA only (size: sequence length)
 """
 
 
