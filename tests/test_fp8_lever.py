@@ -159,7 +159,10 @@ def test_torchao_missing_refuses_the_block_before_anything_changes(no_torchao: N
         with spec:
             pytest.fail("the block ran")  # pragma: no cover
     message = str(info.value)
-    assert "torchao is not installed (pip install 'speedflags[fp8]')" in message
+    if _torchao._release(torch.__version__) < _torchao.NEEDS_TORCH:  # the floor leg says so first
+        assert "needs PyTorch 2.11 or newer" in message
+    else:
+        assert "torchao is not installed (pip install 'speedflags[fp8]')" in message
     assert "fp8='tensorwise'" in message and "Nothing was changed" in message
     assert_unchanged(net, before)
     assert records_since(seq) == []  # not even tf32 was set
@@ -167,7 +170,7 @@ def test_torchao_missing_refuses_the_block_before_anything_changes(no_torchao: N
     with speedflags.fast_math(model=net, fp8=False):  # off needs no torchao
         assert kinds(net)[0] == "Linear"
     effect = fp8_effect("tensorwise", torch.device("cpu"))
-    assert effect.unsupported and effect.refused and "not installed" in effect.reason
+    assert effect.unsupported and effect.refused and "torchao" in effect.reason
 
 
 def test_a_pytorch_older_than_torchao_needs_is_refused_with_the_reason(
@@ -191,13 +194,14 @@ def test_a_pytorch_older_than_torchao_needs_is_refused_with_the_reason(
     assert_unchanged(net, before)
 
 
+@needs_torchao
 def test_strict_refuses_the_emulation_on_a_cpu() -> None:
     net = mlp()
     before = snapshot(net)
     with pytest.raises(LeverUnavailableError, match="strict=True refuses") as info:
         with speedflags.fast_math(model=net, fp8=True, strict=True, device="cpu"):
             pytest.fail("the block ran")  # pragma: no cover
-    assert "emulated on a CPU" in str(info.value) or "torchao" in str(info.value)
+    assert "FP8 runs emulated on a CPU" in str(info.value)
     assert_unchanged(net, before)
 
 
@@ -659,3 +663,111 @@ def test_the_declaration_is_the_registrys() -> None:
     assert spec.per_model and spec.baseline is False and spec.ops == ("linear",)
     assert spec.candidates == ("tensorwise", "rowwise")
     assert spec.validate is validate_fp8 and fp8.DECLARED[0] is spec
+
+
+# --- the tools know the lever ------------------------------------------------------------------
+
+
+def test_report_says_what_fp8_does_here() -> None:
+    from speedflags.report import lever_verdicts
+
+    found = {v["label"]: v for v in lever_verdicts(torch.device("cpu"))}
+    for label in ("fp8='tensorwise'", "fp8='rowwise'"):
+        verdict = found[label]
+        if _torchao.missing() is None:
+            assert verdict["status"] == "in effect, emulated: slower"
+            assert "emulated on a CPU" in verdict["reason"]
+        else:
+            assert verdict["status"] == "refused by this PyTorch"
+            assert verdict["reason"] == _torchao.missing()
+
+
+def test_verify_without_torchao_says_refused_with_the_reason(no_torchao: None) -> None:
+    run = speedflags.verify("cpu", levers=["fp8"])
+    verdict = run.verdict("fp8", "tensorwise")
+    assert verdict.status == "refused by this PyTorch" and "torchao" in verdict.reason
+    assert run.ok and run.restored
+
+
+@needs_torchao
+def test_verify_on_a_cpu_measures_the_emulation_in_effect_and_slower() -> None:
+    run = speedflags.verify("cpu", levers={"fp8": [True]})
+    verdict = run.verdict("fp8")
+    assert verdict.status == "in effect, emulated: slower", str(run)
+    assert verdict.measured["float8_operands"] is True
+    assert verdict.measured["arithmetic"] == "fp8" and verdict.measured["slower_factor"] > 0
+    assert "cast to float8_e4m3fn" in verdict.figure
+    assert run.restored
+
+
+def test_the_bench_skips_fp8_where_the_size_rule_takes_no_layer() -> None:
+    from speedflags._measure.workloads import WORKLOADS
+    from speedflags.bench.runner import Settings, run
+
+    for name in ("mlp-train", "linear-infer"):
+        workload = WORKLOADS[name]
+        assert workload.idle(workload.config("fp8"), 8192) is None
+        assert "below the size rule" in (workload.idle(workload.config("fp8"), 1024) or "")
+    settings = Settings(
+        torch.device("cpu"), ("linear-infer",), sizes=(64,), passes=1, min_rounds=1,
+        min_time_s=0.0, warmup_rounds=1, warmup_s=0.0,
+    )  # fmt: skip
+    (row,) = [r for r in run(settings).results if r.config == "fp8"]
+    assert row.skipped == (
+        "fp8 takes no layer of Linear(64, 64): below the size rule (in and out features of "
+        "2048 or more)"
+    )
+
+
+@needs_torchao
+def test_the_bench_marks_fp8_emulated_on_a_cpu_and_says_why_it_is_not_measured_small() -> None:
+    from speedflags.bench.runner import Settings, run
+
+    settings = Settings(
+        torch.device("cpu"), ("linear-infer",), sizes=(2048,), passes=1, min_rounds=1,
+        min_time_s=0.0, warmup_rounds=1, warmup_s=0.0,
+    )  # fmt: skip
+    rows = [r for r in run(settings).results if r.config == "fp8"]
+    assert rows and all(r.skipped for r in rows)
+    assert rows[0].skipped.startswith("in effect, emulated: slower: FP8 runs emulated on a CPU")
+    assert "not measured: at size 256, where emulated ones are, fp8 takes no layer" in (
+        rows[0].skipped
+    )
+
+
+def test_tune_tries_fp8_only_given_the_model_and_says_what_it_is_here() -> None:
+    from speedflags._tune.candidates import candidates
+
+    cpu = torch.device("cpu")
+    tried, skipped = candidates(cpu, {"fp8": ["tensorwise"]}, model=False)
+    assert not tried and skipped[0].note.startswith("skipped (no model)")
+    tried, skipped = candidates(cpu, {"fp8": ["tensorwise"]}, model=True)
+    assert not tried  # never raced on a CPU: emulated, or refused without torchao
+    (row,) = skipped
+    if _torchao.missing() is None:
+        assert row.verdict == "in effect, emulated: slower"
+    else:
+        assert row.note.startswith("skipped (refused by this PyTorch)")
+
+
+@needs_torchao
+@quiet_emulation
+def test_tune_times_fp8_once_on_a_cpu_and_never_chooses_it() -> None:
+    net = mlp()
+    optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        loss = net(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.detach()
+
+    before = snapshot(net)
+    result = speedflags.tune(
+        step, torch.randn(4, D), budget=0.5, seconds=60, levers={"fp8": [True]}, model=net
+    )
+    (row,) = [r for r in result.rows if r.levers == {"fp8": "tensorwise"}]
+    assert row.verdict == "in effect, emulated: slower"
+    assert "fp8" not in result.best and not row.accepted
+    assert_unchanged(net, before, values=False)
