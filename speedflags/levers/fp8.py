@@ -119,10 +119,7 @@ DECLARED = (
         _lever,
         name="fp8",
         scope="model",
-        validate=validate_fp8,
-        effect_of=fp8_effect,
-        describe=describe_fp8,
-        order=100,
+        order=100,  # after param_dtype (80): its twins, made after, read the float32 weights
         values=f"{CHOICES} (with model=)",
         summary=(
             "the model's large nn.Linear layers compute in FP8 through torchao's float8 "
@@ -134,6 +131,9 @@ DECLARED = (
             "more on gradients (tensorwise scales the output gradient in e5m2); costs the "
             "float8 copies of each weight and activation (1 byte each)"
         ),
+        validate=validate_fp8,
+        effect_of=fp8_effect,
+        describe=describe_fp8,
         baseline=False,
         candidates=("tensorwise", "rowwise"),
         ops=("linear",),
