@@ -771,3 +771,28 @@ def test_tune_times_fp8_once_on_a_cpu_and_never_chooses_it() -> None:
     assert row.verdict == "in effect, emulated: slower"
     assert "fp8" not in result.best and not row.accepted
     assert_unchanged(net, before, values=False)
+
+
+@needs_torchao
+@quiet_emulation
+def test_a_fused_optimizer_step_renews_the_inference_cast() -> None:
+    # A fused optimizer writes the weights without bumping their version counter: a layer's
+    # forward without grad after the step must use the new weights (torchao's own forward,
+    # which casts in the call, says what they give), not the cast made before the step.
+    net, x = mlp(), torch.randn(4, D)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2, fused=True)
+    with speedflags.fast_math(model=net, fp8=True):
+        layer = net[0]
+        net(x).pow(2).mean().backward()
+        with torch.no_grad():
+            before_step = layer(x)  # the weight's cast, made and kept
+        version = layer.weight._version
+        optimizer.step()
+        assert layer.weight._version == version  # unseen by the counter
+        with torch.no_grad():
+            after_step = layer(x)
+        expected = layer(x).detach()  # with grad: torchao's forward, casting in the call
+        assert _torchao._step_hook  # steps are counted while twins are in place...
+    assert not _torchao._step_hook  # ...and the process-wide hook goes with the block
+    assert not torch.equal(before_step, after_step)
+    assert torch.equal(after_step, expected)

@@ -238,6 +238,10 @@ def sync(model: nn.Module, state: Fp8State, recipe: str | None) -> None:
         raise
     for swap in previous:  # what the block did to a twin's plain attributes is the layer's
         _torchao.give_back(swap.twin, swap.layer)
+    if swaps and not previous:  # twins in place: their casts need every optimizer step seen
+        _torchao.hold_steps()
+    elif previous and not swaps:
+        _torchao.release_steps()
     state.swaps, state.config = swaps, planned
 
 

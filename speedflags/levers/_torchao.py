@@ -18,7 +18,8 @@ What it adds to torchao's ``Float8Linear`` (the *twin* class, :func:`twin`):
   dicts are the same objects), so ``state_dict()``, the optimizer's references, hooks and a
   parameter assigned inside the block are the layer's own;
 - under ``torch.no_grad()`` or ``inference_mode`` it casts the weight to float8 (with its
-  scale) once per parameter version and reuses the cast, as ``param_dtype`` does for bf16,
+  scale) once per parameter version (its version counter and storage, and every optimizer
+  step: a fused one bumps no version) and reuses the cast, as ``param_dtype`` does for bf16,
   through torchao's own path for a weight cast beforehand (``matmul_with_hp_or_float8_args``
   takes an already cast operand as it is, as FSDP's float8 all-gather hands it one);
 - it pickles (``torch.save(model)``, ``copy.deepcopy``) as the ``nn.Linear`` it stands for.
@@ -55,10 +56,12 @@ __all__ = [
     "MIN_TORCHAO",
     "NEEDS_TORCH",
     "clear_cast",
+    "hold_steps",
     "import_notes",
     "is_twin",
     "load",
     "missing",
+    "release_steps",
     "twin",
 ]
 
@@ -310,6 +313,39 @@ def is_twin(module: nn.Module) -> bool:
     return bool(getattr(type(module), "_speedflags_fp8_twin", False))
 
 
+# Optimizer steps taken while a twin is in place: a fused optimizer (AdamW(fused=True))
+# writes the weights without bumping their version counter, so the cast cache keys on this
+# count too. Counted by a process-wide optimizer step hook, registered while any fp8 block
+# holds twins in a model (:func:`hold_steps`) and removed when the last one exits.
+_steps = [0]
+_step_hook: list[Any] = []  # [the hook's handle, how many models hold it]
+
+
+def _count_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _steps[0] += 1
+
+
+def hold_steps() -> None:
+    """Count optimizer steps from now on (one more model holds twins)."""
+    with _lock:
+        if not _step_hook:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            _step_hook[:] = [register_optimizer_step_post_hook(_count_step), 0]
+        _step_hook[1] += 1
+
+
+def release_steps() -> None:
+    """One model less holds twins; the hook goes when none does."""
+    with _lock:
+        if not _step_hook:
+            return
+        _step_hook[1] -= 1
+        if _step_hook[1] <= 0:
+            _step_hook[0].remove()
+            _step_hook.clear()
+
+
 def _mode(weight: torch.Tensor) -> int:
     # as param_dtype's cast cache: 0 made with autograd, 1 without (serves no_grad and
     # inference mode), 2 in inference mode (serves inference mode only)
@@ -328,7 +364,7 @@ def _make_twin_class(loaded: _Loaded) -> type:
         if mode == 0 or is_compiling():  # training, or traced: torchao's own forward
             out: torch.Tensor = float8_linear.forward(self, input)
             return out
-        key = (weight._version, weight.data_ptr())
+        key = (weight._version, weight.data_ptr(), _steps[0])
         hit = self.__dict__.get(_CAST)
         if hit is not None and hit[0] == key and hit[1] <= mode:
             weight_t = hit[2]
