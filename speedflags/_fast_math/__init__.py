@@ -159,11 +159,12 @@ class FastMath(FrameScope):
     :class:`~speedflags._ledger.scope.FrameScope` of the process's ledger whose levers
     are its plan: ``spec.start()``/``spec.stop()`` and ``async with spec`` work too.
 
-    Scope: ``amp`` is thread-local; ``param_dtype`` and ``memory_format`` act on the model
-    given as ``model=`` (every thread calling it); every other lever (``tf32``,
+    Scope: ``amp`` is thread-local; ``param_dtype``, ``memory_format`` and ``fp8`` act on
+    the model given as ``model=`` (every thread calling it); every other lever (``tf32``,
     ``matmul_precision``, ``cudnn_benchmark``, ``sdpa``, ``deterministic``,
     ``reduced_precision_reduction``) is process-wide. Restores: every lever it set, to the
-    exact state found on entry (for a model: each module's own class, each weight's layout).
+    exact state found on entry (for a model: each module's own class, each weight's layout,
+    each layer in its own place).
     With ``check_ranks=True`` its first entry (with a process group) also checks, after
     applying the levers, that every rank runs with the same flags.
 
@@ -262,7 +263,8 @@ class FastMath(FrameScope):
 
     @property
     def model(self) -> torch.nn.Module | None:
-        """The model the model levers (``param_dtype``, ``memory_format``) act on, or None."""
+        """The model the model levers act on (``param_dtype``, ``memory_format``, ``fp8``), or
+        None."""
         return self._model
 
     def __repr__(self) -> str:
@@ -371,7 +373,7 @@ def fast_math(
             process group exists), after applying the levers, check that every rank runs
             with the same flags (:func:`speedflags.check_ranks`); a mismatch closes the
             frame and raises :class:`~speedflags.RankMismatchError` on every rank.
-        model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``) act
+        model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``, ``fp8``) act
             on; required with them, refused without them.
 
     Returns:
