@@ -796,3 +796,25 @@ def test_a_fused_optimizer_step_renews_the_inference_cast() -> None:
     assert not _torchao._step_hook  # ...and the process-wide hook goes with the block
     assert not torch.equal(before_step, after_step)
     assert torch.equal(after_step, expected)
+
+
+@needs_torchao
+@quiet_emulation
+def test_a_recipe_the_installed_torchao_lacks_is_refused_and_the_outer_block_stands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a torchao without the "rowwise" recipe is faked (this one has it): its list is edited
+    loaded = _torchao.load()
+    monkeypatch.setattr(loaded, "recipe_names", ("tensorwise",))
+    net = mlp()
+    before, before_layer = snapshot(net), net[2]
+    with speedflags.fast_math(model=net, fp8=True):
+        twin = net[0]
+        mine = net[2] = nn.Linear(D, D)  # the user's own module, put there inside the block
+        with pytest.raises(LeverUnavailableError, match="has no such recipe; it offers"):
+            with speedflags.fast_math(model=net, fp8="rowwise"):
+                pytest.fail("the block ran")  # pragma: no cover
+        assert net[0] is twin and net[2] is mine  # as they were before the inner block
+    assert net[2] is mine
+    net[2] = before_layer
+    assert_unchanged(net, before)

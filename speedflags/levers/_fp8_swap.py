@@ -191,14 +191,16 @@ def _plan(model: nn.Module, recipe: str) -> tuple[list[_Swap], Fp8Config]:
     return swaps, config
 
 
-def _write(swaps: list[_Swap], into: bool) -> None:
-    """Write the twins (``into``) or the layers back into their slots, all or none."""
+def _write(swaps: list[_Swap], into: bool) -> list[_Swap]:
+    """Write the twins (``into``) or the layers back into their slots, all or none; return
+    the swaps written (a slot the block gave another module keeps it: the user's)."""
     done: list[_Swap] = []
     try:
         _write_each(swaps, into, done)
     except BaseException:  # an interruption between two writes: none of them stays
         _write_back(done, into)
         raise
+    return done
 
 
 def _write_each(swaps: list[_Swap], into: bool, done: list[_Swap]) -> None:
@@ -227,14 +229,12 @@ def sync(model: nn.Module, state: Fp8State, recipe: str | None) -> None:
     if current == recipe:
         return
     previous = state.swaps
-    if previous:
-        _write(previous, into=False)
+    put_back = _write(previous, into=False) if previous else []
     try:
         swaps, planned = _plan(model, recipe) if recipe is not None else ([], None)
         _write(swaps, into=True)
     except BaseException:
-        if previous:
-            _write(previous, into=True)
+        _write(put_back, into=True)  # the twins again, where they were
         raise
     for swap in previous:  # what the block did to a twin's plain attributes is the layer's
         _torchao.give_back(swap.twin, swap.layer)
