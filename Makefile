@@ -49,8 +49,9 @@ endif
 # requirements installed with the package (quoted one by one), e.g. PINS='numpy<2'
 PINS ?=
 ifeq ($(TORCH_VERSION),$(DEFAULT_TORCH))
-# The default leg installs every optional extra, so that their tests run there, not skip.
-EXTRAS ?= test,dev,plot,yaml,lightning,transformers,docs
+# The default leg installs every optional extra, so that their tests run there, not skip
+# (fp8's torchao needs torch>=2.11: the floor leg's EXTRAS leave it out, and its tests skip).
+EXTRAS ?= test,dev,plot,yaml,lightning,transformers,fp8,docs
 # ...and the older package name too: the Lightning callback is tested against both.
 EXTRA_PACKAGES ?= pytorch-lightning>=2.1
 ifeq ($(PYTHON_VERSION),$(DEFAULT_PYTHON_VERSION))

@@ -46,11 +46,11 @@ class Schedule:
     Args:
         schedule: epoch -> ``fast_math`` keyword arguments (``tf32``, ``matmul_precision``,
             ``cudnn_benchmark``, ``sdpa``, ``deterministic``, ``reduced_precision_reduction``,
-            ``amp``, and with ``model=`` ``param_dtype`` and ``memory_format``).
+            ``amp``, and with ``model=`` ``param_dtype``, ``memory_format`` and ``fp8``).
         device: the device the levers target, as in ``fast_math``.
         strict: as in ``fast_math``: refuse levers with no native effect on the device.
         model: the ``nn.Module`` the entries' model levers (``param_dtype``,
-            ``memory_format``) act on, as in ``fast_math``.
+            ``memory_format``, ``fp8``) act on, as in ``fast_math``.
 
     Scope: as ``fast_math``: ``amp`` is thread-local (it holds in the thread that calls
     ``step``), the other levers process-wide, from one ``step`` to the next switch or to

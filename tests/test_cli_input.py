@@ -231,7 +231,7 @@ def test_tune_refuses_levers_naming_no_lever_or_an_unknown_one(
     assert main(["tune", f"{steps}:step", "--levers", levers]) == 2
     line = _one_line_naming(capsys.readouterr().err, f"--levers {levers!r}")
     assert (
-        "valid: amp, compile, cudnn_benchmark, matmul_precision, memory_format, param_dtype, "
+        "valid: amp, compile, cudnn_benchmark, fp8, matmul_precision, memory_format, param_dtype, "
         "reduced_precision_reduction, sdpa, tf32" in line
     )
     assert not (steps.parent / "factory-ran").exists()

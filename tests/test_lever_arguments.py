@@ -88,6 +88,9 @@ net = torch.nn.Linear(2, 2)
 fast_math(model=net, param_dtype="bf16", memory_format="channels_last")
 speedup(model=net, param_dtype=torch.float16, memory_format=torch.channels_last)
 Schedule({0: {"param_dtype": "bf16"}, 5: {"param_dtype": False}}, model=net)
+fast_math(model=net, fp8=True, param_dtype="bf16")
+speedup(model=net, fp8="rowwise")
+Schedule({0: {"fp8": "tensorwise"}, 5: {"fp8": False}}, model=net)
 fast_math(tf33=True)  # error
 fast_math(amp="bf17")  # error
 fast_math(matmul_precision="low")  # error
@@ -106,6 +109,8 @@ speedflags.deterministic("warm")  # error
 fast_math(model=net, param_dtype="bf17")  # error
 fast_math(model=net, memory_format="nhwc")  # error
 Schedule({0: {"param_dtype": "bf17"}}, model=net)  # error
+fast_math(model=net, fp8="fp9")  # error
+speedup(model=net, fp8=3)  # error
 """
 
 

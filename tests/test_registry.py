@@ -32,6 +32,7 @@ def test_names_order_and_levers_agree() -> None:
         "amp",
         "param_dtype",
         "memory_format",
+        "fp8",
     )
     for spec in REGISTRY:
         for device_type in ("cpu", "cuda"):
@@ -48,6 +49,7 @@ def test_names_order_and_levers_agree() -> None:
         "reduced_precision_reduction",
         "autocast",
         "",  # the model levers need model=: fast_math(model=net, param_dtype=...)
+        "",
         "",
     ]
     for spec in REGISTRY:  # the shorthand is a public function of that name
@@ -79,7 +81,7 @@ def test_unknown_lever_names_the_valid_ones(make: Any) -> None:
     with pytest.raises(InvalidTypeError, match="unexpected keyword argument 'tf33'") as info:
         make()
     assert (
-        "amp, cudnn_benchmark, deterministic, matmul_precision, memory_format, param_dtype, "
+        "amp, cudnn_benchmark, deterministic, fp8, matmul_precision, memory_format, param_dtype, "
         "reduced_precision_reduction, sdpa, tf32" in str(info.value)
     )
     assert "fast_math" in str(info.value) or "speedup" in str(info.value)

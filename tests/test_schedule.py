@@ -127,7 +127,7 @@ def test_amp_from_a_schedule_is_thread_local() -> None:
             {0: dict(tf33=True)},
             InvalidValueError,
             "Schedule: epoch 0: unknown lever 'tf33'; valid: amp, cudnn_benchmark, "
-            "deterministic, matmul_precision, memory_format, param_dtype, "
+            "deterministic, fp8, matmul_precision, memory_format, param_dtype, "
             "reduced_precision_reduction, sdpa, tf32",
         ),
         ({0: dict(amp="bf17")}, InvalidValueError, "Schedule: epoch 0: fast_math(amp='bf17'): "),

@@ -70,7 +70,11 @@ def test_each_verdict_follows_the_capability_and_is_measured(run: Verification) 
         assert verdict.status == expected, verdict
         if expected != "verified":
             assert verdict.reason, verdict  # the capability's reason
-        if expected == "in effect, emulated: slower":  # measured in effect, and how much slower
+        if expected == "in effect, emulated: slower" and verdict.lever == "fp8":
+            # torchao's emulation: float8 operands, an FP8-level error, a layer it converts
+            assert verdict.measured["float8_operands"] and verdict.measured["arithmetic"] == "fp8"
+            assert "(a 16x2048 by 2048x2048 matmul, 1 thread, 5 interleaved" in verdict.figure
+        elif expected == "in effect, emulated: slower":  # in effect, and how much slower
             assert verdict.measured["dtype"] in ("bfloat16", "float16")
             assert "(a 256x256 matmul, 1 thread, 5 interleaved rounds)" in verdict.figure
 
@@ -368,7 +372,7 @@ def test_a_lever_verify_cannot_measure_is_refused_before_any_work(
     assert main(["verify", "--device", "cpu", "--levers", "deterministic"]) == 2
     err = capsys.readouterr().err
     assert "--levers 'deterministic': deterministic cannot be verified" in err
-    assert "valid: amp, cudnn_benchmark, matmul_precision" in err and ran == []
+    assert "valid: amp, cudnn_benchmark, fp8, matmul_precision" in err and ran == []
 
 
 def test_a_verdict_the_run_does_not_have_is_a_clear_error() -> None:

@@ -33,10 +33,8 @@ def test_the_plan_runs_the_gpu_tests_first_and_the_suite_only_on_a_gpu(
     assert [s.name for s in cpu] == [s.name for s in gpu]
     by_name = {s.name: s for s in gpu}
     tests = [a for a in by_name["gpu-tests"].argv if a.startswith("tests/")]
-    assert tests == [
-        f"tests/test_gpu_{n}.py"
-        for n in ("compile", "cuda_graphs", "kernels", "tf32", "torch_writes", "training")
-    ]
+    gpu_files = ("compile", "cuda_graphs", "fp8", "kernels", "tf32", "torch_writes", "training")
+    assert tests == [f"tests/test_gpu_{n}.py" for n in gpu_files]
     # the untimed suite runs beside the GPU tests; verify waits for it (it measures)
     suite = [s for s in gpu if s.group == "suite"]
     assert len(suite) == (8 if workers == 0 else 1)

@@ -65,6 +65,8 @@ class Plan(NamedTuple):
     refusals: tuple[str, ...]
     # (cause, message, category): said once per process and cause, on the first entry
     warnings: tuple[tuple[Any, str, type[Warning]], ...]
+    # levers that cannot run in this installation (Effect.refused): refused, strict or not
+    cannot: tuple[str, ...] = ()
 
 
 def make_plan(
@@ -93,6 +95,7 @@ def make_plan(
             skipped.append(("*", reasons["*"]))
     items: list[LeverItem] = []
     refusals = []
+    cannot = []
     said: list[tuple[Any, str, type[Warning]]] = []
     for name, value in requested:
         note = reasons.get(name, "")
@@ -106,6 +109,9 @@ def make_plan(
             note = f"{name}='auto' chose {lever.describe_value(value)}: {why}"
         effect = spec.effect(value, device)
         shown = f"{name}={lever.describe_value(value)!r}"
+        if effect.refused:  # what is missing is an install (fp8 without torchao): refused
+            cannot.append(f"{shown}: {effect.reason}")
+            continue
         if not effect.effective and strict:
             refusals.append(f"{shown}: {effect.reason}")
         if effect.unsupported:  # this PyTorch would raise: recorded as skipped instead
@@ -129,7 +135,7 @@ def make_plan(
     if no_device is not None and not said:  # amp="auto", a bare fast_math(): nothing applied
         message = f"fast_math on {shown_device}: {no_device}, so its levers change nothing"
         said.append((("no device", shown_device, "*"), message, DeviceUnavailableWarning))
-    return Plan(shown_device, Program(items, skipped), tuple(refusals), tuple(said))
+    return Plan(shown_device, Program(items, skipped), tuple(refusals), tuple(said), tuple(cannot))
 
 
 def resolve_auto(device: torch.device) -> tuple[torch.dtype | None, str]:
@@ -153,11 +159,12 @@ class FastMath(FrameScope):
     :class:`~speedflags._ledger.scope.FrameScope` of the process's ledger whose levers
     are its plan: ``spec.start()``/``spec.stop()`` and ``async with spec`` work too.
 
-    Scope: ``amp`` is thread-local; ``param_dtype`` and ``memory_format`` act on the model
-    given as ``model=`` (every thread calling it); every other lever (``tf32``,
+    Scope: ``amp`` is thread-local; ``param_dtype``, ``memory_format`` and ``fp8`` act on
+    the model given as ``model=`` (every thread calling it); every other lever (``tf32``,
     ``matmul_precision``, ``cudnn_benchmark``, ``sdpa``, ``deterministic``,
     ``reduced_precision_reduction``) is process-wide. Restores: every lever it set, to the
-    exact state found on entry (for a model: each module's own class, each weight's layout).
+    exact state found on entry (for a model: each module's own class, each weight's layout,
+    each layer in its own place).
     With ``check_ranks=True`` its first entry (with a process group) also checks, after
     applying the levers, that every rank runs with the same flags.
 
@@ -256,7 +263,8 @@ class FastMath(FrameScope):
 
     @property
     def model(self) -> torch.nn.Module | None:
-        """The model the model levers (``param_dtype``, ``memory_format``) act on, or None."""
+        """The model the model levers act on (``param_dtype``, ``memory_format``, ``fp8``), or
+        None."""
         return self._model
 
     def __repr__(self) -> str:
@@ -269,9 +277,15 @@ class FastMath(FrameScope):
             plan = self._plan_cache = make_plan(
                 self._requested, self._recommend, self._strict, device, self._model, self._specs
             )
-            if not plan.refusals:
+            if not plan.refusals and not plan.cannot:
                 for cause, message, category in plan.warnings:
                     _warn.warn_once(cause, message, category)
+        if plan.cannot:
+            raise LeverUnavailableError(
+                f"{short_str(self._label)}: cannot run here: "
+                + "; ".join(plan.cannot)
+                + ". Nothing was changed."
+            )
         if plan.refusals:
             raise LeverUnavailableError(
                 f"{short_str(self._label)}: strict=True refuses levers that have no native "
@@ -359,7 +373,7 @@ def fast_math(
             process group exists), after applying the levers, check that every rank runs
             with the same flags (:func:`speedflags.check_ranks`); a mismatch closes the
             frame and raises :class:`~speedflags.RankMismatchError` on every rank.
-        model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``) act
+        model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``, ``fp8``) act
             on; required with them, refused without them.
 
     Returns:

@@ -168,6 +168,7 @@ def _cpu_capabilities() -> Capabilities:
         flash_sdpa=Capability(True, "PyTorch's CPU flash-attention kernel runs on any CPU"),
         efficient_sdpa=Capability(False, f"memory-efficient attention is a {no_fused}"),
         cudnn_sdpa=Capability(False, f"cuDNN attention is a {no_fused}"),
+        fp8=Capability(False, f"{_FP8_CORES}; a CPU has none (torchao emulates FP8 there)"),
         cpu_bf16=cpu_bf16,
     )
 
@@ -176,7 +177,8 @@ def _cpu_capabilities() -> Capabilities:
 
 
 # The answers about the device's own arithmetic and kernels (not the host CPU's).
-_DEVICE_ANSWERS = ("tf32", "bf16", "fp16", "flash_sdpa", "efficient_sdpa", "cudnn_sdpa")
+_DEVICE_ANSWERS = ("tf32", "bf16", "fp16", "flash_sdpa", "efficient_sdpa", "cudnn_sdpa", "fp8")
+_FP8_CORES = "FP8 tensor cores are on NVIDIA GPUs of sm89 (Ada) and newer"
 
 
 def _no_cuda_capabilities(device: torch.device) -> Capabilities:
@@ -229,6 +231,7 @@ def _cuda_capabilities(device: torch.device) -> Capabilities:
         flash_sdpa=_flash_sdpa(gpu),
         efficient_sdpa=_efficient_sdpa(gpu),
         cudnn_sdpa=_cudnn_sdpa(gpu),
+        fp8=_fp8(gpu),
         cpu_bf16=_host_cpu_bf16(),
     )
 
@@ -289,6 +292,16 @@ def _cudnn_sdpa(gpu: _Gpu) -> Capability:
     if not gpu.ampere:
         return Capability(False, f"{gpu.name} is {gpu.sm}; cuDNN attention needs sm80+")
     return Capability(True, f"{gpu.name} ({gpu.sm}) with cuDNN {cudnn_version}")
+
+
+def _fp8(gpu: _Gpu) -> Capability:
+    if gpu.rocm:
+        return Capability(False, f"{_FP8_CORES}; this is a ROCm device")
+    if gpu.arch < (8, 9):
+        return Capability(False, f"{gpu.name} is {gpu.sm}; {_FP8_CORES}")
+    if not (hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e4m3fn")):
+        return Capability(False, f"PyTorch {torch.__version__} has no scaled float8 matmul")
+    return Capability(True, f"{gpu.name} ({gpu.sm}) has FP8 tensor cores")
 
 
 def cudnn_available() -> bool:

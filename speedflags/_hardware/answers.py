@@ -52,6 +52,8 @@ class Capabilities:
             installed PyTorch running float16 matmuls and their backward on the CPU
             (PyTorch 2.1 has no CPU float16 matmul).
         flash_sdpa, efficient_sdpa, cudnn_sdpa: which fused attention kernels can run.
+        fp8: FP8 tensor cores that run PyTorch's scaled float8 matmul (NVIDIA sm89 and
+            newer: Ada, Hopper, Blackwell); what the ``fp8`` lever needs to run natively.
         cpu_bf16: bf16 on the host CPU, as ``bf16`` answers it for a CPU (the same answer).
 
     Example:
@@ -70,6 +72,7 @@ class Capabilities:
     flash_sdpa: Capability
     efficient_sdpa: Capability
     cudnn_sdpa: Capability
+    fp8: Capability
     cpu_bf16: Capability
 
     def to_dict(self) -> dict[str, Any]:

@@ -42,7 +42,7 @@ class Config:
     Attributes:
         name: the label in tables and result files (``"amp-bf16"``).
         levers: ``fast_math`` arguments applied on top of :data:`BASELINE_LEVERS`; the model
-            levers (``param_dtype``, ``memory_format``) on the problem's model.
+            levers (``param_dtype``, ``memory_format``, ``fp8``) on the problem's model.
         dtype: inputs (and weights) converted to this dtype before timing, with no lever:
             the "pure bf16" ceiling that autocast should approach.
         baseline: the configuration every other one in its workload is compared with.
@@ -130,6 +130,8 @@ class Config:
         param = self.levers.get("param_dtype")
         if param not in (None, False):
             found.append(_DTYPE_NAMES.get(lever_spec("param_dtype").validate(param), "bf16"))
+        if self.levers.get("fp8") not in (None, False):
+            found.append("fp8")
         if self.levers.get("matmul_precision") == "medium":
             found.append("tf32" if device_type == "cuda" else "bf16")
         if self.levers.get("tf32") or self.levers.get("matmul_precision") == "high":

@@ -1,7 +1,9 @@
 """What an emulated lever costs: a small matmul timed with and without it, interleaved.
 
 The matmul is a bias-free ``Linear`` layer's forward, the model a model lever
-(``param_dtype``) acts on; autocast computes it as the plain matmul it is.
+(``param_dtype``) acts on; autocast computes it as the plain matmul it is. For ``fp8`` the
+layer is a ``Linear(2048, 2048)`` (the smallest the size rule converts) in a ``Sequential``
+(a layer is swapped in its parent), at 16 rows.
 
 bf16 or fp16 autocast on a CPU without the instructions for the dtype computes in the dtype
 (its output and its error say so) at a fraction of fp32's speed. ``verify`` gives such a
@@ -30,6 +32,7 @@ from .timing import timer_for
 __all__ = ["Slowdown", "slowdown"]
 
 MATMUL_N = {"cpu": 256, "cuda": 1024}
+FP8_ROWS = 16  # fp8's layer: Linear(2048, 2048) in a Sequential, the smallest it converts
 ROUNDS = 5
 
 
@@ -71,9 +74,18 @@ def slowdown(levers: Mapping[str, Any], device: torch.device) -> Slowdown:
 
 def _measure(levers: Mapping[str, Any], device: torch.device) -> Slowdown:
     n = MATMUL_N.get(device.type, 256)
-    (a,) = inputs([(n, n)], device)
+    rows, shape = n, f"{n}x{n}"
     torch.manual_seed(0)
-    layer = torch.nn.Linear(n, n, bias=False).to(device)
+    if "fp8" in levers:  # a layer the size rule converts, held by a parent that swaps it
+        from ..levers._fp8_swap import MIN_FEATURES
+
+        n, rows = MIN_FEATURES, FP8_ROWS
+        shape = f"{rows}x{n} by {n}x{n}"
+        layer: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(n, n, bias=False))
+    else:
+        layer = torch.nn.Linear(n, n, bias=False)
+    layer = layer.to(device)
+    (a,) = inputs([(rows, n)], device)
     clock = timer_for(device)
     configs = (Config("baseline", {}, baseline=True), Config("lever", dict(levers)))
     times: dict[str, list[float]] = {config.name: [] for config in configs}
@@ -100,4 +112,4 @@ def _measure(levers: Mapping[str, Any], device: torch.device) -> Slowdown:
             torch.set_num_threads(threads)
     factor = min(times["baseline"]) / min(times["lever"])
     thread = ", 1 thread" if device.type == "cpu" else ""
-    return Slowdown(factor, f"a {n}x{n} matmul{thread}, {ROUNDS} interleaved rounds")
+    return Slowdown(factor, f"a {shape} matmul{thread}, {ROUNDS} interleaved rounds")

@@ -27,6 +27,7 @@ __all__ = [
     "Trace",
     "arithmetic",
     "aten_ops",
+    "aten_outputs",
     "cuda_trace",
     "inputs",
     "relative_error",
@@ -104,6 +105,37 @@ def aten_calls(fn: Callable[[], Any]) -> tuple[Any, list[Call]]:
     with Recorder():
         out = fn()
     return out, calls
+
+
+def aten_outputs(fn: Callable[[], Any]) -> tuple[Any, list[tuple[str, torch.dtype]]]:
+    """Run ``fn()``; return its result and, for each ATen call it dispatched that returned a
+    tensor, the operator's base name and that tensor's dtype (what a cast made: a call inside
+    a tensor subclass's own dispatch is not seen, its result is).
+
+    Example:
+        >>> import torch
+        >>> from speedflags._measure.evidence import aten_outputs
+        >>> out, made = aten_outputs(lambda: torch.ones(2).to(torch.bfloat16))
+        >>> made[-1]
+        ('_to_copy', torch.bfloat16)
+    """
+    import torch.utils._python_dispatch as dispatch
+
+    mode_class: Any = dispatch.TorchDispatchMode  # untyped in torch's stubs
+    made: list[tuple[str, torch.dtype]] = []
+
+    class Recorder(mode_class):  # type: ignore[misc]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+        ) -> Any:
+            result = func(*args, **(kwargs or {}))
+            if isinstance(result, torch.Tensor):
+                made.append((str(getattr(func, "__name__", func)).split(".")[0], result.dtype))
+            return result
+
+    with Recorder():
+        out = fn()
+    return out, made
 
 
 def aten_ops(fn: Callable[[], Any]) -> tuple[Any, frozenset[str]]:

@@ -1,5 +1,6 @@
 """The problems the model levers are measured on: a model of the problem's own, built from a
-private generator, that a configuration's ``param_dtype`` and ``memory_format`` act on.
+private generator, that a configuration's ``param_dtype``, ``memory_format`` and ``fp8`` act
+on.
 
 =================  ==========================================================================
 ``linear-infer``   weight-bound inference: ``Linear(d, d)`` x4, batch 4, no grad. Each
@@ -23,7 +24,7 @@ from torch import nn
 from torch.optim.adamw import AdamW  # the defining module: 2.4's stubs do not re-export it
 
 from .configs import Config
-from .problems import Problem, Runner, _generator, _randn
+from .problems import Problem, Runner, _generator, _randn, fp8_idle
 
 __all__ = ["ConvNetProblem", "LinearInferProblem", "TransformerTrainProblem"]
 
@@ -87,6 +88,10 @@ class LinearInferProblem(Problem):
         )
         timed = config.around(forward, self.device, model)
         return Runner(sets, timed, lambda: timed(*sets[0]), model)
+
+    @staticmethod
+    def idle(config: Config, size: int) -> str | None:
+        return fp8_idle(config, size)
 
     @staticmethod
     def memory(size: int, device_type: str) -> int:

@@ -22,6 +22,10 @@ read inside the frame (for :mod:`speedflags._measure.causes`).
                        its output in the input's dtype (dispatched ATen calls)
 ``memory_format``      a Conv2d given as ``model=``: its convolution's input and weight arrive in
                        channels_last (dispatched ATen calls)
+``fp8``                a Linear(2048, 2048) in a model given as ``model=``: on CUDA, PyTorch's
+                       scaled float8 matmul ran (``aten::_scaled_mm``) and launched its GEMM
+                       kernel (the profiler); on a CPU, torchao's emulation cast its operands
+                       to float8 e4m3 (dispatched ATen calls); either way an FP8-level error
 =====================  =========================================================================
 """
 
@@ -46,6 +50,7 @@ from .evidence import (
     arithmetic,
     aten_calls,
     aten_ops,
+    aten_outputs,
     cuda_trace,
     inputs,
     relative_error,
@@ -462,6 +467,67 @@ def memory_format(ctx: Context, value: str | None) -> Observation:
     return Observation(layouts == [expected, expected], figure, measured, inside)
 
 
+FP8_BATCH = 16
+BF16_MAX = 1e-2  # a matmul error above bf16's level (~3e-3): e4m3's 3 mantissa bits (~4e-2)
+_GEMM_WORDS = ("gemm", "e4m3", "nvjet", "xmma", "cutlass", "scaled")
+
+
+def fp8(ctx: Context, value: str | None) -> Observation:
+    """Whether a Linear's matmul ran in FP8 inside ``fast_math(model=..., fp8=value)``."""
+    from ..levers._fp8_swap import MIN_FEATURES  # the smallest layer the size rule converts
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(MIN_FEATURES, MIN_FEATURES).to(ctx.device)
+    model = torch.nn.Sequential(layer)  # a layer is swapped in its parent
+    (x,) = inputs([(FP8_BATCH, MIN_FEATURES)], ctx.device)
+    levers = {**with_baseline(()), "fp8": value if value is not None else False}
+    scaled: list[str] = []
+    kernels: tuple[str, ...] = ()
+    with ctx.frame(levers, f"fp8={value!r}", model=model):
+        with torch.no_grad():
+            if ctx.cuda:
+                out, trace = cuda_trace(lambda: model(x), ctx.device)
+                scaled = sorted(op for op in trace.ops if "_scaled_mm" in op)
+                kernels = trace.distinct_kernels()
+                e4m3 = bool(scaled)
+            else:
+                out, made = aten_outputs(lambda: model(x))
+                e4m3 = any(dtype == torch.float8_e4m3fn for _, dtype in made)
+        _sync(ctx.device)
+        inside = _inside(ctx)
+    with torch.no_grad():
+        reference = x.double() @ layer.weight.double().t() + layer.bias.double()
+    error = relative_error(out, reference)
+    level = "fp8" if error >= BF16_MAX else arithmetic(error, "fp16")
+    gemms = [k for k in kernels if any(word in k.lower() for word in _GEMM_WORDS)]
+    if ctx.cuda:
+        ran = (
+            f"PyTorch's scaled float8 matmul ran ({', '.join(scaled)})"
+            if scaled
+            else ("no scaled float8 matmul ran")
+        )
+        if gemms:
+            ran += f", GEMM kernel {short(gemms[0])}"
+    else:
+        ran = (
+            "the Linear's operands were cast to float8_e4m3fn and multiplied in float32 "
+            "(torchao's emulation)"
+            if e4m3
+            else "no float8 operand was seen"
+        )
+    figure = f"{ran}; error {error:.1e} ({level})"
+    measured = {
+        "float8_operands": e4m3,
+        "scaled_mm": scaled,
+        "kernels": [short(k) for k in gemms or kernels[:3]],
+        "error": error,
+        "arithmetic": level,
+    }
+    want = value is not None
+    in_effect = (e4m3 and level == "fp8" and (bool(kernels) or not ctx.cuda)) == want
+    return Observation(in_effect, figure, measured, inside)
+
+
 Probe = Callable[..., Observation | None]
 PROBES: dict[str, Probe] = {
     "tf32": tf32,
@@ -472,4 +538,5 @@ PROBES: dict[str, Probe] = {
     "amp": amp,
     "param_dtype": param_dtype,
     "memory_format": memory_format,
+    "fp8": fp8,
 }

@@ -119,6 +119,13 @@ class Problem:
         """Why ``config`` cannot be measured here, or None."""
         return config.unavailable(self.device)
 
+    @staticmethod
+    def idle(config: Config, size: int) -> str | None:
+        """Why ``config`` would change nothing in this problem at ``size`` whatever the
+        device (its model has no layer the lever takes), or None. Such a row is skipped, not
+        measured as the baseline under another name (nor as an emulated one)."""
+        return None
+
     def reference(self) -> torch.Tensor:
         """The float64 result on the first input set (computed once, autocast off)."""
         if self._reference is None:
@@ -139,6 +146,25 @@ class Problem:
         first = make()
         self.sets = rotation_sets(_nbytes(first), cache_bytes(self.device))
         return [first] + [make() for _ in range(self.sets - 1)]
+
+
+def fp8_idle(config: Config, size: int) -> str | None:
+    """Why ``config``'s ``fp8`` converts none of a problem's ``Linear(size, size)`` layers
+    (torchao's dimension rule, the size rule), or None (it converts them, or sets no fp8).
+
+    Example:
+        >>> from speedflags._measure.configs import Config
+        >>> from speedflags._measure.problems import fp8_idle
+        >>> fp8 = Config("fp8", {"fp8": True})
+        >>> fp8_idle(fp8, 4096) is None, fp8_idle(fp8, 1024)[:44]
+        (True, 'fp8 takes no layer of Linear(1024, 1024): be')
+    """
+    if config.levers.get("fp8") in (None, False):
+        return None
+    from ..levers._fp8_swap import size_rule  # the fp8 lever's own rule, loaded with it
+
+    why = size_rule(size, size)
+    return None if why is None else f"fp8 takes no layer of Linear({size}, {size}): {why}"
 
 
 def _cast(sets: Sequence[Inputs], dtype: torch.dtype | None) -> list[Inputs]:
@@ -257,6 +283,10 @@ class MlpTrainProblem(Problem):
         # model and gradients (16); the inputs, batch x d, are small beside them
         weights = MlpTrainProblem.layers * size * size
         return (4 + 2 * 16 + 16) * weights + 2 * 4 * min(512, size) * size
+
+    @staticmethod
+    def idle(config: Config, size: int) -> str | None:
+        return fp8_idle(config, size)
 
     def _gradient(self, dtype: torch.dtype, model: nn.Sequential | None = None) -> torch.Tensor:
         model = self._model(dtype) if model is None else model

@@ -7,12 +7,14 @@ count, float64 reference, one :class:`~speedflags._measure.problems.Runner` per 
 =============  ===========================================================================
 ``matmul``     ``a @ b``, n x n float32 (size: n)
 ``mlp-train``  the 3×Linear(d, d) AdamW train step: ``Linear(d, d)`` x3 with GELU, batch
-               ``min(512, d)``; forward, MSE loss, backward and an AdamW step (size: d)
+               ``min(512, d)``; forward, MSE loss, backward and an AdamW step; with ``fp8``
+               as ``@speedup`` enters it, alone and with bf16 autocast (size: d)
 ``sdpa``       ``scaled_dot_product_attention`` with each backend (size: sequence length)
 ``conv``       a 3x3 ``conv2d``, with and without ``cudnn_benchmark``; CUDA only
                (size: height = width)
 ``linear-``    weight-bound inference, ``Linear(d, d)`` x4 at batch 4: fp32, autocast around
-``infer``      each forward, ``param_dtype`` held around the loop, pure bf16 (size: d)
+``infer``      each forward, ``param_dtype`` held around the loop, pure bf16, ``fp8`` held
+               around the loop (each weight cast to float8 once) (size: d)
 ``convnet-``   a small conv net's train step: fp32, ``channels_last``, ``channels_last`` with
 ``train``      autocast around each step (size: height = width)
 ``transfor``   a small transformer's train step, bound by kernel launches on a fast GPU: fp32
@@ -82,6 +84,20 @@ class Workload:
         """
         estimate: Callable[[int, str], int] | None = getattr(self.build, "memory", None)
         return estimate(size, device_type) if estimate is not None else 0
+
+    def idle(self, config: Config, size: int) -> str | None:
+        """Why ``config`` changes nothing in this workload at ``size`` (the fp8 size rule
+        takes none of its layers), or None.
+
+        Example:
+            >>> from speedflags._measure.workloads import WORKLOADS
+            >>> infer = WORKLOADS["linear-infer"]
+            >>> fp8 = infer.config("fp8")
+            >>> infer.idle(fp8, 8192) is None, infer.idle(fp8, 256)[:21]
+            (True, 'fp8 takes no layer of')
+        """
+        found: str | None = self.build.idle(config, size)  # type: ignore[attr-defined]
+        return found
 
     def unavailable(self, device: torch.device) -> str | None:
         """Why this workload cannot run on ``device``, or None."""
@@ -155,6 +171,9 @@ WORKLOADS: dict[str, Workload] = {
                     {"param_dtype": "bf16", "amp": "bf16"},
                     per_call=("param_dtype", "amp"),
                 ),
+                # torchao's float8 training on the large layers (the size rule), per step
+                Config("fp8", {"fp8": True}, per_call=("fp8",)),
+                Config("fp8+amp-bf16", {"fp8": True, "amp": "bf16"}, per_call=("fp8", "amp")),
             ),
             MlpTrainProblem,
         ),
@@ -201,6 +220,8 @@ WORKLOADS: dict[str, Workload] = {
                 # held around the loop: each weight cast once
                 Config("param-bf16", {"param_dtype": "bf16"}),
                 Config("pure-bf16", dtype=_BF16),
+                # held around the loop: each weight cast to float8 (with its scale) once
+                Config("fp8", {"fp8": True}),
             ),
             LinearInferProblem,
         ),

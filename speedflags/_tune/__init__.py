@@ -88,7 +88,7 @@ def tune(
             (``deterministic``: never faster) is left out; give it values to time it.
         device: the device the levers target (default: the device of the first tensor
             found in the arguments or the modules, else CUDA if available, else CPU).
-        model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``) act
+        model: the ``nn.Module`` the model levers (``param_dtype``, ``memory_format``, ``fp8``) act
             on: given, they are candidates like the others (tune's own keyword: a step
             that takes a ``model`` argument gets it positionally). When ``fn`` is itself a
             module (``tune(net, x)``), it is the model. For an accepted

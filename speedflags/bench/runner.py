@@ -185,16 +185,22 @@ class _Run:
         if emulated:
             configs = tuple(c for c in configs if c.baseline) + tuple(emulated)
         for config in configs:
-            why = problem.skip_reason(config)
+            idle = workload.idle(config, size)  # it would change nothing here: no timing
+            why = idle or problem.skip_reason(config)
             if config.identical_to_baseline():
                 why = "identical to the baseline: nothing to compare it with"
-            elif why is not None and config.emulated(device):
+            elif idle is None and why is not None and config.emulated(device):
                 if emulated:
                     rows.append(_Entry(config, verdict=EMULATED))
                     continue
                 once = _emulated_size(self.settings, workload)
-                why = phrase(EMULATED, f"{why}; measured once, at size {once} (the group below)")
-                self.emulated.setdefault(workload.name, (workload, []))[1].append(config)
+                there = workload.idle(config, once)
+                if there is None:
+                    why = f"{why}; measured once, at size {once} (the group below)"
+                    self.emulated.setdefault(workload.name, (workload, []))[1].append(config)
+                else:  # where emulated ones are measured, it would change nothing
+                    why = f"{why}; not measured: at size {once}, where emulated ones are, {there}"
+                why = phrase(EMULATED, why)
             if why is None:
                 rows.append(_Entry(config))
                 continue

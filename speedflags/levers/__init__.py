@@ -2,7 +2,7 @@
 other part of speedflags reads.
 
 Each lever module (``precision``, ``cudnn``, ``sdpa``, ``deterministic``, ``reductions``,
-``autocast``, ``param_dtype``, ``memory_format``) implements the protocol of ``_base`` and
+``autocast``, ``param_dtype``, ``memory_format``, ``fp8``) implements the protocol of ``_base`` and
 declares its levers (``DECLARED``, :func:`~speedflags.levers.spec.declare`);
 :mod:`.registry` collects the declarations, and :func:`speedflags.register_lever` adds a
 library's own. Adding a built-in lever means one module (and its type in

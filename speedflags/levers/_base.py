@@ -87,6 +87,9 @@ class Effect(NamedTuple):
     slow: bool = False  # the lever works but makes things slower (fp16 autocast on a CPU)
     # this PyTorch refuses the value on the device (fp16 CPU autocast on 2.1): never applied
     unsupported: bool = False
+    # with unsupported: a block asking for it is refused (LeverUnavailableError) rather than
+    # entered without it: what is missing is an install the user can fix (fp8 without torchao)
+    refused: bool = False
 
 
 @runtime_checkable

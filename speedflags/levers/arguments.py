@@ -15,7 +15,7 @@ Example:
     >>> from speedflags.levers.arguments import LeverArgs
     >>> list(LeverArgs.__annotations__)  # doctest: +NORMALIZE_WHITESPACE
     ['tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'deterministic',
-     'reduced_precision_reduction', 'amp', 'param_dtype', 'memory_format']
+     'reduced_precision_reduction', 'amp', 'param_dtype', 'memory_format', 'fp8']
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 __all__ = [
     "AmpArg",
     "DeterministicArg",
+    "Fp8Arg",
     "LeverArgs",
     "MatmulPrecisionArg",
     "MemoryFormatArg",
@@ -50,6 +51,9 @@ AmpArg = Literal["bf16", "fp16", "bfloat16", "float16", "auto", False] | torch.d
 ParamDtypeArg = Literal["bf16", "fp16", "bfloat16", "float16", False] | torch.dtype
 # torch.channels_last; False: the weights' own layout (given with model=)
 MemoryFormatArg = Literal["channels_last", False] | torch.memory_format
+# True (torchao's default recipe, "tensorwise") or a torchao float8 recipe name (any case at
+# run time); False: the model's own layers (given with model=)
+Fp8Arg = bool | Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]
 
 
 class LeverArgs(TypedDict, total=False):
@@ -74,6 +78,7 @@ class LeverArgs(TypedDict, total=False):
     amp: AmpArg | None
     param_dtype: ParamDtypeArg | None
     memory_format: MemoryFormatArg | None
+    fp8: Fp8Arg | None
 
 
 def lever_annotations() -> dict[str, Any]:

@@ -16,7 +16,7 @@ Example:
     >>> from speedflags.levers.registry import LEVER_NAMES, lever_spec
     >>> LEVER_NAMES  # doctest: +NORMALIZE_WHITESPACE
     ('tf32', 'matmul_precision', 'cudnn_benchmark', 'sdpa', 'deterministic',
-     'reduced_precision_reduction', 'amp', 'param_dtype', 'memory_format')
+     'reduced_precision_reduction', 'amp', 'param_dtype', 'memory_format', 'fp8')
     >>> spec = lever_spec("amp")
     >>> spec.shorthand.name, spec.scope, spec.check("fast_math", "bf16")
     ('autocast', 'thread', torch.bfloat16)
