@@ -63,8 +63,12 @@ def test_the_package_docstring_example() -> None:
     assert result.attempted > 0 and result.failed == 0
 
 
-# The pages whose examples run as tests: the README and the ledger's reference.
-EXAMPLE_PAGES = (README, README.parent / "docs" / "ledger.md")
+# The pages whose examples run as tests: the README, the ledger's reference, your own levers.
+EXAMPLE_PAGES = (
+    README,
+    README.parent / "docs" / "ledger.md",
+    README.parent / "docs" / "your_own_levers.md",
+)
 
 
 @pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda page: page.name)

@@ -140,7 +140,7 @@ def _names(
         raise UsageError(f"{shown}: names no lever; valid: {', '.join(valid)}")
     for name in names:
         if name not in valid:
-            known = option == "--levers" and name in registry.LEVER_NAMES
+            known = option == "--levers" and name in registry.lever_names()
             reason = (why or _never_tried)(name) if known else f"unknown lever {short_repr(name)}"
             raise UsageError(f"{shown}: {reason}; valid: {', '.join(valid)}")
     return names
@@ -279,7 +279,7 @@ def _gib(size: int) -> str:
 def tunable_levers() -> list[str]:
     """What ``tune --levers`` accepts: the levers tune tries values of, and compile (the model
     levers are tried when the factory's step is the model itself)."""
-    return sorted([*(n for n in registry.LEVER_NAMES if lever_spec(n).candidates), COMPILE])
+    return sorted([*(n for n in registry.lever_names() if lever_spec(n).candidates), COMPILE])
 
 
 def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

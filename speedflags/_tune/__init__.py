@@ -195,7 +195,7 @@ def _wanted(levers: LeversArg) -> tuple[dict[str, Sequence[Any]] | None, bool]:
         if name == COMPILE:
             try_compile = values is None or bool(values)
             continue
-        if not isinstance(name, str) or name not in registry.LEVER_NAMES:
+        if not isinstance(name, str) or name not in registry.lever_names():
             raise InvalidValueError(
                 f"tune(levers=...): unknown lever {short_repr(name)}; valid: {_choices()}"
             )
@@ -266,7 +266,7 @@ def _first_device(values: Sequence[Any], depth: int = 0) -> torch.device | None:
 
 def _choices() -> str:
     """What ``levers=`` may name: every lever (registered ones too) and compile."""
-    return ", ".join(sorted((*registry.LEVER_NAMES, COMPILE)))
+    return ", ".join(sorted((*registry.lever_names(), COMPILE)))
 
 
 def _model_levers(wanted: Mapping[str, Sequence[Any]] | None) -> list[tuple[str, Any]]:
@@ -274,6 +274,6 @@ def _model_levers(wanted: Mapping[str, Sequence[Any]] | None) -> list[tuple[str,
     pairs: what ``model=`` is for."""
     return [
         (spec.name, None)
-        for spec in registry.REGISTRY
+        for spec in registry.specs()
         if spec.per_model and (wanted is None or spec.name in wanted)
     ]

@@ -102,7 +102,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--levers",
         default=None,
         help="comma-separated levers to try, at least one (default: all, and compile): "
-        + ", ".join(sorted(name for name in (*registry.LEVER_NAMES, COMPILE) if _tried(name))),
+        + ", ".join(sorted(name for name in (*registry.lever_names(), COMPILE) if _tried(name))),
     )
     parser.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: the arguments' device)"
