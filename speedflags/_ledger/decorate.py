@@ -27,7 +27,7 @@ from typing import (
 )
 
 from .._short_repr import short_repr
-from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
+from .._tracing import KeptOut, Where, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import InvalidTypeError, SpeedflagsError
 from .entering import call_framed, close_left_open
 from .interrupts import PENDING, critical, deliver_pending
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from .suspend import Suspended
 
 F = TypeVar("F", bound=Callable[..., Any])
-Where = tuple[str, int] | None
 # what a plain function's wrapper does while dynamo traces it: (func, args, kwargs) -> result
 InGraph = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 _getframe = sys._getframe

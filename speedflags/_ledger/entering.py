@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._tracing import Where
 from ..errors import SpeedflagsError
-from .history import Where
 from .interrupts import PENDING, critical, deliver_pending
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def innermost_here(ledger: FrameLedger, owner: object) -> Frame:
     if ledger.stacks.find(owner) is None:
         other = ledger.stacks.elsewhere(owner)
         if other is not None:
-            raise ledger.recovery.not_closable(other)
+            raise ledger.threads.not_closable(other)
     return ledger.innermost(owner)
 
 

@@ -16,12 +16,11 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
+from .._tracing import KeptOut, Where, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import SpeedflagsError
 from .decorate import decorate
 from .entering import close_innermost, close_left_open, innermost_here
 from .frame import Frame
-from .history import Where
 from .interrupts import PENDING, critical, deliver_pending
 from .program import Levers, Program
 

@@ -80,28 +80,6 @@ class Stacks:
         stacks[key] = stack
         return stack
 
-    def unlink(self, frame: Frame, i: int) -> None:
-        """Take lever ``i`` of ``frame`` off its stack, if it is there."""
-        stack = self.by_key.get(frame.key(i))
-        if stack is None:
-            return
-        for j in range(len(stack) - 1, -1, -1):
-            entry = stack[j]
-            if entry[0] is frame and entry[1] == i:
-                del stack[j]
-                break
-
-    def drop_stale(self, stack: Stack, frame: Frame) -> None:
-        """Drop the entries of frames that are not open (a roll-back cut short by a second
-        interrupt from a plain signal handler): nothing holds them, and nothing must be
-        re-applied from them."""
-        opened = self.open
-        stack[:] = [entry for entry in stack if entry[0] is frame or entry[0].id in opened]
-
-    def on_a_stack(self, frame: Frame, i: int) -> bool:
-        """Whether lever ``i`` of ``frame`` is still on its stack."""
-        return any(f is frame and k == i for f, k in self.by_key.get(frame.key(i)) or ())
-
     def on_top(self, frame: Frame, i: int) -> bool:
         """Whether lever ``i`` of ``frame`` is the top of its stack (else another frame's
         state holds its domain)."""

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 from .frame import Frame
 from .interrupts import PENDING, critical, deliver_pending
 from .own_writes import _WRITING, section
-from .rare_paths import HELD_NOTE
+from .unwind import HELD_NOTE
 
 if TYPE_CHECKING:
-    from .history import Where
+    from .._tracing import Where
     from .protocol import FrameLedger
 
 __all__ = ["HELD_NOTE", "PUT_BACK", "Suspended", "put_back", "reopen"]

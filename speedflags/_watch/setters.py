@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .._ledger.history import format_where
-from .._ledger.own_writes import Where
+from .._tracing import Where
 from .._warn import PACKAGE_DIR
 from ..levers import _fp32_model as family
 from ..levers import registry

@@ -44,8 +44,9 @@ from .. import _warn
 from .._ledger import own_writes as _own_writes
 from .._ledger.history import format_where
 from .._ledger.ledger import ledger
-from .._ledger.own_writes import OWN_WRITES, Where
+from .._ledger.own_writes import OWN_WRITES
 from .._short_repr import short_repr
+from .._tracing import Where
 from ..errors import SpeedflagsWarning
 from ..levers import _fp32_model as family
 from ..levers import culprits, registry

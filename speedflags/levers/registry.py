@@ -483,18 +483,24 @@ def load_installed(name: str | None = None) -> bool:
         return False
     with _loading:  # one thread loads; the others wait for what it registers
         for entry in installed.entry_points():
-            if entry.name in _TRIED or (name is not None and entry.name != name):
-                continue
-            _TRIED.add(entry.name)
-            problem = _register_installed(entry)
-            if problem is not None:
-                _FAILED[entry.name] = problem
-                _warn.warn_once(("installed lever", entry.name), problem, InstalledLeverWarning)
+            _try_installed(entry, name)  # a call: no loop body ending in an `if` under a `with`
         if name is None:
             _set_all_tried()
         else:
             _TRIED.add(name)
     return name is not None and name in _BY_NAME
+
+
+def _try_installed(entry: Any, name: str | None) -> None:
+    """Register ``entry``'s lever unless it was tried before or is not the one ``name``
+    asks for; warn once if it cannot be."""
+    if entry.name in _TRIED or (name is not None and entry.name != name):
+        return
+    _TRIED.add(entry.name)
+    problem = _register_installed(entry)
+    if problem is not None:
+        _FAILED[entry.name] = problem
+        _warn.warn_once(("installed lever", entry.name), problem, InstalledLeverWarning)
 
 
 def _set_all_tried() -> None:
