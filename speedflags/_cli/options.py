@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .._measure.output_paths import check_output
+from .._measure.subcommands import UsageError
 from .._measure.timing import MAX_ROUNDS
 from .._short_repr import short_repr
 from .._tune.search import COMPILE
@@ -46,10 +47,6 @@ from ..levers.registry import lever_spec
 __all__ = ["MAX_PASSES", "Parser", "UsageError", "check", "tunable_levers"]
 
 MAX_PASSES = 100  # interleaved passes of bench over its configurations
-
-
-class UsageError(Exception):
-    """A bad command line: one line naming the option, exit status 2."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -283,7 +280,6 @@ def tunable_levers() -> list[str]:
 
 
 def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from .._tune.cli import UsageError as TuneUsageError
     from .._tune.cli import check_target
 
     _not_empty(args, "--levers", "--device", "--out", "--plot")
@@ -298,10 +294,7 @@ def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             raise UsageError(f"--out {short_repr(args.out)}: {YAML_MISSING}")
     _plot(args)
     _tf32_consistent("tune")
-    try:
-        check_target(args.target)  # the file exists; it is imported only after every check
-    except TuneUsageError as exc:
-        raise UsageError(str(exc)) from None
+    check_target(args.target)  # the file exists; it is imported only after every check
 
 
 # --- verify and report ---------------------------------------------------------------------

@@ -30,7 +30,7 @@ from ..levers import registry
 from ..levers._model_shadow import fsdp_owner
 from ..levers.registry import check_model, lever_spec
 from .candidates import verdicts_of
-from .compare import Plan
+from .compare import Effort
 from .result import Row, TuneResult
 from .search import COMPILE, Search
 from .state import find_state
@@ -135,7 +135,7 @@ def run(
     model: torch.nn.Module | None = None,
     progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] | None = None,
-    plan: Plan | None = None,
+    plan: Effort | None = None,
 ) -> TuneResult:
     """:func:`tune` with the step's arguments given apart, a progress callback (one line
     per step), and, for tests, another clock and timing plan."""
@@ -160,7 +160,7 @@ def run(
         wanted=wanted,
         try_compile=try_compile,
         model=model,
-        plan=plan or Plan(),
+        plan=plan or Effort(),
         clock=clock,
         progress=progress,
     )
