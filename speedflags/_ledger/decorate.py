@@ -373,7 +373,7 @@ def _end_step(
                 held.suspend(driver.ledger, frame, where, ends is SUSPENDED)
             driver.ledger.close(frame, where)
     finally:  # signal_safe handlers deferred in here
-        while True:  # no check point after the last test: see deliver_pending
+        while True:  # the drain (interrupts.py): no check point after its last test
             if not PENDING:
                 break
             deliver_pending()

@@ -227,7 +227,7 @@ class FlagLedger:
         except BaseException:  # refused, failed or interrupted: rolled back, lock released
             # signal_safe handlers deferred while entering run now: an interrupt reaches the
             # program on the refusal's way out (or instead of it)
-            while True:  # no check point after the last test: see deliver_pending
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()
@@ -238,7 +238,7 @@ class FlagLedger:
         try:
             if notices:
                 _notices.speak(notices)
-            while True:  # no check point after the last test: see deliver_pending
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()
@@ -316,11 +316,11 @@ class FlagLedger:
                 # the restore records: Ring.closed's entry, appended here (the hot path)
                 ring = self.ring
                 ring.seq = seq = ring.seq + n
-                notes = None if unwind is None or unwind.notes is None else tuple(unwind.notes)
+                kept = None if unwind is None or unwind.notes is None else tuple(unwind.notes)
                 self._entries.append(
                     entry("restore", seq - n + 1, _ring.now(), frame.label, frame.id,
-                          frame.thread, frame.rank, where, program.lever_keys[:n],
-                          notes, tuple(found), tuple(restored))
+                          frame.thread, frame.rank, where, program.lever_keys[:n], kept,
+                          tuple(found), tuple(restored))
                 )  # fmt: skip
                 if watched is not None:
                     watched.__exit__(None, None, None)
@@ -335,7 +335,7 @@ class FlagLedger:
             if notices or unwind is not None or innermost is not None:
                 _notices.speak_closed(frame, innermost, notices, unwind, restored)
         finally:  # signal_safe handlers held back while exiting: the drain (interrupts.py)
-            while True:
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()

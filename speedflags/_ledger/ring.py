@@ -208,11 +208,13 @@ class Ring:
         exits finished off the hot path (interrupted, abandoned); ``FlagLedger.close``
         appends the same entry itself."""
         n = len(found)
+        program = frame.program
+        kept = tuple(notes) if notes else None
         self.seq = seq = self.seq + n
         self.entries.append(
             entry("restore", seq - n + 1, now(), frame.label, frame.id, frame.thread,
-                  frame.rank, where, frame.program.lever_keys[:n],
-                  tuple(notes) if notes else None, tuple(found), tuple(restored))
+                  frame.rank, where, program.lever_keys[:n], kept, tuple(found),
+                  tuple(restored))
         )  # fmt: skip
 
     def closed_last(self, frame: Frame) -> bool:

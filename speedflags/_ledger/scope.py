@@ -165,7 +165,7 @@ class FrameScope:
                 # graph break can resume
                 self.exit_in_graph()
             # a signal_safe handler held back here; no check point after the last test
-            while True:
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()
@@ -191,7 +191,7 @@ class FrameScope:
             close_left_open(self.ledger, self)
             raise
         finally:  # a signal_safe handler held back here; no check point after the last test
-            while True:
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()
@@ -228,7 +228,7 @@ class FrameScope:
         finally:
             if in_graph:
                 self.exit_in_graph()
-            while True:  # no check point after the last test: see deliver_pending
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()
@@ -285,7 +285,7 @@ def _exit_eagerly(scope: FrameScope) -> None:
         close_left_open(scope.ledger, scope)
         raise
     finally:
-        while True:  # no check point after the last test: see deliver_pending
+        while True:  # the drain (interrupts.py): no check point after its last test
             if not PENDING:
                 break
             deliver_pending()

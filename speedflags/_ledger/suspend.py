@@ -126,7 +126,7 @@ def put_back(ledger: FrameLedger, frame: Frame, states: dict[int, Any], where: W
         if states:
             _write_back(ledger, frame, states, where)
     finally:  # signal_safe handlers deferred in here
-        while True:  # no check point after the last test: see deliver_pending
+        while True:  # the drain (interrupts.py): no check point after its last test
             if not PENDING:
                 break
             deliver_pending()
@@ -163,7 +163,7 @@ def reopen(ledger: FrameLedger, frame: Frame) -> None:
         _adopt_orphan(ledger, frame, mark)  # take it now, as close_left_open finds an open's
         raise
     finally:  # signal_safe handlers deferred in here
-        while True:  # no check point after the last test: see deliver_pending
+        while True:  # the drain (interrupts.py): no check point after its last test
             if not PENDING:
                 break
             deliver_pending()
