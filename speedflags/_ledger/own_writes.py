@@ -36,8 +36,7 @@ from typing import Any, Protocol
 from .._tracing import Where
 
 # The threads writing for speedflags right now: the ledger adds and discards its thread once
-# per section. A set of ids costs two cheap calls per section on the hot path, where a
-# counter on a threading.local costs ~10x more.
+# per section (a set of ids, not a counter per thread: docs/architecture.md, "The hot path").
 _WRITING: set[int] = set()
 _get_ident = threading.get_ident
 

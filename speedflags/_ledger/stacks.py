@@ -16,6 +16,9 @@ The tuple is immutable and set anew by each open, so a task inherits a snapshot.
 Everything here runs with the ledger's lock held, but what reads or sets only the calling
 context (:meth:`Stacks.here`, :meth:`Stacks.find`, :meth:`Stacks.elsewhere`,
 :meth:`Stacks.leave_context`; the last three take the lock to look at other contexts).
+Which of these structures is the truth for what (the stacks for a domain's state, a
+context's tuple for its innermost frame), and why closed frames stay in that tuple:
+``docs/architecture.md``, "The ledger's invariants".
 """
 
 from __future__ import annotations
@@ -68,9 +71,9 @@ class Stacks:
     def new_stack(self, key: Hashable) -> Stack:
         """A new, empty stack for ``key``.
 
-        Emptied stacks are kept: dropping a thread's autocast stack at every exit and making
-        it again at the next entry cost ~0.25 µs a frame. Those of threads gone are dropped
-        here, once the stacks that are kept outnumber ``_KEEP_STACKS``.
+        Emptied stacks are kept for the next frame (docs/architecture.md, "The hot path");
+        those of threads gone are dropped here, once the stacks that are kept outnumber
+        ``_KEEP_STACKS``.
         """
         stacks = self.by_key
         if len(stacks) >= _KEEP_STACKS:
