@@ -12,9 +12,11 @@ from collections.abc import Callable, Collection
 from typing import Any, Literal, TypeVar
 
 from .._short_repr import set_module, short_repr
+from .._tracing import hooked, is_compiling
 from ..levers.own import FunctionLever
 from ..levers.registry import register
-from . import FastMath, fast_math
+from . import FastMath
+from .in_graph import BUILDERS, spec_in_graph
 
 __all__ = ["OwnLever", "lever"]
 
@@ -52,14 +54,24 @@ class OwnLever(FunctionLever[T]):
         """A block with this lever set to ``value``: ``fast_math(<name>=value)``, a context
         manager and a decorator (``label`` and ``strict`` as ``fast_math``'s; the label
         defaults to ``"<name>(<value>)"``)."""
-        if label is None:
-            label = f"{self.name}({short_repr(value)})"
-        return fast_math(label=label, strict=strict, **self.keyword(value))
+        if is_compiling() or hooked():  # inside torch.compile: built out of dynamo's way
+            return spec_in_graph(BLOCK, (self.name, value, label, strict), {})  # type: ignore[no-any-return]
+        return _block(self.name, value, label, strict)
 
     def keyword(self, value: T) -> dict[str, Any]:
         """``{<name>: value}``, the keyword this lever is beside others, typed:
         ``fast_math(tf32=True, **num_threads.keyword(1))``, ``@speedup(**...)``."""
         return {self.name: value}
+
+
+def _block(name: str, value: Any, label: str | None, strict: bool) -> FastMath:
+    # a lever's own block: fast_math(<name>=value), labelled "<name>(<value>)"
+    shown = f"{name}({short_repr(value)})" if label is None else label
+    return FastMath(label=shown, strict=strict, **{name: value})
+
+
+BLOCK = "lever of one's own"
+BUILDERS[BLOCK] = _block  # what a lever's call builds at trace time (in_graph.spec_in_graph)
 
 
 def lever(
