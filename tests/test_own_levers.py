@@ -6,7 +6,6 @@ in a subprocess)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
-from conftest import last_seq, records_since
+from conftest import last_seq, mypy_disagrees, needs_mypy, records_since
 
 import speedflags
 from speedflags import DriftWarning, InvalidTypeError, InvalidValueError
@@ -40,12 +39,9 @@ def _write(value: int) -> None:
 
 @pytest.fixture
 def size() -> Iterator[speedflags.OwnLever[int]]:
-    made = speedflags.lever("batch_size", read=_read, write=_write)
-    try:
-        yield made
-    finally:
-        speedflags.unregister_lever("batch_size")
-        BOX["size"] = 8
+    yield speedflags.lever("batch_size", read=_read, write=_write)
+    speedflags.unregister_lever("batch_size")  # pytest runs this whatever the test did
+    BOX["size"] = 8
 
 
 # --- the three lines, end to end -----------------------------------------------------------
@@ -390,32 +386,13 @@ fast_math(num_threads=1)  # error
 """
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("mypy") is None,
-    reason="needs mypy (the dev extra: pip install -e '.[dev]')",
-)
+@needs_mypy
 def test_mypy_reads_the_value_type_from_read(tmp_path: Path) -> None:
     # fast_math(num_threads=1) stays refused: LeverArgs names the built-in levers; the lever's
     # own call and its keyword() are the typed paths (docs/your_own_levers.md)
-    snippet = tmp_path / "own_lever.py"
-    snippet.write_text(SNIPPET, encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-error-summary", "--show-error-codes", str(snippet)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    reported = {
-        int(found.group(1))
-        for line in result.stdout.splitlines()
-        if (found := re.search(rf"(?:^|[/\\]){re.escape(snippet.name)}:(\d+): error:", line))
-    }
-    lines = SNIPPET.splitlines()
-    expected = {n for n, text in enumerate(lines, 1) if text.endswith("# error")}
-    assert not expected - reported, f"mypy accepted: {sorted(expected - reported)}\n{result.stdout}"
-    assert not reported - expected, f"mypy refused: {sorted(reported - expected)}\n{result.stdout}"
+    accepted, refused, output = mypy_disagrees(SNIPPET, tmp_path, "own_lever.py")
+    assert not accepted, f"mypy accepted: {accepted}\n{output}"
+    assert not refused, f"mypy refused: {refused}\n{output}"
 
 
 # --- levers installed packages declare --------------------------------------------------------

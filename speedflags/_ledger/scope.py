@@ -164,8 +164,8 @@ class FrameScope:
                 # Inside torch.compile (traced, or eager in it): out of the try, where a
                 # graph break can resume
                 self.exit_in_graph()
-            # a signal_safe handler held back here; no check point after the last test
-            while True:  # the drain (interrupts.py): no check point after its last test
+            # the drain (interrupts.py): handlers held back by this exit
+            while True:
                 if not PENDING:
                     break
                 deliver_pending()
@@ -228,7 +228,7 @@ class FrameScope:
         finally:
             if in_graph:
                 self.exit_in_graph()
-            while True:  # the drain (interrupts.py): no check point after its last test
+            while True:  # the drain (interrupts.py): handlers held back by this stop
                 if not PENDING:
                     break
                 deliver_pending()

@@ -233,13 +233,5 @@ def declare(
         def make(_key: Any) -> DeviceLever:
             return instance  # type: ignore[no-any-return]
 
-    annotation = get_type_hints(LeverArgs).get(name, Any)
-    return LeverSpec(
-        name=name,
-        scope=scope,
-        validate=validate,
-        make=make,
-        annotation=annotation,
-        domain=domain,
-        **declared,
-    )
+    declared.update(annotation=get_type_hints(LeverArgs).get(name, Any), domain=domain)
+    return LeverSpec(name=name, scope=scope, validate=validate, make=make, **declared)
