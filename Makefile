@@ -99,8 +99,8 @@ run: setup-run
 	$(PY) -m speedflags report --apply --restore
 
 lint: setup
-	$(PY) -m ruff check speedflags tests benchmarks .ci examples docs/_hooks
-	$(PY) -m ruff format --check speedflags tests benchmarks .ci examples docs/_hooks
+	$(PY) -m ruff check speedflags tests benchmarks tools .ci examples docs/_hooks
+	$(PY) -m ruff format --check speedflags tests benchmarks tools .ci examples docs/_hooks
 
 typecheck: setup
 	$(PY) -m mypy
@@ -150,7 +150,7 @@ GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 # GPU_ARGS: more options, e.g. GPU_ARGS='--preset first --export /path/to/eight-files'
 GPU_ARGS ?=
 gpu-check:
-	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m speedflags._verify.gpu_check --out "$(GPU_OUT)" $(GPU_ARGS)
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PYTHON) -m tools.gpu_check --out "$(GPU_OUT)" $(GPU_ARGS)
 
 # Which Python and torch this environment runs, and where torch came from (disk or registry):
 # CI logs it per leg, e.g. "=== leg: Python 3.10.13, torch 2.1.2 (registry) ===".

@@ -5,7 +5,7 @@ matmul (``torch._scaled_mm``) runs on sm89 and newer GPUs, with tensor-wise scal
 float32 scale per operand), timed round-robin with a bf16 matmul of the same shape and the
 float32 one, at 4096³ and 8192³. Each row gives the median time, TFLOP/s (2n³ per product),
 the share of the device's dense datasheet peak for its arithmetic
-(``speedflags/_verify/peaks.py``) and the relative error against float64 on the same inputs:
+(``tools/gpu_check/peaks.py``) and the relative error against float64 on the same inputs:
 
     python benchmarks/fp8_headroom.py [--sizes 4096,8192] [--rounds 30] [--json PATH]
 
@@ -41,11 +41,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from speedflags._verify.peaks import measured_for, peak_for
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's tools/
+from tools.gpu_check.peaks import measured_for, peak_for
 
 FORMAT = "speedflags-fp8-headroom/1"
 CUDA_SIZES = (4096, 8192)

@@ -71,6 +71,7 @@ if _typing.TYPE_CHECKING:  # the names loaded on first use (_lazy.py), as type c
     from . import training as training
     from ._compile.user_compile import guard_levers
     from ._distributed import RankSnapshot, check_ranks
+    from ._fast_math.own_lever import OwnLever, lever
     from ._measure.lever_files import load_levers
     from ._measure.verdicts import verify
     from ._measure.verification import Verification
@@ -90,6 +91,7 @@ __all__ = [
     "FlagRecord",
     "Frame",
     "FrameScope",
+    "OwnLever",
     "RankSnapshot",
     "Recommendation",
     "Schedule",
@@ -109,6 +111,7 @@ __all__ = [
     "guard_levers",
     "heal_tf32",
     "ledger",
+    "lever",
     "load_levers",
     "matmul_precision",
     "recommended",

@@ -37,6 +37,8 @@ LAZY: dict[str, str] = {
     "check_ranks": "._distributed",
     "RankSnapshot": "._distributed",
     "guard_levers": "._compile.user_compile",
+    "lever": "._fast_math.own_lever",
+    "OwnLever": "._fast_math.own_lever",
     "Recommendation": "._recommend",
     "recommended": "._recommend",
     "SpeedupStats": "._speedup_stats",

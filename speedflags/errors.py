@@ -27,6 +27,7 @@ __all__ = [
     "CudaGraphsWarning",
     "DeviceUnavailableWarning",
     "DriftWarning",
+    "InstalledLeverWarning",
     "InvalidTypeError",
     "InvalidValueError",
     "LedgerOrderError",
@@ -421,4 +422,19 @@ class CudaGraphsWarning(SpeedflagsWarning):
         >>> import warnings, speedflags
         >>> with warnings.catch_warnings():  # in CI: a step that stops graphing fails loudly
         ...     warnings.simplefilter("error", speedflags.CudaGraphsWarning)
+    """
+
+
+@set_module("speedflags")
+class InstalledLeverWarning(SpeedflagsWarning):
+    """An installed package declares a lever (entry-point group ``speedflags.levers``) that
+    cannot be loaded: its module fails to import, the entry names something that is not a
+    lever made with ``speedflags.lever``, or its name is taken. The lever is left out, the
+    others work; once per entry point. A block that asks for it by name is refused with the
+    same reason.
+
+    Example:
+        >>> import speedflags
+        >>> issubclass(speedflags.InstalledLeverWarning, speedflags.SpeedflagsWarning)
+        True
     """

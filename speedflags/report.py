@@ -235,7 +235,7 @@ def lever_verdicts(device: torch.device) -> list[dict[str, Any]]:
         'no effect here'
     """
     levers = [(spec.name, plain_value(spec.name, spec.validate(value)))
-              for spec in registry.REGISTRY for value in spec.candidates]  # fmt: skip
+              for spec in registry.specs() for value in spec.candidates]  # fmt: skip
     out = []
     for name, value in levers:
         (found,) = verdicts_here({name: value}, device)

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 import speedflags
-from speedflags._tune.compare import Plan
+from speedflags._tune.compare import Effort
 from speedflags._tune.result import Row
 
-QUICK = Plan(short_s=0.0, short_rounds=5, long_s=0.0, long_rounds=9, warmup_s=0.0)
+QUICK = Effort(short_s=0.0, short_rounds=5, long_s=0.0, long_rounds=9, warmup_s=0.0)
 
 
 def ticking() -> Callable[[], float]:

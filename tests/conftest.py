@@ -383,3 +383,45 @@ def records_since(seq: int) -> list[speedflags.FlagRecord]:
     """The ledger's own records after ``seq`` (a running watch also records torch's own
     writes, action "external")."""
     return [r for r in speedflags.ledger().history if r.seq > seq and r.action != "external"]
+
+
+# --- what a type checker says ------------------------------------------------------------
+
+needs_mypy = pytest.mark.skipif(
+    importlib.util.find_spec("mypy") is None,
+    reason="needs mypy (the dev extra: pip install -e '.[dev]')",
+)
+
+
+def mypy_disagrees(snippet: str, folder: Any, name: str) -> tuple[list[str], list[str], str]:
+    """Run mypy, with the project's settings (strict), on ``snippet`` written to ``folder /
+    name``: the lines marked ``# error`` that it accepted, the others that it refused, and
+    its output."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(folder) / name
+    path.write_text(snippet, encoding="utf-8")
+    # from the repository's root, so that pyproject.toml's mypy settings apply; the file
+    # named on the command line replaces the configured `files`
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary", "--show-error-codes", str(path)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    # by the file's name: mypy may print the path another way (relative, or as its cache saw)
+    reported = {
+        int(found.group(1))
+        for line in result.stdout.splitlines()
+        if (found := re.search(rf"(?:^|[/\\]){re.escape(name)}:(\d+): error:", line))
+    }
+    lines = snippet.splitlines()
+    expected = {n for n, text in enumerate(lines, 1) if text.endswith("# error")}
+    accepted = [lines[n - 1] for n in sorted(expected - reported)]
+    refused = [lines[n - 1] for n in sorted(reported - expected)]
+    return accepted, refused, result.stdout + result.stderr

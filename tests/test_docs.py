@@ -57,6 +57,22 @@ def test_docstring_examples(module: str) -> None:
     assert result.failed == 0, f"{result.failed} example(s) failed in {module}"
 
 
+# The repository's tools (not in the package): their examples run too, from the checkout.
+TOOLS = README.parent / "tools"
+TOOL_MODULES = sorted(
+    ".".join(path.relative_to(README.parent).with_suffix("").parts)
+    for path in TOOLS.rglob("*.py")
+    if path.name not in ("__init__.py", "__main__.py")
+)
+
+
+@pytest.mark.parametrize("module", TOOL_MODULES)
+def test_tool_docstring_examples(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(README.parent))
+    result = _run_examples(importlib.import_module(module), doctest.DocTestFinder())
+    assert result.failed == 0, f"{result.failed} example(s) failed in {module}"
+
+
 def test_the_package_docstring_example() -> None:
     # its own module's examples only (the classes it serves run where they are defined)
     result = _run_examples(speedflags, doctest.DocTestFinder(recurse=False))
@@ -81,7 +97,7 @@ def test_the_pages_with_examples_are_found() -> None:
         pytest.skip("no README.md next to the tests (installed without sources)")
     names = {page.name for page in EXAMPLE_PAGES}
     assert {"README.md", "ledger.md", "getting_started.md", "model_levers.md"} <= names
-    assert {"train_steps.md", "verify.md", "watch.md"} <= names
+    assert {"train_steps.md", "verify.md", "watch.md", "your_own_levers.md"} <= names
 
 
 @pytest.mark.parametrize("page", EXAMPLE_PAGES, ids=lambda page: page.name)

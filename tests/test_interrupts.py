@@ -32,10 +32,11 @@ from speedflags import fast_math, speedup
 from speedflags._fast_math import FastMath
 from speedflags._ledger import own_writes as _own_writes
 from speedflags._ledger.entering import call_framed, close_innermost
-from speedflags._ledger.history import expand, json_default
+from speedflags._ledger.history import json_default
 from speedflags._ledger.interrupts import PENDING
 from speedflags._ledger.ledger import FlagLedger
 from speedflags._ledger.own_writes import _WRITING
+from speedflags._ledger.ring import expand
 from speedflags._ledger.scope import FrameScope
 from speedflags.errors import (
     DriftWarning,
@@ -366,9 +367,9 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
     # The frame must end up on no stack: a half-entered frame left there was later found by
     # the exit of the block around it, which failed with a TypeError (seen under the timer).
     import speedflags._ledger.ring as ring_module
-    from speedflags._ledger.stacks import Stacks
+    from speedflags._ledger import unwind
 
-    real_now, real_unlink = ring_module.now, Stacks.unlink
+    real_now, real_unlink = ring_module.now, unwind.unlink
     armed = {"now": False, "unlink": False}
 
     def interrupted_now() -> float:
@@ -377,14 +378,14 @@ def test_a_second_interrupt_during_a_roll_back_leaves_no_half_entered_frame(
             raise KeyboardInterrupt
         return real_now()
 
-    def interrupted_unlink(self: Stacks, frame: Any, i: int) -> None:
+    def interrupted_unlink(stacks: Any, frame: Any, i: int) -> None:
         if armed["unlink"]:
             armed["unlink"] = False
             raise KeyboardInterrupt
-        real_unlink(self, frame, i)
+        real_unlink(stacks, frame, i)
 
     monkeypatch.setattr(ring_module, "now", interrupted_now)
-    monkeypatch.setattr(Stacks, "unlink", interrupted_unlink)
+    monkeypatch.setattr(unwind, "unlink", interrupted_unlink)
     before = speedflags.snapshot()
     outer = fast_math(cudnn_benchmark=False, matmul_precision="medium", device="cpu")
     inner = fast_math(cudnn_benchmark=True, matmul_precision="high", device="cpu")
@@ -408,7 +409,7 @@ REENTRY = """
 import dis, signal, sys, torch, speedflags
 from speedflags import fast_math
 from speedflags._ledger.history import json_default
-from speedflags._ledger.history import expand
+from speedflags._ledger.ring import expand
 from speedflags._ledger.interrupts import PENDING
 from speedflags._ledger.ledger import FlagLedger
 
@@ -487,22 +488,22 @@ def test_an_exit_interrupted_again_while_finishing_a_lever_raises_the_interrupt(
     # after it had taken a lever's entry off its stack; the close that finished it found the
     # stack empty (IndexError) and was interrupted again while finishing that lever. The exit
     # raised the IndexError, and the KeyboardInterrupt was lost.
-    from speedflags._ledger.rare_paths import RarePaths
+    from speedflags._ledger import unwind
 
     the_ledger = speedflags.ledger()
     spec = fast_math(cudnn_benchmark=True, device="cpu")
     frame = spec.__enter__()
     the_ledger.stacks.by_key[frame.key(0)].remove((frame, 0))  # what the first exit got through
-    real = RarePaths.finish_lever
+    real = unwind._finish_lever
     armed = [True]
 
-    def interrupted(self: RarePaths, *args: Any) -> Any:
+    def interrupted(*args: Any) -> Any:
         if armed:
             armed.pop()
             raise KeyboardInterrupt
-        return real(self, *args)
+        return real(*args)
 
-    monkeypatch.setattr(RarePaths, "finish_lever", interrupted)
+    monkeypatch.setattr(unwind, "_finish_lever", interrupted)
     with pytest.raises(KeyboardInterrupt):
         spec.__exit__(None, None, None)
     assert not armed and frame.closed and not the_ledger.open_frames()

@@ -8,16 +8,15 @@ same spelling, as it did when everything loaded at import.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import mypy_disagrees, needs_mypy
 
 import speedflags
 from speedflags._lazy import LAZY
@@ -187,29 +186,9 @@ speedflags.verify("cpu").okay  # error
 """
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("mypy") is None,
-    reason="needs mypy (the dev extra: pip install -e '.[dev]')",
-)
+@needs_mypy
 def test_type_checkers_see_the_names_loaded_on_first_use(tmp_path: Path) -> None:
     # The module's __getattr__ is hidden from type checkers: a misspelled name stays an
     # error, and the names loaded on first use keep their types.
-    snippet = tmp_path / "uses_lazy_names.py"
-    snippet.write_text(MYPY_SNIPPET, encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-error-summary", "--show-error-codes", str(snippet)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    # by the file's name: mypy's cache may give the path of an earlier run's same snippet
-    reported = {
-        int(found.group(1))
-        for line in result.stdout.splitlines()
-        if (found := re.search(rf"{re.escape(snippet.name)}:(\d+): error:", line))
-    }
-    lines = MYPY_SNIPPET.splitlines()
-    expected = {n for n, text in enumerate(lines, 1) if text.endswith("# error")}
-    assert reported == expected, result.stdout + result.stderr
+    accepted, refused, output = mypy_disagrees(MYPY_SNIPPET, tmp_path, "uses_lazy_names.py")
+    assert not accepted and not refused, output

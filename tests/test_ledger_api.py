@@ -75,7 +75,7 @@ def test_the_issues_grep_finds_nothing_outside_the_ledger() -> None:
 
 # The ledger's parts: public attributes of FlagLedger for the frame API of its own package
 # (speedflags/_ledger/protocol.py names them), not for the rest of speedflags
-PARTS = ("stacks", "ring", "rare_paths", "recovery")
+PARTS = ("stacks", "ring", "threads")
 
 
 def part_uses(path: Path) -> list[str]:

@@ -433,7 +433,7 @@ def test_a_non_lever_is_refused_naming_it_before_anything_changes(kit: Kit, form
     ledger = FlagLedger()
     base = kit.state()
 
-    class HalfLever:  # a lever but for its scope and describe_value
+    class HalfLever:  # a lever but for its scope (describe_value has a default)
         name = domain = "half"
         scope = "global"
         checks_state = False
@@ -444,10 +444,9 @@ def test_a_non_lever_is_refused_naming_it_before_anything_changes(kit: Kit, form
         check = apply = restore = describe = read
 
     for given, shown in [
-        ("cudnn_benchmark", "'cudnn_benchmark' is not a lever (a name: speedflags.levers."
-         "PROCESS_LEVERS maps names to levers, and speedflags.fast_math takes names)"),
+        ("cudnn_benchmark", "'cudnn_benchmark' is not a lever: it has no name, read, apply; "),
         (object(), "<object object at 0x"),
-        (HalfLever(), "is not a lever: a lever follows the Lever protocol"),
+        (HalfLever(), "is not a lever: it lacks a scope the ledger keeps"),
     ]:  # fmt: skip
         levers = [(kit.a, v(kit, "a")), (given, True)]
         with pytest.raises(speedflags.InvalidTypeError) as refused:
@@ -457,7 +456,7 @@ def test_a_non_lever_is_refused_naming_it_before_anything_changes(kit: Kit, form
                 ledger.open(levers)  # type: ignore[list-item]
         assert str(refused.value).startswith("levers: ") and shown in str(refused.value)
         assert not isinstance(refused.value, AttributeError)
-    assert str(refused.value).endswith("it lacks describe_value, scope ('process' or 'thread')")
+    assert str(refused.value).endswith("('process' or 'thread', not 'global')")
     assert kit.state() == base and ledger.open_frames() == () and ledger.history == ()
 
 

@@ -3,11 +3,7 @@ checker refuses a misspelled lever or a bad value at every public entry point.""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import re
-import subprocess
-import sys
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import mypy_disagrees, needs_mypy
 
 import speedflags
 from speedflags.errors import InvalidTypeError, InvalidValueError
@@ -114,36 +111,13 @@ speedup(model=net, fp8=3)  # error
 """
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("mypy") is None,
-    reason="needs mypy (the dev extra: pip install -e '.[dev]')",
-)
+@needs_mypy
 def test_mypy_refuses_a_misspelled_lever_and_a_bad_value_at_every_entry_point(
     tmp_path: Path,
 ) -> None:
-    snippet = tmp_path / "uses_speedflags.py"
-    snippet.write_text(SNIPPET, encoding="utf-8")
-    # From the repository root, so that pyproject.toml's mypy settings (strict) apply; the
-    # file named on the command line replaces the configured `files`.
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-error-summary", "--show-error-codes", str(snippet)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    reported: set[int] = set()
-    for line in result.stdout.splitlines():
-        # by file name: mypy may print the path another way (relative, or as its cache saw it)
-        found = re.search(rf"(?:^|[/\\]){re.escape(snippet.name)}:(\d+): error:", line)
-        if found:
-            reported.add(int(found.group(1)))
-    expected = {n for n, text in enumerate(SNIPPET.splitlines(), 1) if text.endswith("# error")}
-    missed: list[str] = [SNIPPET.splitlines()[n - 1] for n in sorted(expected - reported)]
-    wrong: list[str] = [SNIPPET.splitlines()[n - 1] for n in sorted(reported - expected)]
-    assert not missed, f"mypy accepted: {missed}\n{result.stdout}{result.stderr}"
-    assert not wrong, f"mypy refused valid calls: {wrong}\n{result.stdout}"
+    accepted, refused, output = mypy_disagrees(SNIPPET, tmp_path, "uses_speedflags.py")
+    assert not accepted, f"mypy accepted: {accepted}\n{output}"
+    assert not refused, f"mypy refused valid calls: {refused}\n{output}"
 
 
 def test_a_typed_config_dict_runs() -> None:

@@ -130,3 +130,24 @@ def test_the_lever_tables_list_the_registry_in_order(page: str) -> None:
     for row, spec in zip(rows, REGISTRY, strict=True):
         scope = "process" if spec.scope == "process" else f"**{spec.scope}**"
         assert f"| {scope} |" in row
+
+
+def test_every_lever_module_that_declares_levers_is_listed_in_the_registry() -> None:
+    # the registry lists the built-in levers' modules (no scan of the package): a module
+    # that declares levers but is not listed would be a lever nobody can use
+    import importlib
+    import pkgutil
+
+    import speedflags.levers
+
+    declaring = {
+        info.name
+        for info in pkgutil.iter_modules(speedflags.levers.__path__)
+        if getattr(importlib.import_module(f"speedflags.levers.{info.name}"), "DECLARED", ())
+    }
+    assert declaring == set(registry.BUILT_IN_MODULES)
+    assert {s.name for s in REGISTRY if s.builtin} == {
+        spec.name
+        for name in registry.BUILT_IN_MODULES
+        for spec in importlib.import_module(f"speedflags.levers.{name}").DECLARED
+    }

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # What the sdist must carry besides the package: its tests run from it (conftest, helpers,
 # and the files they read), and a user reads the docs and runs the examples.
-SDIST_FOLDERS = ("tests", "docs", "examples", "benchmarks", ".ci")
+SDIST_FOLDERS = ("tests", "docs", "examples", "benchmarks", "tools", ".ci")
 SDIST_FILES = ("LICENSE", "README.md", "Makefile", "setup.cfg", "pyproject.toml", "mkdocs.yml")
 SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".benchmarks"}
 
@@ -93,6 +93,8 @@ def test_the_wheel_holds_the_package_and_the_licence_and_no_tests(
         if "__pycache__" not in p.parts
     }
     assert expected | {"speedflags/py.typed"} == package
+    # the make gpu-check harness drives the repository's suite: tools/, not the package
+    assert not [n for n in names if "gpu_check" in n or n.startswith("tools/")], names
     text = metadata.decode()
     assert re.search(r"^License(-Expression)?: MIT$", text, re.MULTILINE), text[:2000]
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .._measure.output_paths import check_output
+from .._measure.subcommands import UsageError
 from .._measure.timing import MAX_ROUNDS
 from .._short_repr import short_repr
 from .._tune.search import COMPILE
@@ -46,10 +47,6 @@ from ..levers.registry import lever_spec
 __all__ = ["MAX_PASSES", "Parser", "UsageError", "check", "tunable_levers"]
 
 MAX_PASSES = 100  # interleaved passes of bench over its configurations
-
-
-class UsageError(Exception):
-    """A bad command line: one line naming the option, exit status 2."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -140,7 +137,7 @@ def _names(
         raise UsageError(f"{shown}: names no lever; valid: {', '.join(valid)}")
     for name in names:
         if name not in valid:
-            known = option == "--levers" and name in registry.LEVER_NAMES
+            known = option == "--levers" and name in registry.lever_names()
             reason = (why or _never_tried)(name) if known else f"unknown lever {short_repr(name)}"
             raise UsageError(f"{shown}: {reason}; valid: {', '.join(valid)}")
     return names
@@ -279,11 +276,10 @@ def _gib(size: int) -> str:
 def tunable_levers() -> list[str]:
     """What ``tune --levers`` accepts: the levers tune tries values of, and compile (the model
     levers are tried when the factory's step is the model itself)."""
-    return sorted([*(n for n in registry.LEVER_NAMES if lever_spec(n).candidates), COMPILE])
+    return sorted([*(n for n in registry.lever_names() if lever_spec(n).candidates), COMPILE])
 
 
 def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from .._tune.cli import UsageError as TuneUsageError
     from .._tune.cli import check_target
 
     _not_empty(args, "--levers", "--device", "--out", "--plot")
@@ -298,10 +294,7 @@ def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
             raise UsageError(f"--out {short_repr(args.out)}: {YAML_MISSING}")
     _plot(args)
     _tf32_consistent("tune")
-    try:
-        check_target(args.target)  # the file exists; it is imported only after every check
-    except TuneUsageError as exc:
-        raise UsageError(str(exc)) from None
+    check_target(args.target)  # the file exists; it is imported only after every check
 
 
 # --- verify and report ---------------------------------------------------------------------

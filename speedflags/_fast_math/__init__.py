@@ -26,12 +26,11 @@ from .. import _warn
 from .._hardware import DeviceLike, capabilities, default_device, missing_cuda, normalize_device
 from .._ledger.decorate import decorate
 from .._ledger.frame import Frame
-from .._ledger.history import Where
 from .._ledger.ledger import ledger
 from .._ledger.program import LeverItem, Program
 from .._ledger.scope import FrameScope
 from .._short_repr import short_repr, short_str, type_name
-from .._tracing import hooked, is_compiling
+from .._tracing import Where, hooked, is_compiling
 from ..errors import (
     DeviceUnavailableWarning,
     InvalidTypeError,

@@ -1,36 +1,28 @@
 """The ledger: every change speedflags makes to torch's flags, and its exact restore.
 
-- :mod:`.ledger`: :class:`~speedflags.FlagLedger` and :func:`~speedflags.ledger`: the hot
-  path that opens and closes a frame under one lock, and the public API. The ledger is
-  made of parts, each with its own state and one name (module, class, ledger attribute):
-- :mod:`.stacks` (``Stacks``, ``ledger.stacks``): the open frames, per domain (stacks) and
-  per thread or asyncio task, and the last frame's id;
-- :mod:`.ring` (``Ring``, ``ledger.ring``): the history as kept, a ring of compact entries;
-- :mod:`.rare_paths` (``RarePaths``, ``ledger.rare_paths``): roll-backs, exits under later
-  frames, conflicts;
-- :mod:`.recovery` (``Recovery``, ``ledger.recovery``): interrupted exits, threads that
-  ended, and the state after a ``fork``.
+:class:`~speedflags.FlagLedger` (:mod:`.ledger`) opens and closes frames under one lock and
+serves the public API. It is made of three parts, each holding its own state and named
+alike in its module, its class and the ledger's attribute: :mod:`.stacks` (``Stacks``, the
+open frames: by id, per domain, per thread or asyncio task), :mod:`.ring` (``Ring``, the
+history as kept) and :mod:`.threads` (``Threads``, the threads that opened frames and those
+that ended). What each structure holds, which one is the truth for what, and what may lag
+behind: ``docs/architecture.md``, "The ledger's invariants".
 
 Below the parts: :mod:`.program` (a frame's levers compiled once), :mod:`.frame`
-(:class:`~speedflags.Frame`), :mod:`.history` (the history's entries, with the named fields
-of ``Entry``, made by ``entry()``; :class:`~speedflags.FlagRecord`, one lever's view of an
-entry; JSON, lever keys, the rank source), :mod:`.notices` (the warnings and errors built
-under the lock, spoken after it), :mod:`.own_writes` (which writes are speedflags' own, and
-the hook a running :func:`~speedflags.watch` installs at the ledger's boundaries) and
-:mod:`.interrupts` (:func:`~speedflags.signal_safe`, deferring signals around a section).
-Above them, the frame API, which knows the ledger and a scope through the Protocols of
-:mod:`.protocol`: :mod:`.scope` (``with``, ``start``/``stop``, ``@``), :mod:`.entering`
-(callers interrupted around an enter or an exit, handled once), :mod:`.decorate` (a scope's
-frames around each call, or each step of a generator) and :mod:`.suspend` (what such a
-generator's body holds across a ``yield`` or ``await``).
+(:class:`~speedflags.Frame`), :mod:`.history` (:class:`~speedflags.FlagRecord`, JSON, lever
+keys, the rank source), :mod:`.notices` (warnings and errors built under the lock, spoken
+after it), :mod:`.unwind` (a frame's levers taken off their stacks other than by the hot
+close: roll-backs, exits under later frames or interrupted, abandoned frames),
+:mod:`.own_writes` (which writes are speedflags' own; the watch's hook) and
+:mod:`.interrupts` (:func:`~speedflags.signal_safe`, critical code, the drain of held-back
+handlers). Above them, the frame API, which knows the ledger and a scope through the
+Protocols of :mod:`.protocol`: :mod:`.scope` (``with``, ``start``/``stop``, ``@``),
+:mod:`.entering` (callers interrupted around an enter or an exit), :mod:`.decorate` (a
+scope's frames around each call or step) and :mod:`.suspend` (what a decorated generator's
+body holds across a ``yield`` or ``await``).
 
-The dynamo primitives that keep the bookkeeping out of graphs are a base module,
-:mod:`speedflags._tracing` (the model levers use them too).
-
-The ledger knows levers only through the protocol of :mod:`speedflags.levers._base`, so a
-fake lever (a dict) can stand in for torch's in tests. May import: the levers
-(:mod:`speedflags.levers`) and the base modules (``errors``, ``hardware``, ``_warn``,
-``_short_repr``, ``_version``). It never imports the watch, ``fast_math`` or anything above
-them: a running watch reaches the ledger through :mod:`.own_writes` and
-:mod:`speedflags.levers.culprits`, hooks it registers.
+The ledger knows levers only through the protocol of :mod:`speedflags.levers._base` (a fake
+lever over a dict stands in for torch's in tests). May import: the levers and the base
+modules; never the watch, ``fast_math`` or anything above them: a running watch reaches the
+ledger through :mod:`.own_writes` and :mod:`speedflags.levers.culprits`, hooks it registers.
 """

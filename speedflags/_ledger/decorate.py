@@ -27,7 +27,7 @@ from typing import (
 )
 
 from .._short_repr import short_repr
-from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
+from .._tracing import KeptOut, Where, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import InvalidTypeError, SpeedflagsError
 from .entering import call_framed, close_left_open
 from .interrupts import PENDING, critical, deliver_pending
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from .suspend import Suspended
 
 F = TypeVar("F", bound=Callable[..., Any])
-Where = tuple[str, int] | None
 # what a plain function's wrapper does while dynamo traces it: (func, args, kwargs) -> result
 InGraph = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 _getframe = sys._getframe
@@ -374,7 +373,7 @@ def _end_step(
                 held.suspend(driver.ledger, frame, where, ends is SUSPENDED)
             driver.ledger.close(frame, where)
     finally:  # signal_safe handlers deferred in here
-        while True:  # no check point after the last test: see deliver_pending
+        while True:  # the drain (interrupts.py): no check point after its last test
             if not PENDING:
                 break
             deliver_pending()

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._tracing import Where
 from ..errors import SpeedflagsError
-from .history import Where
 from .interrupts import PENDING, critical, deliver_pending
 
 if TYPE_CHECKING:
@@ -40,10 +40,9 @@ def close_innermost(ledger: FrameLedger, owner: object, where: Where = None) -> 
     """``ledger.close(ledger.innermost(owner), where)``: what an exit does (its caller, an
     ``__exit__``, delivers the handlers held back)."""
     frames = ledger.stacks.context.get()
-    if frames:
-        frame = frames[-1]
-        if frame.owner is owner and not frame.closed:
-            return ledger.close(frame, where)
+    frame = frames[-1] if frames else None
+    if frame is not None and frame.owner is owner and not frame.closed:
+        return ledger.close(frame, where)
     return ledger.close(innermost_here(ledger, owner), where)
 
 
@@ -54,7 +53,7 @@ def innermost_here(ledger: FrameLedger, owner: object) -> Frame:
     if ledger.stacks.find(owner) is None:
         other = ledger.stacks.elsewhere(owner)
         if other is not None:
-            raise ledger.recovery.not_closable(other)
+            raise ledger.threads.not_closable(other)
     return ledger.innermost(owner)
 
 
@@ -82,7 +81,7 @@ def close_left_open(
         if frame is not None and not frame.closed:
             ledger.close(frame, where)
     finally:
-        while True:  # no check point after the last test: see deliver_pending
+        while True:  # the drain (interrupts.py): no check point after its last test
             if not PENDING:
                 break
             deliver_pending()

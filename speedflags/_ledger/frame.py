@@ -12,7 +12,8 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._short_repr import short_repr
-from .history import Where, format_where
+from .._tracing import Where
+from .history import format_where
 
 if TYPE_CHECKING:  # (at run time, .program re-exports Frame until __init__ imports it here)
     from .program import Program

@@ -1,31 +1,26 @@
 """What the ledger's history says: :class:`FlagRecord`, its JSON, and the words it is made of.
 
-The ledger keeps its history in compact entries (:class:`Entry`'s fields, made by
-:func:`entry`, kept by :mod:`.ring`); a :class:`FlagRecord` is one lever's view of an entry,
-built only when ``FlagLedger.history`` is read. Here too: the
-key a record names its lever by (:func:`lever_key`), where a change was made (``Where``),
-and the process's rank (:data:`rank_source`, which ``speedflags._distributed`` installs).
-This module knows nothing of frames: every part of the ledger may import it.
+A :class:`FlagRecord` is one lever's view of one entry of the history (kept compact by
+:mod:`.ring`), built only when ``FlagLedger.history`` is read. Here too: the key a record
+names its lever by (:func:`lever_key`) and the process's rank (:data:`rank_source`, which
+``speedflags._distributed`` installs). This module knows nothing of frames: every part of
+the ledger may import it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from .._short_repr import short_repr
+from .._tracing import Where
 from .._version import __version__
 from ..errors import InvalidTypeError
 from ..levers._base import Lever, Unreadable
-
-Where = tuple[str, int] | None
-
-now = time.time
 
 # lever key ("name@domain") -> lever, so records describe states without the history holding
 # lever objects; filled as programs are compiled
@@ -80,48 +75,6 @@ def set_rank_source(source: Callable[[], int | None]) -> None:
     rank_source = source
 
 
-class Entry(NamedTuple):
-    """The fields of a history entry, one lever or more of one frame operation or event.
-
-    A frame's ``set`` entry holds its levers in order of application; a ``restore`` entry
-    holds what each lever read on exit (``befores``) and after its restore (``afters``),
-    and its records are in reverse order (the order of the restores); any other ``action``
-    is a single record (an event, a skip, a re-applied or rolled-back lever).
-    """
-
-    action: str  # "set", "restore", or the single record's action ("heal", "skip", ...)
-    seq: int  # the first record's position in the history
-    time: float  # time.time() of the operation
-    label: str
-    frame: int  # the frame's id (0 for an event)
-    thread: str  # the thread's name
-    rank: int | None
-    where: Where
-    levers: tuple[str, ...]  # lever keys (history.lever_key), or an event's name
-    reasons: tuple[str, ...] | None  # per lever (None: all empty)
-    befores: tuple[Any, ...]
-    afters: tuple[Any, ...]
-
-
-def entry(
-    action: str,
-    seq: int,
-    when: float,
-    label: str,
-    frame: int,
-    thread: str,
-    rank: int | None,
-    where: Where,
-    levers: tuple[str, ...],
-    reasons: tuple[str, ...] | None,
-    befores: tuple[Any, ...],
-    afters: tuple[Any, ...],
-) -> tuple[Any, ...]:
-    """An entry with :class:`Entry`'s fields, as an exact tuple (the one constructor)."""
-    return (action, seq, when, label, frame, thread, rank, where, levers, reasons, befores,
-            afters)  # fmt: skip
-
-
 class FlagRecord:
     """One entry of the ledger's history: what happened to one lever, where and why.
 
@@ -166,12 +119,20 @@ class FlagRecord:
         "where",
     )
 
-    def __init__(self, entry: Entry, i: int, seq: int) -> None:
-        # lever ``i`` of ``entry``, the ``seq``-th record of the history
+    def __init__(
+        self,
+        seq: int,
+        lever: str,
+        action: str,
+        before: Any,
+        after: Any,
+        reason: str,
+        origin: tuple[float, str, int, str, int | None, Where],
+    ) -> None:
+        # ``lever``: a lever key (history.lever_key), or an event's name; ``origin``: the
+        # entry's (time, label, frame id, thread, rank, where)
         self.seq = seq
-        self.rank = entry.rank
-        self.time = entry.time
-        lever = entry.levers[i]
+        self.time, self.label, self.frame, self.thread, self.rank, where = origin
         registered = _LEVERS.get(lever)
         if registered is None:  # an event, or a lever named directly (skips, notes)
             self.lever = lever
@@ -179,14 +140,11 @@ class FlagRecord:
         else:
             self.lever = registered.name
             self._describe = registered.describe
-        self.action = entry.action
-        self.reason = entry.reasons[i] if entry.reasons else ""
-        self.label = entry.label
-        self.frame = entry.frame
-        self.thread = entry.thread
-        self.where = format_where(entry.where)
-        self._before = entry.befores[i]
-        self._after = entry.afters[i]
+        self.action = action
+        self.reason = reason
+        self.where = format_where(where)
+        self._before = before
+        self._after = after
 
     @property
     def before(self) -> Any:
@@ -231,27 +189,6 @@ class FlagRecord:
             f"FlagRecord(lever={self.lever!r}, action={self.action!r}, before={self.before!r}, "
             f"after={self.after!r}{reason}, label={self.label!r}{rank}, where={self.where!r})"
         )
-
-
-def view(raw: tuple[Any, ...]) -> Entry:
-    """``raw``, an entry of the history, with its fields named."""
-    return Entry._make(raw)
-
-
-def expand(raw: tuple[Any, ...]) -> list[FlagRecord]:
-    """The records one entry stands for, in ``seq`` order."""
-    e = view(raw)
-    n = len(e.levers)
-    order = range(n - 1, -1, -1) if e.action == "restore" else range(n)
-    return [FlagRecord(e, i, e.seq + k) for k, i in enumerate(order)]
-
-
-def records(entries: tuple[tuple[Any, ...], ...], limit: int) -> tuple[FlagRecord, ...]:
-    """The last ``limit`` records of ``entries`` (oldest first)."""
-    out: list[FlagRecord] = []
-    for raw in entries:
-        out.extend(expand(raw))
-    return tuple(out[-limit:])
 
 
 def json_default(value: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Which code is a critical section, and signal handlers that never run inside one.
+"""Which code is a critical section, signal handlers that never run inside one, and the drain
+that runs those held back.
 
 Python runs a signal handler between two bytecodes of the main thread, at the next check
 point after the signal arrives (a call, a function's first instruction, a loop's back edge).
@@ -14,9 +15,21 @@ is complete, outside its lock.
 Code is registered by the modules that own it, with :func:`critical`. This module imports
 nothing of speedflags but its errors.
 
-Python 3.10 and later check for signals only at calls, a function's first instruction and
-loop back edges (bpo-29988), which is what the above relies on; Python 3.9, which checked
-between almost any two bytecodes, is not supported.
+**The drain.** Every way out of critical code (an enter that completes, fails or is refused,
+an exit, a step's end) ends in this loop, written as is in the critical function itself,
+never in a function of its own::
+
+    while True:  # the drain (interrupts.py): no check point after its last test
+        if not PENDING:
+            break
+        deliver_pending()
+
+A function would not do: the call's return is itself a check point on Python 3.10, where a
+handler held back in the critical caller would then wait until the next enter or exit; and
+``while PENDING:`` takes a jump on its way out, another 3.10 check point.
+``tests/test_ledger_one_source.py`` checks that every copy is this loop, in critical code.
+Why each point is or is not a check point, by Python version: ``docs/architecture.md``
+("Interrupts, signals and fork").
 """
 
 from __future__ import annotations
@@ -65,21 +78,9 @@ def deliver_pending() -> None:
     only: a handler never runs in another thread). A handler's exception propagates; the
     calls after it stay queued for the next delivery.
 
-    Every way out of critical code ends in this loop, written in the critical function
-    itself::
-
-        while True:
-            if not PENDING:
-                break
-            deliver_pending()
-
-    so that nothing can be held back after the last look at ``PENDING``: Python 3.10 checks
-    for signals right after a call returns (a handler held back there, in the critical
-    caller, is what the loop's next look finds) and at every jump taken, forward too (the
-    ``if not PENDING: break`` takes none on its way out, where ``while PENDING:`` would).
-    From 3.11 only calls of C functions and backward jumps check. So an interrupt held back
-    is never left waiting once the enter or exit is done, whether it completed, failed or
-    was refused."""
+    Every way out of critical code ends in the drain, the loop around this call (the
+    module's docstring).
+    """
     if threading.current_thread() is not _MAIN_THREAD[0]:
         return
     while PENDING:

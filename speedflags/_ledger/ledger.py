@@ -13,22 +13,23 @@ from asyncio.events import _get_running_loop
 from typing import Any
 
 from .._short_repr import short_repr
+from .._tracing import Where
 from . import history as _history
 from . import notices as _notices
 from . import own_writes as _own_writes
 from . import ring as _ring
 from .frame import Frame
-from .history import FlagRecord, Where, entry, no_rank
+from .history import FlagRecord, no_rank
 from .history import to_json as _to_json
 from .interrupts import PENDING, critical, deliver_pending
-from .notices import Failure, Notice
+from .notices import Notice, conflicts
 from .own_writes import _WRITING
 from .program import Levers, Program
-from .rare_paths import RarePaths
-from .recovery import Recovery
-from .ring import Ring
+from .ring import Ring, entry
 from .scope import FrameScope
 from .stacks import Stacks
+from .threads import Threads
+from .unwind import Unwind, roll_back
 
 __all__ = ["FlagLedger", "ledger"]
 
@@ -72,18 +73,18 @@ class FlagLedger:
         # (LedgerReentryError) instead of waiting forever for itself. Taken with `with` only.
         self._lock = threading.RLock()
         # Its parts, each with its own state (public for the frame API of this package,
-        # which names them in .protocol.FrameLedger; not an API of speedflags)
+        # which names them in .protocol.FrameLedger; not an API of speedflags): the open
+        # frames, the history, the threads that opened frames
         self.stacks = Stacks(self._lock)
         self.ring = Ring(history_size)
-        self.rare_paths = RarePaths(self.stacks, self.ring)
-        self.recovery = Recovery(self._lock, self.stacks, self.ring, self.rare_paths)
+        self.threads = Threads(self._lock, self.stacks, self.ring)
         # the parts' containers, bound once for the hot path (the same objects)
         self._by_key = self.stacks.by_key
         self._open = self.stacks.open
         self._context = self.stacks.context
         self._entries = self.ring.entries
-        self._threads = self.recovery.threads
-        self._gone = self.recovery.gone
+        self._known = self.threads.known
+        self._gone = self.threads.gone
 
     # --- frames: the hot path --------------------------------------------------------------
 
@@ -108,9 +109,9 @@ class FlagLedger:
         frame; under the lock, (2) the boundary (frames of threads that ended, a watch), (3)
         read and check every domain, changing nothing, (4) push and apply lever by lever,
         (5) record and register the frame; after the lock, (6) speak and deliver. One
-        function, not six: the steps run on every block (see RESULTS.md, "the goal of at
-        most 1.5x plain torch"); whatever fails or interrupts (2) to (5) is rolled back by
-        ``RarePaths.abort_open``.
+        function, not six: the steps run on every block (docs/architecture.md, "The hot
+        path"); whatever fails or interrupts (2) to (5) is rolled back by
+        :func:`~.unwind.roll_back`.
 
         Raises:
             MixedTF32APIError: the TF32 APIs disagree (refused before any write).
@@ -120,13 +121,13 @@ class FlagLedger:
         program = levers if type(levers) is Program else Program.of(levers)
         tid = _get_ident()
         if tid in _WRITING:
-            self.recovery.reentered(label)
-        known = self._threads.get(tid)  # (token, threading.Thread)
+            self.threads.reentered(label)
+        known = self._known.get(tid)  # Known: (token, threading.Thread), read by index here
         if known is None:
-            known = self.recovery.thread_token(tid)
+            known = self.threads.thread_token(tid)
         loop = _get_running_loop()
-        # The frame, made here rather than by a function (``Frame``'s attributes are listed
-        # there): 11 arguments passed and a call made per frame are worth ~0.2 µs.
+        # The frame, made here, whole: Frame has no __init__ (docs/architecture.md, "The hot
+        # path"; tests/test_ledger_one_source.py checks that every slot is set)
         frame: Frame = _new_object(Frame)
         frame.id = 0
         frame.ledger = self
@@ -157,7 +158,7 @@ class FlagLedger:
                 try:
                     # (2) the boundary: frames of threads that ended; a watch's check
                     if self._gone:
-                        notices = self.recovery.drop_abandoned(where)
+                        notices = self.threads.drop_abandoned(where)
                     # speedflags.watch(): a boundary where changes made around Python are found
                     if _own_writes.WATCHER is not None:
                         watched = _own_writes.enter(self, label, where)
@@ -210,14 +211,14 @@ class FlagLedger:
                         self.ring.skips(frame, where)
                     self._open[fid] = frame
                     if crowded:
-                        conflicts = self.rare_paths.conflicts(frame)
-                        if conflicts:
-                            notices = conflicts if notices is None else notices + conflicts
+                        found = conflicts(self._by_key, frame)
+                        if found:
+                            notices = found if notices is None else notices + found
                     self.stacks.push(frame)
                     if watched is not None:
                         watched.__exit__(None, None, None)
                 except BaseException as exc:  # a failure, or an exception that interrupted us
-                    error = self.rare_paths.abort_open(frame, exc, where, watched)
+                    error = roll_back(self.stacks, self.ring, frame, exc, where, watched)
                     if error is not None:
                         raise error  # noqa: B904 - its cause is set
                     raise
@@ -226,7 +227,7 @@ class FlagLedger:
         except BaseException:  # refused, failed or interrupted: rolled back, lock released
             # signal_safe handlers deferred while entering run now: an interrupt reaches the
             # program on the refusal's way out (or instead of it)
-            while True:  # no check point after the last test: see deliver_pending
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()
@@ -237,7 +238,7 @@ class FlagLedger:
         try:
             if notices:
                 _notices.speak(notices)
-            while True:  # no check point after the last test: see deliver_pending
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()
@@ -261,23 +262,21 @@ class FlagLedger:
         """
         tid = _get_ident()
         if tid in _WRITING:
-            self.recovery.reentered(frame.label)
-        failures: list[Failure] | None = None
+            self.threads.reentered(frame.label)
         notices: list[Notice] | None = None
-        pending: BaseException | None = None  # an interruption, raised once the exit is done
+        unwind: Unwind | None = None  # made by the first lever not simply restored off its top
         with self._lock:
             if frame.closed or frame.thread_id != tid:
-                raise self.recovery.not_closable(frame)
+                raise self.threads.not_closable(frame)
             _WRITING.add(tid)
             watched = None
             program = frame.program
             n = frame.applied
             found: list[Any] = [None] * n
             restored: list[Any] = [None] * n
-            notes: list[str] | None = None
             try:
                 if self._gone:
-                    notices = self.recovery.drop_abandoned(where)
+                    notices = self.threads.drop_abandoned(where)
                 if _own_writes.WATCHER is not None:
                     watched = _own_writes.enter(self, frame.label, where)
                 befores, afters, stacks = frame.befores, frame.afters, self._by_key
@@ -294,49 +293,49 @@ class FlagLedger:
                             current = after  # the object the lever returned: cheap in its caches
                         found[i] = current
                         if top[0] is frame and top[1] == i:
-                            stack.pop()  # an emptied stack stays for the next frame (_new_stack)
+                            stack.pop()  # an emptied stack stays for the next frame (new_stack)
                             before = befores[i]
                             restored[i] = (
                                 lever.restore(before, current) if current != before else current
                             )
-                            if current is not after:
-                                notes, notices = self.rare_paths.drifted(
-                                    frame, i, current, notes, notices
-                                )
+                            if current is not after:  # changed inside the block
+                                unwind = unwind or Unwind(self.stacks, self.ring, frame, where,
+                                                          found, restored)  # fmt: skip
+                                unwind.drifted(i, current)
                         else:  # under later frames (or off its stack: an interrupted exit's)
-                            notes, notices = self.rare_paths.buried(
-                                frame, i, where, restored, notes, notices
-                            )
+                            unwind = unwind or Unwind(self.stacks, self.ring, frame, where,
+                                                      found, restored)  # fmt: skip
+                            unwind.buried(i)
                     except BaseException as exc:  # every lever is restored even if one fails
-                        notes, failures, pending = self.recovery.restore_again(
-                            frame, i, exc, where, found, restored, notes, failures, pending
-                        )
+                        unwind = unwind or Unwind(self.stacks, self.ring, frame, where, found,
+                                                  restored)  # fmt: skip
+                        unwind.failed(i, exc)
                 frame.closed = True
                 frame.task = None  # a frame kept by the caller must not keep its task alive
                 self._open.pop(frame.id, None)
                 # the restore records: Ring.closed's entry, appended here (the hot path)
                 ring = self.ring
                 ring.seq = seq = ring.seq + n
+                kept = None if unwind is None or unwind.notes is None else tuple(unwind.notes)
                 self._entries.append(
                     entry("restore", seq - n + 1, _ring.now(), frame.label, frame.id,
-                          frame.thread, frame.rank, where, program.lever_keys[:n],
-                          tuple(notes) if notes else None, tuple(found), tuple(restored))
+                          frame.thread, frame.rank, where, program.lever_keys[:n], kept,
+                          tuple(found), tuple(restored))
                 )  # fmt: skip
                 if watched is not None:
                     watched.__exit__(None, None, None)
             except BaseException as exc:  # interrupted in the bookkeeping: finish it first
-                self.recovery.finish_close(frame, where, (found, restored, notes), watched)
-                pending = pending or exc
+                unwind = unwind or Unwind(self.stacks, self.ring, frame, where, found, restored)
+                unwind.interrupted(exc, watched)
             finally:
                 _WRITING.discard(tid)
         frames = self._context.get()  # frame stays there, closed: see Stacks.left
         innermost = None if frames and frames[-1] is frame else self.stacks.left(frames, frame)
         try:
-            if notices or failures or innermost is not None or pending is not None:
-                error = _notices.close_error(frame, innermost, failures or (), restored)
-                _notices.speak(notices, pending or error)
-        finally:  # signal_safe handlers that came while exiting
-            while True:  # no check point after the last test: see deliver_pending
+            if notices or unwind is not None or innermost is not None:
+                _notices.speak_closed(frame, innermost, notices, unwind, restored)
+        finally:  # signal_safe handlers held back while exiting: the drain (interrupts.py)
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()

@@ -11,18 +11,34 @@ logging handler that reads the ledger or enters a block cannot deadlock on its l
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import _warn
 from .._short_repr import short_repr
-from ..errors import DriftWarning, LedgerOrderError, LeverConflictWarning, RestoreError
+from ..errors import (
+    AbandonedFrameWarning,
+    DriftWarning,
+    LedgerOrderError,
+    LeverConflictWarning,
+    RestoreError,
+)
 from ..levers._base import Lever
 from .frame import Frame
 
-# (cause for warn_once, message, category; None: informational, logged once, never a warning)
-Notice = tuple[Hashable, str, type | None]
-# (index of the lever in its frame's program, the exception its restore raised)
-Failure = tuple[int, BaseException]
+
+class Notice(NamedTuple):
+    """A warning built under the lock, spoken after it."""
+
+    cause: Hashable  # said once per cause (warn_once)
+    message: str
+    category: type | None  # None: informational, logged once, never a warning
+
+
+class Failure(NamedTuple):
+    """A lever whose restore (or roll-back) failed."""
+
+    lever: int  # the lever's index in its frame's program
+    error: BaseException
 
 
 def speak(notices: Sequence[Notice] | None, error: BaseException | None = None) -> None:
@@ -42,6 +58,23 @@ def speak(notices: Sequence[Notice] | None, error: BaseException | None = None) 
             raise error
 
 
+def speak_closed(
+    frame: Frame,
+    innermost: Frame | None,
+    notices: list[Notice] | None,
+    unwind: Any,
+    states: Sequence[Any],
+) -> None:
+    """What a close says once its lock is released: ``notices`` (frames of threads that
+    ended), what its :class:`~.unwind.Unwind` found (drift, failures, an interruption), an
+    order error if ``innermost`` (a later frame) is still open; ``states``: what each lever
+    reads after the exit."""
+    failures = () if unwind is None else unwind.failures
+    said = [*(notices or ()), *(() if unwind is None else unwind.notices)]
+    error = close_error(frame, innermost, failures, states)
+    speak(said, error if unwind is None else unwind.pending or error)
+
+
 def drift(
     lever: Lever, found: Any, expected: Any, restoring: Any, frame: Frame
 ) -> tuple[str, Notice]:
@@ -59,7 +92,7 @@ def drift(
             f"block: {by_torch}; restoring {lever.describe(restoring)!r}."
         )
         note = f"changed by PyTorch itself: found {lever.describe(found)!r}"
-        return note, (("torch", lever.name, found), message, None)
+        return note, Notice(("torch", lever.name, found), message, None)
     message = (
         f"{lever.name} was changed inside {_entered(frame)}: found "
         f"{lever.describe(found)!r} where the block had set {lever.describe(expected)!r}; "
@@ -67,7 +100,7 @@ def drift(
     )
     message += culprit_note(lever, found)
     note = f"drift: found {lever.describe(found)!r}, expected {lever.describe(expected)!r}"
-    return note, ((lever.name, found, expected, restoring), message, DriftWarning)
+    return note, Notice((lever.name, found, expected, restoring), message, DriftWarning)
 
 
 def _entered(frame: Frame, who: str = "") -> str:
@@ -83,6 +116,44 @@ def _who(frame: Frame) -> str:
     get_name = getattr(task, "get_name", None)
     name = get_name() if get_name is not None else repr(task)
     return f"thread {short_repr(frame.thread)}, task {short_repr(name)}"
+
+
+def conflicts(by_key: dict[Hashable, Any], frame: Frame) -> list[Notice]:
+    """Once ``frame`` is applied: the frames of other threads or tasks, still open, whose
+    state for a domain it has just replaced with a different one (``by_key``: the ledger's
+    stacks)."""
+    found: list[Notice] = []
+    program = frame.program
+    for i in range(program.n):
+        if i in program.prev:  # a later lever of this frame sets the same domain
+            continue
+        theirs: dict[int, tuple[Frame, int]] = {}
+        for other, j in by_key[frame.key(i)]:
+            if other is frame:
+                break
+            if other.thread_id != frame.thread_id or other.task is not frame.task:
+                theirs[other.id] = (other, j)  # its last lever of the domain counts
+        found += [
+            conflict(frame, i, o, j) for o, j in theirs.values() if o.afters[j] != frame.afters[i]
+        ]
+    return found
+
+
+def abandoned(frame: Frame) -> Notice:
+    """The warning for ``frame``, left open by a thread that ended (or, after a fork, does
+    not exist), once its process-wide levers are restored."""
+    program = frame.program
+    shared = [program.levers[i].name for i in range(frame.applied) if program.keys[i] is not None]
+    message = (
+        f"{short_repr(frame.label)} (entered at {frame.where} in thread "
+        f"{short_repr(frame.thread)}) was still open when thread {short_repr(frame.thread)} "
+        "ended (or, after a fork, does not exist "
+        f"in this process); no thread can exit it, so its process-wide levers were "
+        f"restored here: {', '.join(shared) or 'none'}."
+    )
+    return Notice(
+        ("abandoned", frame.label, frame.where, frame.thread), message, AbandonedFrameWarning
+    )
 
 
 def conflict(frame: Frame, i: int, other: Frame, j: int) -> Notice:
@@ -105,7 +176,7 @@ def conflict(frame: Frame, i: int, other: Frame, j: int) -> Notice:
         "values (docs/threading.md)."
     )
     cause = ("conflict", lever.name, other.label, other.where, frame.label, frame.where)
-    return cause, message, LeverConflictWarning
+    return Notice(cause, message, LeverConflictWarning)
 
 
 def _failed(frame: Frame, failures: Sequence[Failure]) -> str:
@@ -121,7 +192,7 @@ def _reads(frame: Frame, failures: Sequence[Failure], states: Sequence[Any]) -> 
 
 
 def _first(failure: Failure) -> int:
-    return failure[0]
+    return failure.lever
 
 
 def _others(frame: Frame, n: int, failures: Sequence[Failure]) -> str:
@@ -183,5 +254,5 @@ def roll_back_error(
         f"{_reads(frame, failures, states)}.",
         [e for _, e in failures],
     )
-    error.__cause__ = failures[0][1]
+    error.__cause__ = failures[0].error
     return error

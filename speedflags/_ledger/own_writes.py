@@ -14,7 +14,7 @@ every lever's state with what it last knew (a difference is a change made around
 reported as made by unknown code between this boundary and the previous one), and on exit
 it learns the state speedflags left.
 
-This module imports nothing from torch and nothing else of speedflags (the ledger imports it).
+This module imports no lever and no other part of the ledger (the ledger imports it).
 
 Example:
     >>> import speedflags
@@ -33,12 +33,10 @@ import contextlib
 import threading
 from typing import Any, Protocol
 
-Where = tuple[str, int] | None
-
+from .._tracing import Where
 
 # The threads writing for speedflags right now: the ledger adds and discards its thread once
-# per section. A set of ids costs two cheap calls per section on the hot path, where a
-# counter on a threading.local costs ~10x more.
+# per section (a set of ids, not a counter per thread: docs/architecture.md, "The hot path").
 _WRITING: set[int] = set()
 _get_ident = threading.get_ident
 

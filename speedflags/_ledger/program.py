@@ -111,30 +111,32 @@ class Program:
                     f"levers: expected (lever, value) or (lever, value, reason) tuples, got "
                     f"{short_repr(item)}"
                 )
-            check_lever(item[0])
-            items.append((item[0], item[1], item[2] if len(item) == 3 else ""))
+            lever = check_lever(item[0])
+            items.append((lever, item[1], item[2] if len(item) == 3 else ""))
         return cls(items)
 
 
-_METHODS = ("read", "check", "apply", "restore", "describe", "describe_value")
+def check_lever(lever: object) -> Any:
+    """``lever`` as the ledger takes it: itself, or with the protocol's defaults for the
+    members it leaves out (:func:`~speedflags.levers.own.completed`); an InvalidTypeError
+    naming what is wrong, not an AttributeError from deep inside."""
+    from ..levers.own import completed  # local: fast_math's programs are compiled, not checked
 
-
-def check_lever(lever: object) -> None:
-    # A lever the ledger can use: the Lever protocol's names, a scope it knows (an
-    # InvalidTypeError naming what is wrong, not an AttributeError from deep inside)
-    lacks = [m for m in _METHODS if not callable(getattr(lever, m, None))]
-    lacks += [a for a in ("name", "domain") if not isinstance(getattr(lever, a, None), str)]
-    if getattr(lever, "scope", None) not in ("process", "thread"):
-        lacks.append("scope ('process' or 'thread')")
-    if not lacks:
-        return
-    hint = ""
-    if isinstance(lever, str):
+    try:
+        whole = completed(lever)
+    except InvalidTypeError as exc:
         hint = (
             " (a name: speedflags.levers.PROCESS_LEVERS maps names to levers, and "
             "speedflags.fast_math takes names)"
+            if isinstance(lever, str)
+            else ""
         )
-    raise InvalidTypeError(
-        f"levers: {short_repr(lever)} is not a lever{hint}: a lever follows the Lever protocol "
-        f"(speedflags.levers._base.Lever); it lacks {', '.join(lacks)}"
-    )
+        raise InvalidTypeError(f"levers: {exc}{hint}") from None
+    lacks = [a for a in ("name", "domain") if not isinstance(getattr(whole, a, None), str)]
+    if whole.scope not in ("process", "thread"):
+        lacks.append(f"a scope the ledger keeps ('process' or 'thread', not {whole.scope!r})")
+    if lacks:
+        raise InvalidTypeError(
+            f"levers: {short_repr(lever)} is not a lever: it lacks {', '.join(lacks)}"
+        )
+    return whole

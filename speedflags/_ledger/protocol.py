@@ -12,24 +12,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from .._tracing import Where
 from .frame import Frame
-from .history import Where
 from .program import Levers
-from .recovery import Recovery
 from .ring import Ring
 from .stacks import Stacks
+from .threads import Threads
 
 __all__ = ["FrameLedger", "Scope"]
 
 
 class FrameLedger(Protocol):
     """What the frame API uses of a ledger: its frame calls, its lock, and three of its
-    parts (``stacks``: the open frames; ``ring``: the history; ``recovery``: why a frame
-    cannot be closed here)."""
+    parts (``stacks``: the open frames; ``ring``: the history; ``threads``: the threads that
+    opened frames, and why a frame cannot be closed in this one)."""
 
     stacks: Stacks
     ring: Ring
-    recovery: Recovery
+    threads: Threads
 
     @property
     def lock(self) -> Any: ...

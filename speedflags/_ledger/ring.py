@@ -1,15 +1,13 @@
 """The ledger's history as it is kept: a ring of compact entries (:class:`Ring`, a part of
-:class:`~speedflags.FlagLedger`).
+:class:`~speedflags.FlagLedger`), and what an entry is (:class:`Entry`, made by :func:`entry`).
 
 The ledger appends one entry per frame operation (a frame's set, its restore) or event; the
 per-lever :class:`~speedflags.FlagRecord` objects are built from them only when
-``FlagLedger.history`` is read. An entry (:class:`~.history.Entry`'s fields, made by
-:func:`~.history.entry`) is an exact tuple holding only strings, numbers and exact tuples of
-them (lever keys, not levers; the frame's label and id, not the frame): the garbage
-collector stops tracking such tuples, so the ring costs no traversal on every collection
-(measured: the collector was ~23% of a frame's cost while entries referenced frames; a
-``NamedTuple`` instance, a tuple subclass, stays tracked). Readers see an entry by name
-through :func:`~.history.view`.
+``FlagLedger.history`` is read (:func:`expand`). An entry is an exact tuple of
+:class:`Entry`'s fields holding only strings, numbers and exact tuples of them (lever keys,
+not levers; the frame's label and id, not the frame), so that the garbage collector stops
+tracking it (docs/architecture.md, "The hot path"); readers see it by name through
+:func:`view`.
 """
 
 from __future__ import annotations
@@ -17,10 +15,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._tracing import Where
 from . import history as _history
-from .history import FlagRecord, Where, check_note, entry, expand, records, view
+from .history import FlagRecord, check_note
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -28,18 +27,87 @@ if TYPE_CHECKING:
 now = time.time
 
 
-# Who made a record: (label, frame id (0 for an event), thread name, rank)
-Origin = tuple[str, int, str, int | None]
+class Entry(NamedTuple):
+    """The fields of a history entry, one lever or more of one frame operation or event.
+
+    A frame's ``set`` entry holds its levers in order of application; a ``restore`` entry
+    holds what each lever read on exit (``befores``) and after its restore (``afters``),
+    and its records are in reverse order (the order of the restores); any other ``action``
+    is a single record (an event, a skip, a re-applied or rolled-back lever).
+    """
+
+    action: str  # "set", "restore", or the single record's action ("heal", "skip", ...)
+    seq: int  # the first record's position in the history
+    time: float  # time.time() of the operation
+    label: str
+    frame: int  # the frame's id (0 for an event)
+    thread: str  # the thread's name
+    rank: int | None
+    where: Where
+    levers: tuple[str, ...]  # lever keys (history.lever_key), or an event's name
+    reasons: tuple[str, ...] | None  # per lever (None: all empty)
+    befores: tuple[Any, ...]
+    afters: tuple[Any, ...]
 
 
-# What an exit did, lever by lever (by index, in application order): what it read, what it
-# left, and a note per lever (None: no notes)
-Outcome = tuple[list[Any], list[Any], list[str] | None]
+def entry(
+    action: str,
+    seq: int,
+    when: float,
+    label: str,
+    frame: int,
+    thread: str,
+    rank: int | None,
+    where: Where,
+    levers: tuple[str, ...],
+    reasons: tuple[str, ...] | None,
+    befores: tuple[Any, ...],
+    afters: tuple[Any, ...],
+) -> tuple[Any, ...]:
+    """An entry with :class:`Entry`'s fields, as an exact tuple (the one constructor)."""
+    return (action, seq, when, label, frame, thread, rank, where, levers, reasons, befores,
+            afters)  # fmt: skip
+
+
+def view(raw: tuple[Any, ...]) -> Entry:
+    """``raw``, an entry of the history, with its fields named."""
+    return Entry._make(raw)
+
+
+def expand(raw: tuple[Any, ...]) -> list[FlagRecord]:
+    """The records one entry stands for, in ``seq`` order."""
+    e = view(raw)
+    n = len(e.levers)
+    order = range(n - 1, -1, -1) if e.action == "restore" else range(n)
+    origin = (e.time, e.label, e.frame, e.thread, e.rank, e.where)
+    reasons = e.reasons
+    return [
+        FlagRecord(e.seq + k, e.levers[i], e.action, e.befores[i], e.afters[i],
+                   reasons[i] if reasons else "", origin)
+        for k, i in enumerate(order)
+    ]  # fmt: skip
+
+
+def records(entries: tuple[tuple[Any, ...], ...], limit: int) -> tuple[FlagRecord, ...]:
+    """The last ``limit`` records of ``entries`` (oldest first)."""
+    out: list[FlagRecord] = []
+    for raw in entries:
+        out.extend(expand(raw))
+    return tuple(out[-limit:])
+
+
+class Origin(NamedTuple):
+    """Who made a record."""
+
+    label: str
+    frame: int  # the frame's id (0 for an event)
+    thread: str  # the thread's name
+    rank: int | None
 
 
 def origin_of(frame: Frame) -> Origin:
     """Who made ``frame``'s records."""
-    return (frame.label, frame.id, frame.thread, frame.rank)
+    return Origin(frame.label, frame.id, frame.thread, frame.rank)
 
 
 class Ring:
@@ -111,7 +179,7 @@ class Ring:
         refused (:func:`~.history.check_note`) unless ``to_json()`` can write it."""
         check_note(lever=lever, action=action, reason=reason, label=label, before=before,
                    after=after)  # fmt: skip
-        origin = (label, 0, threading.current_thread().name, _history.rank_source())
+        origin = Origin(label, 0, threading.current_thread().name, _history.rank_source())
         return expand(self.one(origin, where, lever, action, reason, before, after))[0]
 
     def frame_one(
@@ -127,17 +195,26 @@ class Ring:
         for name, reason in frame.program.skipped:
             self.one(origin, where, name, "skip", reason, None, None)
 
-    def closed(self, frame: Frame, where: Where, outcome: Outcome) -> None:
-        """The ``restore`` records of ``frame``'s exit, from its ``outcome``. For exits
-        finished off the hot path (interrupted, abandoned); ``FlagLedger.close`` appends the
-        same entry itself."""
-        found, restored, notes = outcome
+    def closed(
+        self,
+        frame: Frame,
+        where: Where,
+        found: list[Any],
+        restored: list[Any],
+        notes: list[str] | None,
+    ) -> None:
+        """The ``restore`` records of ``frame``'s exit, lever by lever (by index, in
+        application order): what it read, what it left, a note (``notes`` None: none). For
+        exits finished off the hot path (interrupted, abandoned); ``FlagLedger.close``
+        appends the same entry itself."""
         n = len(found)
+        program = frame.program
+        kept = tuple(notes) if notes else None
         self.seq = seq = self.seq + n
         self.entries.append(
             entry("restore", seq - n + 1, now(), frame.label, frame.id, frame.thread,
-                  frame.rank, where, frame.program.lever_keys[:n],
-                  tuple(notes) if notes else None, tuple(found), tuple(restored))
+                  frame.rank, where, program.lever_keys[:n], kept, tuple(found),
+                  tuple(restored))
         )  # fmt: skip
 
     def closed_last(self, frame: Frame) -> bool:

@@ -16,12 +16,11 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._tracing import KeptOut, at_trace_time, eager_where, hooked, is_compiling
+from .._tracing import KeptOut, Where, at_trace_time, eager_where, hooked, is_compiling
 from ..errors import SpeedflagsError
 from .decorate import decorate
 from .entering import close_innermost, close_left_open, innermost_here
 from .frame import Frame
-from .history import Where
 from .interrupts import PENDING, critical, deliver_pending
 from .program import Levers, Program
 
@@ -165,7 +164,7 @@ class FrameScope:
                 # Inside torch.compile (traced, or eager in it): out of the try, where a
                 # graph break can resume
                 self.exit_in_graph()
-            # a signal_safe handler held back here; no check point after the last test
+            # the drain (interrupts.py): handlers held back by this exit
             while True:
                 if not PENDING:
                     break
@@ -192,7 +191,7 @@ class FrameScope:
             close_left_open(self.ledger, self)
             raise
         finally:  # a signal_safe handler held back here; no check point after the last test
-            while True:
+            while True:  # the drain (interrupts.py): no check point after its last test
                 if not PENDING:
                     break
                 deliver_pending()
@@ -229,7 +228,7 @@ class FrameScope:
         finally:
             if in_graph:
                 self.exit_in_graph()
-            while True:  # no check point after the last test: see deliver_pending
+            while True:  # the drain (interrupts.py): handlers held back by this stop
                 if not PENDING:
                     break
                 deliver_pending()
@@ -286,7 +285,7 @@ def _exit_eagerly(scope: FrameScope) -> None:
         close_left_open(scope.ledger, scope)
         raise
     finally:
-        while True:  # no check point after the last test: see deliver_pending
+        while True:  # the drain (interrupts.py): no check point after its last test
             if not PENDING:
                 break
             deliver_pending()

@@ -16,6 +16,9 @@ The tuple is immutable and set anew by each open, so a task inherits a snapshot.
 Everything here runs with the ledger's lock held, but what reads or sets only the calling
 context (:meth:`Stacks.here`, :meth:`Stacks.find`, :meth:`Stacks.elsewhere`,
 :meth:`Stacks.leave_context`; the last three take the lock to look at other contexts).
+Which of these structures is the truth for what (the stacks for a domain's state, a
+context's tuple for its innermost frame), and why closed frames stay in that tuple:
+``docs/architecture.md``, "The ledger's invariants".
 """
 
 from __future__ import annotations
@@ -68,9 +71,9 @@ class Stacks:
     def new_stack(self, key: Hashable) -> Stack:
         """A new, empty stack for ``key``.
 
-        Emptied stacks are kept: dropping a thread's autocast stack at every exit and making
-        it again at the next entry cost ~0.25 µs a frame. Those of threads gone are dropped
-        here, once the stacks that are kept outnumber ``_KEEP_STACKS``.
+        Emptied stacks are kept for the next frame (docs/architecture.md, "The hot path");
+        those of threads gone are dropped here, once the stacks that are kept outnumber
+        ``_KEEP_STACKS``.
         """
         stacks = self.by_key
         if len(stacks) >= _KEEP_STACKS:
@@ -79,28 +82,6 @@ class Stacks:
         stack: Stack = []
         stacks[key] = stack
         return stack
-
-    def unlink(self, frame: Frame, i: int) -> None:
-        """Take lever ``i`` of ``frame`` off its stack, if it is there."""
-        stack = self.by_key.get(frame.key(i))
-        if stack is None:
-            return
-        for j in range(len(stack) - 1, -1, -1):
-            entry = stack[j]
-            if entry[0] is frame and entry[1] == i:
-                del stack[j]
-                break
-
-    def drop_stale(self, stack: Stack, frame: Frame) -> None:
-        """Drop the entries of frames that are not open (a roll-back cut short by a second
-        interrupt from a plain signal handler): nothing holds them, and nothing must be
-        re-applied from them."""
-        opened = self.open
-        stack[:] = [entry for entry in stack if entry[0] is frame or entry[0].id in opened]
-
-    def on_a_stack(self, frame: Frame, i: int) -> bool:
-        """Whether lever ``i`` of ``frame`` is still on its stack."""
-        return any(f is frame and k == i for f, k in self.by_key.get(frame.key(i)) or ())
 
     def on_top(self, frame: Frame, i: int) -> bool:
         """Whether lever ``i`` of ``frame`` is the top of its stack (else another frame's

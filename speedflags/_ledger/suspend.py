@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 from .frame import Frame
 from .interrupts import PENDING, critical, deliver_pending
 from .own_writes import _WRITING, section
-from .rare_paths import HELD_NOTE
+from .unwind import HELD_NOTE
 
 if TYPE_CHECKING:
-    from .history import Where
+    from .._tracing import Where
     from .protocol import FrameLedger
 
 __all__ = ["HELD_NOTE", "PUT_BACK", "Suspended", "put_back", "reopen"]
@@ -126,7 +126,7 @@ def put_back(ledger: FrameLedger, frame: Frame, states: dict[int, Any], where: W
         if states:
             _write_back(ledger, frame, states, where)
     finally:  # signal_safe handlers deferred in here
-        while True:  # no check point after the last test: see deliver_pending
+        while True:  # the drain (interrupts.py): no check point after its last test
             if not PENDING:
                 break
             deliver_pending()
@@ -163,7 +163,7 @@ def reopen(ledger: FrameLedger, frame: Frame) -> None:
         _adopt_orphan(ledger, frame, mark)  # take it now, as close_left_open finds an open's
         raise
     finally:  # signal_safe handlers deferred in here
-        while True:  # no check point after the last test: see deliver_pending
+        while True:  # the drain (interrupts.py): no check point after its last test
             if not PENDING:
                 break
             deliver_pending()

@@ -252,11 +252,11 @@ def load_levers(path: PathLike) -> dict[str, Any]:
     levers = data.get("levers", data if "tune" not in data else {})
     if not isinstance(levers, dict):
         raise InvalidValueError(f"{call}: 'levers' must be a table, got {type(levers).__name__}")
-    unknown = [name for name in levers if name not in registry.LEVER_NAMES]
+    unknown = [name for name in levers if name not in registry.lever_names()]
     if unknown:
         raise InvalidTypeError(
             f"{call}: {short_repr(unknown[0])} is not a lever; "
-            f"valid: {', '.join(sorted(registry.LEVER_NAMES))}"
+            f"valid: {', '.join(sorted(registry.lever_names()))}"
         )
     return plain_levers(check_levers(call, levers))
 

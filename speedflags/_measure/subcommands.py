@@ -1,4 +1,5 @@
-"""The subcommands ``bench`` and ``verify`` share: one parser, made the same way.
+"""What the subcommands share: ``bench``'s and ``verify``'s parser, made the same way, and
+the error every command line's checks raise (:class:`UsageError`).
 
 Both are ``python -m speedflags`` subcommands whose description is a preformatted text and
 whose first option is ``--device``; each adds its own options after it.
@@ -17,9 +18,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["DEVICE_HELP", "add_subcommand"]
+__all__ = ["DEVICE_HELP", "UsageError", "add_subcommand"]
 
 DEVICE_HELP = "cpu, cuda or cuda:N (default: cuda if available)"
+
+
+class UsageError(Exception):
+    """A bad command line (an option, a target file): one line naming it, exit status 2.
+    ``python -m speedflags`` says it as ``speedflags <command>: ...``."""
 
 
 def add_subcommand(sub: Any, name: str, *, help: str, description: str) -> argparse.ArgumentParser:

@@ -99,7 +99,7 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
     before = snapshot()
     with measuring():  # emulated levers are entered on purpose: their verdict says so
         verdicts = [_baseline(ctx)]
-        for spec in registry.REGISTRY:
+        for spec in registry.specs():
             for value in wanted.get(spec.name, ()):
                 verdicts.append(_one(ctx, spec, value))
     changed = _changed(before, snapshot())
@@ -114,13 +114,13 @@ def verify(device: DeviceLike = None, levers: LeversArg = None) -> Verification:
 
 
 def _wanted(levers: LeversArg) -> dict[str, tuple[Any, ...]]:
-    choices = ", ".join(registry.LEVER_NAMES)
+    choices = ", ".join(registry.lever_names())
     if levers is None:
-        return {spec.name: spec.candidates for spec in registry.REGISTRY}
+        return {spec.name: spec.candidates for spec in registry.specs()}
     items = named_levers("verify", levers, choices)
     out: dict[str, tuple[Any, ...]] = {}
     for name, values in items:
-        if not isinstance(name, str) or name not in registry.LEVER_NAMES:
+        if not isinstance(name, str) or name not in registry.lever_names():
             raise InvalidValueError(
                 f"verify(levers=...): unknown lever {short_repr(name)}; valid: {choices}"
             )
@@ -153,7 +153,7 @@ def verifiable_levers() -> list[str]:
         >>> "tf32" in verifiable_levers(), "deterministic" in verifiable_levers()
         (True, False)
     """
-    return [name for name in registry.LEVER_NAMES if name in probes.PROBES]
+    return [name for name in registry.lever_names() if name in probes.PROBES]
 
 
 def _baseline(ctx: probes.Context) -> Verdict:

@@ -30,7 +30,7 @@ from ..levers import registry
 from ..levers._model_shadow import fsdp_owner
 from ..levers.registry import check_model, lever_spec
 from .candidates import verdicts_of
-from .compare import Plan
+from .compare import Effort
 from .result import Row, TuneResult
 from .search import COMPILE, Search
 from .state import find_state
@@ -137,7 +137,7 @@ def run(
     model: torch.nn.Module | None = None,
     progress: Callable[[str], None] | None = None,
     clock: Callable[[], float] | None = None,
-    plan: Plan | None = None,
+    plan: Effort | None = None,
 ) -> TuneResult:
     """:func:`tune` with the step's arguments given apart, a progress callback (one line
     per step), and, for tests, another clock and timing plan."""
@@ -162,7 +162,7 @@ def run(
         wanted=wanted,
         try_compile=try_compile,
         model=model,
-        plan=plan or Plan(),
+        plan=plan or Effort(),
         clock=clock,
         progress=progress,
     )
@@ -197,7 +197,7 @@ def _wanted(levers: LeversArg) -> tuple[dict[str, Sequence[Any]] | None, bool]:
         if name == COMPILE:
             try_compile = values is None or bool(values)
             continue
-        if not isinstance(name, str) or name not in registry.LEVER_NAMES:
+        if not isinstance(name, str) or name not in registry.lever_names():
             raise InvalidValueError(
                 f"tune(levers=...): unknown lever {short_repr(name)}; valid: {_choices()}"
             )
@@ -268,7 +268,7 @@ def _first_device(values: Sequence[Any], depth: int = 0) -> torch.device | None:
 
 def _choices() -> str:
     """What ``levers=`` may name: every lever (registered ones too) and compile."""
-    return ", ".join(sorted((*registry.LEVER_NAMES, COMPILE)))
+    return ", ".join(sorted((*registry.lever_names(), COMPILE)))
 
 
 def _model_levers(wanted: Mapping[str, Sequence[Any]] | None) -> list[tuple[str, Any]]:
@@ -276,6 +276,6 @@ def _model_levers(wanted: Mapping[str, Sequence[Any]] | None) -> list[tuple[str,
     pairs: what ``model=`` is for."""
     return [
         (spec.name, None)
-        for spec in registry.REGISTRY
+        for spec in registry.specs()
         if spec.per_model and (wanted is None or spec.name in wanted)
     ]

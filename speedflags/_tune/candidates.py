@@ -101,7 +101,7 @@ def candidates(
     """
     tried: list[Levers] = []
     skipped: list[Row] = []
-    for spec in registry.REGISTRY:
+    for spec in registry.specs():
         if wanted is not None and spec.name not in wanted:
             continue
         values = spec.candidates if wanted is None else wanted[spec.name]

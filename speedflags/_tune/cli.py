@@ -39,6 +39,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from .._measure.subcommands import UsageError
 from .._short_repr import short_repr, short_str
 from ..levers import registry
 from ..levers.registry import lever_spec
@@ -64,10 +65,6 @@ then, in the training script:
   if levers:
       step = speedflags.speedup(**levers)(step)
 """
-
-
-class UsageError(Exception):
-    """A bad command line, reported as ``speedflags tune: ...`` with exit status 2."""
 
 
 def _positive(text: str) -> float:
@@ -102,7 +99,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--levers",
         default=None,
         help="comma-separated levers to try, at least one (default: all, and compile): "
-        + ", ".join(sorted(name for name in (*registry.LEVER_NAMES, COMPILE) if _tried(name))),
+        + ", ".join(sorted(name for name in (*registry.lever_names(), COMPILE) if _tried(name))),
     )
     parser.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: the arguments' device)"

@@ -18,11 +18,11 @@ from .._measure.noise import MIN_GAIN, Z, speedup_and_noise
 from .._measure.noise import median_error as _median_error
 from .._measure.timing import Timing
 
-__all__ = ["MIN_GAIN", "Plan", "Z", "compare", "faster", "median_error"]
+__all__ = ["MIN_GAIN", "Effort", "Z", "compare", "faster", "median_error"]
 
 
 @dataclass(frozen=True)
-class Plan:
+class Effort:
     """How hard each timing works (the defaults when no ``seconds`` bound is given)."""
 
     short_s: float = 0.15  # timed seconds per candidate in the short round

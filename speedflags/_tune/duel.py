@@ -13,8 +13,8 @@ are timed again in a *duel*: one call each in turn, in an order that rotates eve
 share the machine's load. Each block of :data:`BLOCK` rounds gives every candidate one
 median, and blocks pair like the passes of :func:`speedflags._tune.compare.compare` (ratio
 of medians taken within a second of each other). Blocks are added, at least
-``Plan.duel_min_blocks``, while the order of the top two and their gain over fp32 are not
-yet clear beyond the noise and the time allows (``Plan.duel_s`` of measured calls, half of
+``Effort.duel_min_blocks``, while the order of the top two and their gain over fp32 are not
+yet clear beyond the noise and the time allows (``Effort.duel_s`` of measured calls, half of
 what is left under a ``seconds`` bound). The duel's timings replace the candidates' earlier
 ones, so the choice is made on paired figures; :func:`confidence` then says whether it is
 clear or "within noise", with both figures.
@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 
 from .._measure.rounds import measure_rounds, warm_up
 from .._measure.timing import Timing
-from .compare import MIN_GAIN, Plan, Z, compare, faster
-from .entry import Entry, StepRunner
+from .compare import MIN_GAIN, Effort, Z, compare, faster
+from .entry import Candidate, StepRunner
 
 __all__ = ["BLOCK", "NOISY", "TOP", "confidence", "contenders", "duel", "rotated"]
 
@@ -37,14 +37,14 @@ TOP = 3  # candidates in a duel, besides fp32
 BLOCK = 3  # rounds per block: one median per candidate and block
 
 
-def contenders(entries: Sequence[Entry]) -> list[Entry]:
+def contenders(entries: Sequence[Candidate]) -> list[Candidate]:
     """The candidates to duel (fastest median first), or none when the timings are clear.
 
     Example:
         >>> from speedflags._measure.timing import Timing
         >>> from speedflags._tune.duel import contenders
-        >>> from speedflags._tune.entry import Entry
-        >>> a, b = Entry((("amp", "bf16"),), "lever"), Entry((("tf32", True),), "lever")
+        >>> from speedflags._tune.entry import Candidate
+        >>> a, b = Candidate((("amp", "bf16"),), "lever"), Candidate((("tf32", True),), "lever")
         >>> a.timing = b.timing = Timing.of([[1.0, 1.0]])  # timed (the figures below)
         >>> a.row.speedup, a.row.noise, a.row.accepted = 1.10, 0.17, False   # noisy
         >>> b.row.speedup, b.row.noise, b.row.accepted = 1.15, 0.02, True
@@ -108,12 +108,12 @@ def rotated(
 
 
 def duel(
-    fp32: Entry,
-    top: Sequence[Entry],
+    fp32: Candidate,
+    top: Sequence[Candidate],
     *,
-    runner: Callable[[Entry], StepRunner],
+    runner: Callable[[Candidate], StepRunner],
     clock: Callable[[], float],
-    plan: Plan,
+    plan: Effort,
     left: Callable[[], float],
     say: Callable[[str], None],
 ) -> int:
@@ -155,7 +155,7 @@ def duel(
     return len(blocks[0])
 
 
-def _figure(entry: Entry) -> str:
+def _figure(entry: Candidate) -> str:
     speedup, noise = entry.row.speedup, entry.row.noise
     if speedup is None:
         return "-"
@@ -163,7 +163,7 @@ def _figure(entry: Entry) -> str:
     return f"{speedup:.2f}x ± {spread}"
 
 
-def confidence(entries: Sequence[Entry], best: Entry | None) -> tuple[str, str]:
+def confidence(entries: Sequence[Candidate], best: Candidate | None) -> tuple[str, str]:
     """``("clear", "")`` or ``("within noise", why)`` for the choice ``best`` among ``entries``.
 
     Within noise: the runner-up (the fastest other candidate timed, whose levers neither
@@ -176,8 +176,8 @@ def confidence(entries: Sequence[Entry], best: Entry | None) -> tuple[str, str]:
         >>> from speedflags._measure.timing import Timing
         >>> from speedflags._tune.compare import compare
         >>> from speedflags._tune.duel import confidence
-        >>> from speedflags._tune.entry import Entry
-        >>> a, b = Entry((("amp", "bf16"),), "lever"), Entry((("tf32", True),), "lever")
+        >>> from speedflags._tune.entry import Candidate
+        >>> a, b = Candidate((("amp", "bf16"),), "lever"), Candidate((("tf32", True),), "lever")
         >>> fp32 = Timing.of([[1.0], [1.2], [1.0]])
         >>> a.timing, a.against = Timing.of([[0.7], [0.9], [0.8]]), fp32
         >>> b.timing, b.against = Timing.of([[0.8], [0.8], [0.85]]), fp32

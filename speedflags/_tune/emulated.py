@@ -13,18 +13,18 @@ from collections.abc import Callable
 
 from .._measure.rounds import measure_rounds, warm_up
 from .._measure.vocabulary import EMULATED
-from .entry import Entry, StepRunner
+from .entry import Candidate, StepRunner
 from .result import ms
 
 __all__ = ["time_once"]
 
 
 def time_once(
-    fp32: Entry,
-    entry: Entry,
+    fp32: Candidate,
+    entry: Candidate,
     *,
-    runner: Callable[[Entry], StepRunner],
-    check: Callable[[Entry], None],
+    runner: Callable[[Candidate], StepRunner],
+    check: Callable[[Candidate], None],
     clock: Callable[[], float],
     left: Callable[[], float],
     say: Callable[[str], None],

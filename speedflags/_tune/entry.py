@@ -14,11 +14,11 @@ from .._measure.timing import Timing
 from .candidates import Levers
 from .result import Row
 
-__all__ = ["Entry", "StepRunner"]
+__all__ = ["Candidate", "StepRunner"]
 
 
 @dataclass
-class Entry:
+class Candidate:
     """A candidate: its levers, its wrapped call, its row and its timings.
 
     ``timing`` is its per-call times from the last timing it took part in, ``against``

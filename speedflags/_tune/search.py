@@ -54,10 +54,10 @@ from ..errors import CudaGraphsError
 from ..levers.lever_sets import with_baseline
 from ..levers.registry import check_levers, lever_spec
 from .candidates import calls_of, can_compile, candidates, combinations
-from .compare import Plan, compare, faster
+from .compare import Effort, compare, faster
 from .duel import confidence, contenders, duel, rotated
 from .emulated import time_once
-from .entry import Entry, StepRunner
+from .entry import Candidate, StepRunner
 from .graphs import judge
 from .result import TuneResult, ms
 from .state import Outputs, StepState, check_reference, error_against, reference_outputs
@@ -89,13 +89,13 @@ class Search:
         wanted: Mapping[str, Sequence[Any]] | None = None,
         try_compile: bool = True,
         model: torch.nn.Module | None = None,
-        plan: Plan | None = None,
+        plan: Effort | None = None,
         clock: Callable[[], float] | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs)
         self.budget, self.seconds, self.device = budget, seconds, device
-        self.wanted, self.try_compile, self.plan = wanted, try_compile, plan or Plan()
+        self.wanted, self.try_compile, self.plan = wanted, try_compile, plan or Effort()
         self.model = model
         self.clock = clock or timer_for(device)
         self.say = progress or (lambda line: None)
@@ -117,7 +117,7 @@ class Search:
 
     # --- one candidate --------------------------------------------------------------------
 
-    def _wrap(self, entry: Entry) -> Entry:
+    def _wrap(self, entry: Candidate) -> Candidate:
         """Give ``entry`` its call: the step under one frame per call, as ``@speedup`` runs it.
 
         One frame per call, not one around all calls: autocast caches its casts of the
@@ -146,23 +146,23 @@ class Search:
             entry.call = spec(self.fn)
         return entry
 
-    def _step(self, entry: Entry) -> Callable[..., Any]:
+    def _step(self, entry: Candidate) -> Callable[..., Any]:
         call = entry.call if entry.call is not None else self._wrap(entry).call
         if call is None:  # pragma: no cover - _wrap always sets it
             raise RuntimeError(f"tune: no call for {entry.row.label}")
         return call
 
-    def _runner(self, entry: Entry) -> StepRunner:
+    def _runner(self, entry: Candidate) -> StepRunner:
         # ``entry``'s step as a runner: each call from the step's state and arguments
         return StepRunner(self._step(entry), self)
 
-    def _call(self, entry: Entry) -> Any:
+    def _call(self, entry: Candidate) -> Any:
         self.state.restore()
         out = self._step(entry)(*self.args, **self.kwargs)
         synchronize(self.device)
         return out
 
-    def _check(self, entry: Entry) -> None:
+    def _check(self, entry: Candidate) -> None:
         """One call: its error against the reference; reject it if over the budget."""
         reference = self.reference or []
         try:
@@ -183,7 +183,7 @@ class Search:
 
     def _time(
         self,
-        entries: Sequence[Entry],
+        entries: Sequence[Candidate],
         seconds: float,
         rounds: int,
         passes: int,
@@ -228,7 +228,9 @@ class Search:
         shown = ", ".join(f"{e.row.label} {e.row.speedup or 0:.2f}x" for e in entries[1:])
         self.say(f"timed {len(entries) - 1} beside fp32 ({ms(fp32.median)}): {shown}")
 
-    def _fit(self, entries: Sequence[Entry], rounds: int, passes: int) -> tuple[int, int] | None:
+    def _fit(
+        self, entries: Sequence[Candidate], rounds: int, passes: int
+    ) -> tuple[int, int] | None:
         """``(rounds, passes)`` for a long timing that fits in most of the time left.
 
         Fewer rounds first, then three passes of two rounds; ``None`` if even that does not
@@ -243,13 +245,13 @@ class Search:
             return rounds, passes
         return (6, 3) if per_round * 9 <= budget else None
 
-    def _affordable(self, entries: Sequence[Entry], calls: int) -> bool:
+    def _affordable(self, entries: Sequence[Candidate], calls: int) -> bool:
         cost = sum((e.estimate or self.first_s) for e in entries) * calls
         return self.left() > cost
 
     # --- stages ---------------------------------------------------------------------------
 
-    def _halve(self, fp32: Entry, entries: list[Entry]) -> list[Entry]:
+    def _halve(self, fp32: Candidate, entries: list[Candidate]) -> list[Candidate]:
         """Short timing for all; the faster half (at least three) goes on, less what is slower
         than fp32.
 
@@ -275,7 +277,9 @@ class Search:
                 going.append(entry)
         return going
 
-    def _settle(self, fp32: Entry, entries: list[Entry], also: Sequence[Entry] = ()) -> None:
+    def _settle(
+        self, fp32: Candidate, entries: list[Candidate], also: Sequence[Candidate] = ()
+    ) -> None:
         """Long timing beside fp32 (and ``also``); set ``accepted``."""
         plan = self.plan
         timed = [fp32, *also, *entries]
@@ -294,13 +298,13 @@ class Search:
             elif entry.row.note.startswith("not faster"):
                 entry.row.note = ""
 
-    def _choose(self, entries: Sequence[Entry]) -> Entry | None:
+    def _choose(self, entries: Sequence[Candidate]) -> Candidate | None:
         """The fastest accepted candidate, less every lever that does not earn its place."""
         accepted = [e for e in entries if e.row.accepted and not e.compile]
         if not accepted:
             return None
 
-        def rank(entry: Entry) -> tuple[float, int]:
+        def rank(entry: Candidate) -> tuple[float, int]:
             return (entry.row.speedup or 0.0, -len(entry.levers))  # a tie: fewer levers
 
         best = max(accepted, key=rank)
@@ -323,7 +327,7 @@ class Search:
                 entry.row.note = f"accepted, but {best.row.label} is chosen"
         return best
 
-    def _drift(self, fp32: Entry, entry: Entry) -> None:
+    def _drift(self, fp32: Candidate, entry: Candidate) -> None:
         """The gap between ``entry``'s output and fp32's after :data:`DRIFT_STEPS` steps in a
         row from the same start (a train step's loss: what the lower precision, and the
         float32 master weights it keeps, do over several optimizer steps); the step's state
@@ -345,14 +349,14 @@ class Search:
         entry.row.drift = gap
         self.say(f"{entry.row.label}: output gap to fp32 after {DRIFT_STEPS} steps {gap:.1e}")
 
-    def _compile(self, fp32: Entry, best: Entry | None) -> Entry | None:
+    def _compile(self, fp32: Candidate, best: Candidate | None) -> Candidate | None:
         if self.left() < COMPILE_MIN_S:
             self.notes.append(f"note: compile not tried: less than {COMPILE_MIN_S:.0f} s left")
             return None
-        entry = Entry(best.levers if best is not None else (), "compile", True)
+        entry = Candidate(best.levers if best is not None else (), "compile", True)
         return self._race_compiled(fp32, best, entry, "torch.compile")
 
-    def _cuda_graphs(self, fp32: Entry, best: Entry | None) -> Entry | None:
+    def _cuda_graphs(self, fp32: Candidate, best: Candidate | None) -> Candidate | None:
         """``speedup(cuda_graphs=True, **choice)`` on a GPU, for a launch-bound step."""
         from .._compile.graph_policy import unavailable  # local: compile/ loads with it
 
@@ -371,13 +375,13 @@ class Search:
             return None
         self.notes.append(f"note: CUDA graphs tried: launch-bound: {figures}")
         levers = best.levers if best is not None else ()
-        entry = Entry(levers, "cuda_graphs", compile=True, cuda_graphs=True)
+        entry = Candidate(levers, "cuda_graphs", compile=True, cuda_graphs=True)
         # two more untimed calls after the check: the graphs recorded, then replayed
         return self._race_compiled(fp32, best, entry, "torch.compile with CUDA graphs", calls=2)
 
     def _race_compiled(
-        self, fp32: Entry, best: Entry | None, entry: Entry, what: str, calls: int = 0
-    ) -> Entry:
+        self, fp32: Candidate, best: Candidate | None, entry: Candidate, what: str, calls: int = 0
+    ) -> Candidate:
         """Check a compiled candidate, make ``calls`` more untimed calls, time it beside fp32
         and the choice; accepted when faster than both beyond the noise."""
         entry = self._wrap(entry)
@@ -426,7 +430,7 @@ class Search:
 
     def _run(self) -> TuneResult:
         before = snapshot()
-        fp32 = Entry((), "reference")
+        fp32 = Candidate((), "reference")
         # A priming call in fp32: it records the torch functions the step calls, and
         # creates what a train step creates lazily (optimizer moments) before the copy
         # that every later call starts from.
@@ -439,13 +443,13 @@ class Search:
         self.say(f"reference: plain fp32; state reset before each call: {self.state.describe()}")
         check_reference(self.reference)
         singles, rows = candidates(self.device, self.wanted, calls, model=self.model is not None)
-        entries = [Entry(levers, "lever") for levers in singles]
+        entries = [Candidate(levers, "lever") for levers in singles]
         for entry in entries:
             self._check(entry)
         self._settle(fp32, self._halve(fp32, [e for e in entries if not e.rejected]))
         emulated = []
         for row in [r for r in rows if r.verdict == EMULATED]:
-            once = Entry(check_levers("tune", row.levers), "lever")
+            once = Candidate(check_levers("tune", row.levers), "lever")
             once.row.note = row.note.removeprefix(f"{EMULATED}: ")
             time_once(
                 fp32, once, runner=self._runner, check=self._check, clock=self.clock,
@@ -455,7 +459,7 @@ class Search:
         rows = [r for r in rows if r.verdict != EMULATED]
         accepted = [e for e in entries if e.row.accepted]
         pairs = [(e.levers, e.row.speedup or 0.0) for e in accepted]
-        combos = [Entry(levers, "combination") for levers in combinations(pairs)]
+        combos = [Candidate(levers, "combination") for levers in combinations(pairs)]
         for entry in combos:
             self._check(entry)
         going = self._halve(fp32, [e for e in combos if not e.rejected])

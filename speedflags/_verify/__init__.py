@@ -13,9 +13,9 @@ lives in :mod:`speedflags._measure`: :mod:`~speedflags._measure.verdicts` (``ver
 :mod:`~speedflags._measure.evidence` (inputs, error levels, dispatch and profiler
 recording), :mod:`~speedflags._measure.causes` (why a lever is not in effect),
 :mod:`~speedflags._measure.verification` (verdicts, table, JSON). Here: :mod:`.cli`
-(``python -m speedflags verify``), and for ``make gpu-check``: :mod:`.gpu_check` (the
-driver), :mod:`.gpu_steps` (what it runs), :mod:`.gpu_machine` (what it records of the
-machine), :mod:`.summary` with :mod:`.sections`, and :mod:`.peaks`.
+(``python -m speedflags verify``). ``make gpu-check``, which runs ``verify`` among the
+project's own tests and benchmarks on a GPU machine, is the repository's (``tools/gpu_check/``),
+not the installed package's.
 
 May import: :mod:`speedflags._measure` and the layers below the tools (``fast_math``,
 ``status``, ``hardware``, ``errors``, ``levers.registry``); never ``bench`` or ``tune``,

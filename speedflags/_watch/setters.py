@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .._ledger.history import format_where
-from .._ledger.own_writes import Where
+from .._tracing import Where
 from .._warn import PACKAGE_DIR
 from ..levers import _fp32_model as family
 from ..levers import registry
@@ -291,9 +291,10 @@ class Domain(NamedTuple):
 
 def domains() -> tuple[Domain, ...]:
     """From the registry: one entry per domain; thread levers once per autocast device type;
-    then one per guarded setting. Model levers have no process-wide state and no entry."""
+    then one per guarded setting (a view of a lever's domain where a lever of one's own writes
+    it). Model levers have no process-wide state and no entry."""
     found: dict[str, Domain] = {}
-    for spec in registry.REGISTRY:
+    for spec in registry.specs():
         if spec.per_model:  # a model's state: nothing process-wide to watch
             continue
         device_types = AUTOCAST_DEVICE_TYPES if spec.scope == "thread" else ("cpu",)
@@ -310,6 +311,10 @@ def domains() -> tuple[Domain, ...]:
                 found[lever.domain] = old._replace(views=(*old.views, view))
     for setting in GUARDED:
         view = (setting.name, setting.name, setting)
+        old = found.get(setting.domain)
+        if old is not None:  # a lever of one's own over it (num_threads): read by the lever
+            found[setting.domain] = old._replace(views=(*old.views, view))
+            continue
         found[setting.domain] = Domain(
             setting.domain, setting.scope == "thread", setting, setting.name, (view,)
         )

@@ -44,14 +44,15 @@ from .. import _warn
 from .._ledger import own_writes as _own_writes
 from .._ledger.history import format_where
 from .._ledger.ledger import ledger
-from .._ledger.own_writes import OWN_WRITES, Where
+from .._ledger.own_writes import OWN_WRITES
 from .._short_repr import short_repr
+from .._tracing import Where
 from ..errors import SpeedflagsWarning
 from ..levers import _fp32_model as family
-from ..levers import culprits
+from ..levers import culprits, registry
 from ..levers._base import Guard, Lever
 from ..levers.culprits import NOT_WATCHING, known_torch_write
-from ..levers.guarded import GUARDED
+from ..levers.guarded import Setting
 from ..levers.registry import lever_spec
 from .setters import (
     SETTERS,
@@ -77,13 +78,7 @@ class _Watcher:
     """The process's one set of wrappers, installed while at least one watch is started."""
 
     def __init__(self) -> None:
-        self.domains = domains()
-        # every boundary reads every domain: (key, read, domain), bound once, by scope
-        self._process_reads = [(d.key, d.lever.read, d) for d in self.domains if not d.thread]
-        self._thread_reads = [(d.key, d.lever.read, d) for d in self.domains if d.thread]
-        guarded = {setting.domain for setting in GUARDED}
-        self._process_levers = [r for r in self._process_reads if r[0] not in guarded]
-        self._thread_levers = [r for r in self._thread_reads if r[0] not in guarded]
+        self._bind()
         self.family = lever_spec("tf32").lever().domain
         self.count = 0  # started watches
         self.ever = False
@@ -101,6 +96,31 @@ class _Watcher:
         self.by_getter: dict[tuple[str, int | None], tuple[Write, Any]] = {}
         self.seen = 0  # writes remembered so far
         self.recent: deque[tuple[int, str, Write]] = deque(maxlen=256)  # (number, domain, write)
+
+    def _bind(self) -> None:
+        # every boundary reads every domain: (key, read, domain), bound once per version of
+        # the registry (a lever registered while watching is watched from its next boundary)
+        self.version = registry.version
+        self.domains = domains()
+        self._process_reads = [(d.key, d.lever.read, d) for d in self.domains if not d.thread]
+        self._thread_reads = [(d.key, d.lever.read, d) for d in self.domains if d.thread]
+        # those a ledger frame writes: every domain a lever holds (a lever of one's own over
+        # a guarded setting included), not the guarded settings alone
+        self._process_levers = [
+            r for r in self._process_reads if not isinstance(r[2].lever, Setting)
+        ]
+        self._thread_levers = [r for r in self._thread_reads if not isinstance(r[2].lever, Setting)]
+
+    def _rebind(self) -> None:
+        """The registry changed: read its domains again; a new one's state now is expected."""
+        self._bind()
+        for reads, expected in (
+            (self._process_reads, self._expected),
+            (self._thread_reads, self._thread_expected()),
+        ):
+            for key, read, _ in reads:
+                if key not in expected:
+                    expected[key] = read()
 
     # --- install and remove ----------------------------------------------------------------
 
@@ -277,6 +297,8 @@ class _Watcher:
 
     def boundary(self, the_ledger: Any, label: str, where: Where) -> None:
         """Changes since the last boundary that no watched write explains: recorded as unknown."""
+        if registry.version != self.version:
+            self._rebind()
         for reads, expected in (
             (self._process_reads, self._expected),
             (self._thread_reads, self._thread_expected()),

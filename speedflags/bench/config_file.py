@@ -190,10 +190,10 @@ class _Reader:
                 if isinstance(value, str) and value in words:
                     value = words[value]
                 levers[lever] = value
-            elif knob in registry.LEVER_NAMES:
+            elif knob in registry.lever_names():
                 levers[knob] = value
             else:
-                valid = ", ".join((*registry.LEVER_NAMES, *OTHER_KNOBS, "dtype"))
+                valid = ", ".join((*registry.lever_names(), *OTHER_KNOBS, "dtype"))
                 raise self.fail(key, knob, f"not a lever; valid: {valid}")
         try:
             check_levers(f"{self.where}: {key}", levers)

@@ -38,7 +38,7 @@ def baseline_levers() -> dict[str, Any]:
     """
     return {
         spec.name: spec.baseline
-        for spec in registry.REGISTRY
+        for spec in registry.specs()
         if spec.has_baseline and not spec.per_model
     }
 
@@ -64,7 +64,7 @@ def with_baseline(levers: Sequence[tuple[str, Any]]) -> dict[str, Any]:
         except InvalidValueError:
             continue
         merged[name] = value
-    return {spec.name: merged[spec.name] for spec in registry.REGISTRY if spec.name in merged}
+    return {spec.name: merged[spec.name] for spec in registry.specs() if spec.name in merged}
 
 
 def lever_snapshot(device_types: Sequence[str] = AUTOCAST_DEVICE_TYPES) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def lever_snapshot(device_types: Sequence[str] = AUTOCAST_DEVICE_TYPES) -> dict[
     Model levers have no state outside a model and are left out.
     """
     out: dict[str, Any] = {}
-    for spec in registry.REGISTRY:
+    for spec in registry.specs():
         if spec.per_model:
             continue
         if spec.scope == "thread":

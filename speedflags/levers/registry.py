@@ -1,16 +1,21 @@
-"""The lever registry: the one list of levers that everything else reads, collected from the
-levers' own declarations.
+"""The lever registry: the one list of levers that everything else reads.
 
-Each lever module declares its levers once (``DECLARED``, made with
-:func:`~speedflags.levers.spec.declare`): name, scope, values and their validation, effect
-per device, words, shorthand. This module finds them (every module of ``speedflags.levers``
-that is not part of the machinery), orders them by their ``order`` (the order a frame
-applies them in) and keeps :data:`REGISTRY`; ``fast_math``, ``@speedup``, ``Schedule``, the
+Three kinds of lever join it, each once: the built-in levers, declared in their own modules
+(``DECLARED``, made with :func:`~speedflags.levers.spec.declare`) and listed by module in
+:data:`BUILT_IN_MODULES`; a program's or library's own, given to
+:func:`register_lever` (or made with ``speedflags.lever``, which registers it); and the
+levers installed packages declare under the entry-point group ``speedflags.levers``
+(:mod:`.installed`), registered the first time something asks for every lever
+(:func:`specs`, :func:`lever_names`) or for a name the registry does not know yet
+(:func:`lever_spec`, :func:`check_levers`). ``fast_math``, ``@speedup``, ``Schedule``, the
 report, the bench configurations, the rank check, ``watch``, the pytest plugin, the
-integrations and ``tune`` all derive their lever lists from it. A library adds a lever of its
-own with :func:`register_lever` (and takes it back with :func:`unregister_lever`): the
-registry is then rebuilt, so read it as ``registry.REGISTRY`` (or through :func:`specs`)
-when it is used, not once at import.
+integrations and ``tune`` derive their lever lists from it.
+
+The registry changes as levers are registered and taken back: :data:`REGISTRY` and the
+names below are rebound each time (read them as ``registry.REGISTRY`` when used, not once
+at import), and :data:`version` counts the changes for whoever derives something from them.
+:data:`REGISTRY` holds the levers registered so far; :func:`specs` also registers the
+installed ones first.
 
 Example:
     >>> from speedflags.levers.registry import LEVER_NAMES, lever_spec
@@ -25,16 +30,16 @@ Example:
 from __future__ import annotations
 
 import importlib
-import keyword
-import pkgutil
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from .. import _warn
 from .._short_repr import short_repr
-from ..errors import InvalidTypeError, InvalidValueError
+from ..errors import InstalledLeverWarning, InvalidTypeError, InvalidValueError
 from ._base import UNSET, DeviceLever, Effect
 from ._model_shadow import fsdp_owner
 from .autocast import autocast_lever
@@ -42,6 +47,7 @@ from .deterministic import BENCHMARK_CONTRADICTS
 from .spec import LeverSpec
 
 __all__ = [
+    "BUILT_IN_MODULES",
     "LEVER_NAMES",
     "MODEL_LEVER_NAMES",
     "PROCESS_LEVERS",
@@ -50,30 +56,51 @@ __all__ = [
     "autocast_lever",
     "check_levers",
     "check_model",
+    "lever_names",
     "lever_spec",
+    "load_installed",
+    "register",
     "register_lever",
     "specs",
     "unregister_lever",
 ]
 
+# The modules of speedflags.levers that declare the built-in levers (``DECLARED``): adding a
+# built-in lever is its module's line here. A frame applies them in their ``order``.
+BUILT_IN_MODULES = (
+    "precision",
+    "cudnn",
+    "sdpa",
+    "deterministic",
+    "reductions",
+    "autocast",
+    "param_dtype",
+    "memory_format",
+    "fp8",
+)
 # The device types whose thread-local state a snapshot describes.
 AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
-# The modules of speedflags.levers that are its machinery, not levers.
-_MACHINERY = frozenset({"arguments", "culprits", "guarded", "lever_sets", "registry", "spec"})
 # Keywords of fast_math and @speedup that are not levers: no lever may take their names.
 _OPTIONS = frozenset(
-    {"device", "strict", "label", "check_ranks", "model", "compile", "inference", "func"}
+    {
+        "device",
+        "strict",
+        "label",
+        "check_ranks",
+        "model",
+        "compile",
+        "cuda_graphs",
+        "inference",
+        "func",
+    }
 )
 
 
-def _declared() -> tuple[LeverSpec, ...]:
+def _built_in() -> tuple[LeverSpec, ...]:
     """Every built-in lever's declaration, in application order."""
     found: list[LeverSpec] = []
-    package = __name__.rpartition(".")[0]
-    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
-        if info.name.startswith("_") or info.name in _MACHINERY:
-            continue
-        found.extend(getattr(importlib.import_module(f"{package}.{info.name}"), "DECLARED", ()))
+    for name in BUILT_IN_MODULES:
+        found.extend(importlib.import_module(f"{__package__}.{name}").DECLARED)
     return tuple(sorted(found, key=lambda spec: spec.order))
 
 
@@ -82,6 +109,9 @@ LEVER_NAMES: tuple[str, ...] = ()
 MODEL_LEVER_NAMES: tuple[str, ...] = ()
 PROCESS_LEVERS: Mapping[str, DeviceLever] = {}
 _BY_NAME: dict[str, LeverSpec] = {}
+# name -> the object its author registered (a lever written to part of the protocol is kept
+# in the registry completed with the defaults: this is how the same object is known again)
+_OWN: dict[str, object] = {}
 _lock = threading.Lock()
 # incremented whenever the registry changes: whoever keeps something derived from it (the
 # leak plugin's domains) knows when to derive it again
@@ -98,16 +128,25 @@ def _publish(registry: tuple[LeverSpec, ...]) -> None:
     version += 1
 
 
-_publish(_declared())
+_publish(_built_in())
 
 
 def specs() -> tuple[LeverSpec, ...]:
-    """The levers, in application order (the built-in ones, then those registered)."""
+    """Every lever, in application order (the built-in ones, then the others in the order
+    they were registered), the installed packages' levers registered first."""
+    load_installed()
     return REGISTRY
 
 
+def lever_names() -> tuple[str, ...]:
+    """Every lever's ``fast_math`` keyword, in application order (as :func:`specs`)."""
+    load_installed()
+    return LEVER_NAMES
+
+
 def lever_spec(name: object, call: str = "speedflags") -> LeverSpec:
-    """The registry entry for the ``fast_math`` keyword ``name``.
+    """The registry entry for the ``fast_math`` keyword ``name`` (an installed package's
+    lever of that name is registered first).
 
     Raises:
         InvalidValueError: ``name`` is not a lever; the message lists the valid ones.
@@ -118,8 +157,12 @@ def lever_spec(name: object, call: str = "speedflags") -> LeverSpec:
         'process'
     """
     spec = _BY_NAME.get(name) if isinstance(name, str) else None
+    if spec is None and isinstance(name, str) and load_installed(name):
+        spec = _BY_NAME.get(name)
     if spec is None:
-        raise InvalidValueError(f"{call}: unknown lever {short_repr(name)}; valid: {valid_names()}")
+        raise InvalidValueError(
+            f"{call}: unknown lever {short_repr(name)}; valid: {valid_names()}{_why_not(name)}"
+        )
     return spec
 
 
@@ -144,11 +187,11 @@ def check_levers(call: str, given: Mapping[str, object]) -> tuple[tuple[str, Any
         >>> check_levers("fast_math", {"amp": "bf16", "tf32": True, "sdpa": None})
         (('tf32', True), ('amp', torch.bfloat16))
     """
-    unknown = [name for name in given if name not in _BY_NAME]
+    unknown = [name for name in given if name not in _BY_NAME and not load_installed(name)]
     if unknown:
         raise InvalidTypeError(
             f"{call}() got an unexpected keyword argument {short_repr(unknown[0])}; the levers are "
-            f"{valid_names()}, and the other arguments are keyword-only"
+            f"{valid_names()}, and the other arguments are keyword-only{_why_not(unknown[0])}"
         )
     checked = tuple(
         (spec.name, spec.check(call, given[spec.name]))
@@ -227,10 +270,7 @@ def _refuse_contradictions(call: str, values: Mapping[str, Any]) -> None:
     )
 
 
-# --- levers of one's own --------------------------------------------------------------------
-
-_REQUIRED = ("name", "scope", "domain", "checks_state", "read", "check", "apply", "restore",
-             "describe", "describe_value", "validate")  # fmt: skip
+# --- levers of one's own ----------------------------------------------------------------------
 
 
 def register_lever(lever: Any) -> LeverSpec:
@@ -238,45 +278,49 @@ def register_lever(lever: Any) -> LeverSpec:
     the built-in levers: validated before anything changes, nested, restored exactly,
     recorded in the history, shown by ``snapshot()``, ``report`` and the leak plugin.
 
-    ``lever`` follows the :class:`~speedflags.levers._base.Lever` protocol (``docs/ledger.md``:
-    ``name``, ``scope``, ``domain``, ``checks_state``, ``read``, ``check``, ``apply``,
-    ``restore``, ``describe``, ``describe_value``) and has ``validate(value)``, which returns
-    the value to apply or raises ``ValueError``/``TypeError`` saying what is wrong. Optional
-    attributes, read when present: ``available(value, device)`` (an
-    :class:`~speedflags.levers.Effect`; default: in effect everywhere), ``summary``,
-    ``accuracy`` and ``values`` (words for help and the report), ``baseline`` (its "off"
-    value), ``candidates`` (values ``tune`` tries) and ``dynamo_misses`` (what of its state
-    ``torch.compile`` does not guard: ``@speedup(compile=...)`` and ``guard_levers`` then
-    compile again when it changes).
+    ``speedflags.lever(name, read=..., write=...)`` makes and registers a lever from two
+    functions; this takes an object written to the lever protocol (``docs/your_own_levers.md``),
+    of which ``name``, ``read()`` and ``apply(value, before)`` are required: ``apply`` writes
+    and returns the state ``read()`` answers afterwards (the one rule for every write). The
+    rest have defaults: ``domain`` (its name), ``scope`` (``"process"``; or ``"thread"``),
+    ``restore(target, current)`` (``apply``), ``check(state)`` (nothing refused),
+    ``validate(value)`` (returns the value to apply, or raises ``ValueError``/``TypeError``
+    saying what is wrong; default: every value), ``describe(state)`` and
+    ``describe_value(value)`` (the state as it is). Optional attributes, read when present:
+    ``available(value, device)`` (an :class:`~speedflags.levers.Effect`; default: in effect
+    everywhere), ``summary``, ``accuracy`` and ``values`` (words for help and the report),
+    ``baseline`` (its "off" value), ``candidates`` (values ``tune`` tries) and
+    ``dynamo_misses`` (what of its state ``torch.compile`` does not guard:
+    ``@speedup(compile=...)`` and ``guard_levers`` then compile again when it changes).
+    ``read()`` is called once, here.
 
-    Scope: process; the registry is the process's. A lever's scope is ``"process"`` (one
+    Registering the same object again does nothing (a module that makes its lever at import
+    and is also loaded through its entry point registers it once).
+
+    Scope: process; the registry is the process's. A lever's own scope is ``"process"`` (one
     state for the process) or ``"thread"`` (one per thread).
 
     Returns:
         Its :class:`~speedflags.levers.spec.LeverSpec`.
 
     Raises:
-        InvalidTypeError: ``lever`` lacks part of the protocol (named).
-        InvalidValueError: its name is taken (a built-in lever, a registered one, or an
-            argument of ``fast_math``) or is not an identifier, its scope is neither
-            ``"process"`` nor ``"thread"``, or its domain is another lever's.
+        InvalidTypeError: ``lever`` lacks a required member (named), a method of it is not
+            callable, or its ``read()`` answers a value that is not hashable.
+        InvalidValueError: its name is taken (a built-in lever, another registered one, or
+            an argument of ``fast_math``) or is not an identifier, its scope is neither
+            ``"process"`` nor ``"thread"``, its domain is another lever's (a built-in lever's
+            domains include every device's autocast, ``amp:<device>``, and every model's
+            model levers, ``param_dtype:<model>``), or its ``read()`` raises.
 
     Example:
         >>> import speedflags
         >>> class Knob:  # a process-wide setting of one's own, over a dict
-        ...     name = domain = "knob"
-        ...     scope = "process"
-        ...     checks_state = False
+        ...     name = "knob"
         ...     state = {"knob": 0}
-        ...     def validate(self, value):
-        ...         if not isinstance(value, int): raise TypeError("expected an int")
-        ...         return value
         ...     def read(self): return self.state["knob"]
-        ...     def check(self, state): pass
-        ...     def apply(self, value, before): self.state["knob"] = value; return value
-        ...     def restore(self, target, current): return self.apply(target, current)
-        ...     def describe(self, state): return state
-        ...     def describe_value(self, value): return value
+        ...     def apply(self, value, before):
+        ...         self.state["knob"] = value
+        ...         return self.read()  # the state read back: the rule for every write
         >>> _ = speedflags.register_lever(Knob())
         >>> with speedflags.fast_math(knob=3):
         ...     Knob.state["knob"]
@@ -285,59 +329,54 @@ def register_lever(lever: Any) -> LeverSpec:
         (0, 0)
         >>> speedflags.unregister_lever("knob")
     """
-    missing = _missing(lever)
-    if missing:
-        raise InvalidTypeError(
-            f"register_lever({short_repr(lever)}): not a lever: it has no "
-            f"{', '.join(missing)} (the Lever protocol of docs/ledger.md, and validate)"
-        )
-    name, scope, domain = lever.name, lever.scope, lever.domain
-    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-        raise InvalidValueError(
-            f"register_lever(...): its name {short_repr(name)} is not a keyword argument name"
-        )
-    if scope not in ("process", "thread"):
-        raise InvalidValueError(
-            f"register_lever({name}): scope {short_repr(scope)}; valid: 'process', 'thread'"
-        )
-    if not isinstance(domain, str) or not domain:
-        raise InvalidValueError(
-            f"register_lever({name}): domain {short_repr(domain)}: expected a name"
-        )
+    name = getattr(lever, "name", None)
+    return register(lever, f"register_lever({short_repr(name) if name is not None else '...'})")
+
+
+def register(lever: Any, call: str) -> LeverSpec:
+    """:func:`register_lever`, its errors naming ``call`` (``speedflags.lever`` uses it)."""
+    from .own import checked, completed  # local: loaded by the first lever of one's own
+
+    try:
+        whole = completed(lever)
+    except InvalidTypeError as exc:
+        raise InvalidTypeError(f"{call}: {exc}") from None
+    if _OWN.get(whole.name) is lever:
+        return _BY_NAME[whole.name]  # the same object again: registered once
+    checked(call, whole)  # calls its read(): outside the lock
+    name = whole.name
     # (no loop in the locked sections below, comprehensions included: Python 3.12 inlines
     # them, and a loop inside a with-block can leave its handler uncovered; the helpers loop)
     with _lock:
+        if _OWN.get(name) is lever:
+            return _BY_NAME[name]
         if name in _BY_NAME or name in _OPTIONS:
-            taken = (
-                "a built-in lever"
-                if name in _BY_NAME and _BY_NAME[name].builtin
-                else ("a registered lever" if name in _BY_NAME else "an argument of fast_math")
-            )
             raise InvalidValueError(
-                f"register_lever({name}): the name {name!r} is taken ({taken}); lever names "
-                "are unique: unregister_lever() the other first, or choose another name"
+                f"{call}: the name {name!r} is taken ({_taken_by(name)}); lever names are "
+                "unique: unregister_lever() the other first, or choose another name"
             )
-        owner = _domain_owner(domain)
+        owner = _domain_owner(whole.domain)
         if owner is not None:
             raise InvalidValueError(
-                f"register_lever({name}): domain {domain!r} is {owner}'s: a lever's domain "
-                "names the state it writes, and the ledger keeps one stack of frames per domain"
+                f"{call}: domain {whole.domain!r} is {owner}'s: a lever's domain names the state "
+                "it writes, and the ledger keeps one stack of frames per domain"
             )
-        spec = _spec_of(lever)
+        spec = _spec_of(whole)
+        _OWN[name] = lever
         _publish((*REGISTRY, spec))
     return spec
 
 
-def _missing(lever: Any) -> list[str]:
-    """What ``lever`` lacks of the Lever protocol (a loop of its own: Python 3.12 inlines a
-    comprehension into its function, where the exception-table test counts its loop)."""
-    return [attribute for attribute in _REQUIRED if not hasattr(lever, attribute)]
+def _taken_by(name: str) -> str:
+    if name not in _BY_NAME:
+        return "an argument of fast_math"
+    return "a built-in lever" if _BY_NAME[name].builtin else "a registered lever"
 
 
 def _domain_owner(domain: str) -> str | None:
-    """The name of the lever (not a model lever) whose domain is ``domain``, or None."""
+    """The name of the lever whose domains include ``domain``, or None."""
     for spec in REGISTRY:
-        if spec.scope != "model" and spec.lever().domain == domain:
+        if spec.owns_domain(domain):
             return spec.name
     return None
 
@@ -348,8 +387,9 @@ def _registered() -> tuple[LeverSpec, ...]:
 
 
 def unregister_lever(name: str) -> None:
-    """Take back a lever :func:`register_lever` added: its keyword is refused from then on
-    (specs built with it keep working, and their blocks still restore it).
+    """Take back a lever :func:`register_lever` (or ``speedflags.lever``) added: its keyword
+    is refused from then on (specs built with it keep working, and their blocks still
+    restore it).
 
     Scope: process.
 
@@ -377,6 +417,7 @@ def unregister_lever(name: str) -> None:
                 f"unregister_lever({short_repr(name)}): no such registered lever; registered: "
                 f"{registered}"
             )
+        _OWN.pop(name, None)
         _publish(_without(spec))
 
 
@@ -385,7 +426,8 @@ def _without(spec: LeverSpec) -> tuple[LeverSpec, ...]:
 
 
 def _spec_of(lever: Any) -> LeverSpec:
-    """The declaration of a registered lever, from its attributes."""
+    """The declaration of a registered lever (completed: the whole protocol), from its
+    attributes."""
     available = getattr(lever, "available", None)
 
     def validate(value: object) -> Any:
@@ -401,10 +443,14 @@ def _spec_of(lever: Any) -> LeverSpec:
     def effect(value: Any, device: torch.device) -> Effect:
         return Effect(True, "") if available is None else available(value, device)
 
+    values = getattr(lever, "values", "")
+    if isinstance(values, tuple):  # a FunctionLever's accepted values
+        values = "one of " + ", ".join(repr(v) for v in values)
     return LeverSpec(
         name=lever.name,
         scope=lever.scope,
-        values=str(getattr(lever, "values", "") or "what its validate() accepts"),
+        domain=lever.domain,
+        values=str(values or "what its validate() accepts"),
         validate=validate,
         make=lambda _key: lever,
         summary=str(getattr(lever, "summary", "") or f"{lever.name} (registered)"),
@@ -417,3 +463,98 @@ def _spec_of(lever: Any) -> LeverSpec:
         describe=lever.describe_value,
         builtin=False,
     )
+
+
+# --- levers installed packages declare ---------------------------------------------------------
+
+# the entry points tried so far, by name (each once per process, loaded or not), and why
+# those that failed did
+_TRIED: set[str] = set()
+_FAILED: dict[str, str] = {}
+_ALL_TRIED = False
+_loading = threading.RLock()
+
+
+def load_installed(name: str | None = None) -> bool:
+    """Register the levers installed packages declare under the entry-point group
+    ``speedflags.levers`` (:mod:`.installed`): every one, or the one called ``name``; each
+    is tried once per process. True if ``name`` (when given) is a lever now.
+
+    An entry that cannot be loaded (its module fails to import, it names something that is
+    not a lever made with ``speedflags.lever``, or a lever of another name, or its name is
+    taken) is left out with an :class:`~speedflags.InstalledLeverWarning`, once; the others
+    load. Nothing is loaded while ``speedflags`` itself is being imported (an installed
+    lever's module imports it).
+    """
+    if _ALL_TRIED or (name is not None and (name in _BY_NAME or name in _TRIED)):
+        return name is not None and name in _BY_NAME
+    from . import installed  # local: loaded by the first look for installed levers
+
+    if installed.importing_speedflags():
+        return False
+    with _loading:  # one thread loads; the others wait for what it registers
+        for entry in installed.entry_points():
+            _try_installed(entry, name)  # a call: no loop body ending in an `if` under a `with`
+        if name is None:
+            _set_all_tried()
+        else:
+            _TRIED.add(name)
+    return name is not None and name in _BY_NAME
+
+
+def _try_installed(entry: Any, name: str | None) -> None:
+    """Register ``entry``'s lever unless it was tried before or is not the one ``name``
+    asks for; warn once if it cannot be."""
+    if entry.name in _TRIED or (name is not None and entry.name != name):
+        return
+    _TRIED.add(entry.name)
+    problem = _register_installed(entry)
+    if problem is not None:
+        _FAILED[entry.name] = problem
+        _warn.warn_once(("installed lever", entry.name), problem, InstalledLeverWarning)
+
+
+def _set_all_tried() -> None:
+    global _ALL_TRIED
+    _ALL_TRIED = True
+
+
+def _register_installed(entry: Any) -> str | None:
+    """Load one entry point and register the lever it names; why not, if it could not be."""
+    from . import installed
+    from .own import FunctionLever
+
+    where = f"the lever {entry.name!r} that {installed.source(entry)} installs ({entry.value})"
+    try:
+        lever = entry.load()  # imports its module, which may register the lever itself
+    except Exception as exc:
+        return f"{where} could not be loaded: {type(exc).__name__}: {exc}"
+    if not isinstance(lever, FunctionLever):
+        return (
+            f"{where} is not a lever made with speedflags.lever(): it is {short_repr(lever)}; "
+            "an entry of the group 'speedflags.levers' names such a lever"
+        )
+    if lever.name != entry.name:
+        return f"{where} is named {lever.name!r}: an entry's name is its lever's name"
+    try:
+        register_lever(lever)  # registered once: nothing if its module did it
+    except (InvalidValueError, InvalidTypeError) as exc:
+        return f"{where} cannot be registered: {exc}"
+    return None
+
+
+def _why_not(name: object) -> str:
+    """For an unknown lever: why an installed lever of that name is not there, if one is."""
+    problem = _FAILED.get(name) if isinstance(name, str) else None
+    return f" ({problem})" if problem else ""
+
+
+def _after_fork_in_child() -> None:
+    # a lock held by another thread at the fork would never be released in the child
+    global _lock, _loading
+    _lock = threading.Lock()
+    _loading = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

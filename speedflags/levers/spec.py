@@ -104,6 +104,10 @@ class LeverSpec:
         describe: a value in JSON-friendly words without a lever at hand (default: the
             lever's ``describe_value``).
         builtin: declared by speedflags (a registered lever is not).
+        domain: the state its lever writes (``Lever.domain``); for a lever made per device
+            type or per model, the stem of their domains (``"amp"``: ``"amp:cuda"``). The
+            lever owns the domain and every ``"<domain>:..."`` under it: no other lever may
+            write them (:meth:`owns_domain`).
     """
 
     name: str
@@ -123,6 +127,7 @@ class LeverSpec:
     effect_of: Callable[[Any, torch.device], Effect] | None = None
     describe: Callable[[Any], Any] | None = None
     builtin: bool = True
+    domain: str = ""
 
     def lever(self, device_type: str = "cpu", model: Any = None) -> DeviceLever:
         """The lever object for ``device_type`` (one shared instance per type), or for
@@ -132,6 +137,17 @@ class LeverSpec:
                 raise InvalidValueError(f"{self.name}: a model lever needs model=")
             return self.make(model)
         return self.make(device_type)
+
+    def owns_domain(self, domain: str) -> bool:
+        """Whether ``domain`` is one of its lever's: its domain, or one under it.
+
+        Example:
+            >>> from speedflags.levers.registry import lever_spec
+            >>> amp = lever_spec("amp")
+            >>> amp.owns_domain("amp:cuda"), amp.owns_domain("amp:xla"), amp.owns_domain("ample")
+            (True, True, False)
+        """
+        return domain == self.domain or domain.startswith(f"{self.domain}:")
 
     @property
     def per_model(self) -> bool:
@@ -185,9 +201,10 @@ def declare(
 ) -> LeverSpec:
     """A built-in lever's declaration, written in its module as ``DECLARED = (declare(...),)``.
 
-    ``lever`` is the lever itself (one instance: its ``name``, ``scope`` and ``validate``
-    are read from it), or a factory per device type or per model (then ``name``, ``scope``
-    and ``validate`` are given). ``declared`` are the other fields of :class:`LeverSpec`,
+    ``lever`` is the lever itself (one instance: its ``name``, ``scope``, ``domain`` and
+    ``validate`` are read from it), or a factory per device type or per model (then
+    ``name``, ``scope`` and ``validate`` are given, and the levers' domains are
+    ``"<name>:<device type or model>"``). ``declared`` are the other fields of :class:`LeverSpec`,
     by name: ``order``, ``values``, ``summary`` and ``accuracy`` always; ``shorthand``,
     ``baseline``, ``candidates``, ``ops``, ``dynamo_misses``, ``effect_of`` and ``describe``
     where the lever has them (an on/off lever gives ``**ON_OFF`` for ``values``, ``baseline``
@@ -205,16 +222,16 @@ def declare(
         if name is None or scope is None or validate is None:
             raise TypeError("declare(factory, ...): a factory's lever needs name, scope, validate")
         make = lever
+        domain = name
     else:
         instance = lever
         name = name or instance.name
         scope = scope or instance.scope
         validate = validate or instance.validate
+        domain = instance.domain
 
         def make(_key: Any) -> DeviceLever:
             return instance  # type: ignore[no-any-return]
 
-    annotation = get_type_hints(LeverArgs).get(name, Any)
-    return LeverSpec(
-        name=name, scope=scope, validate=validate, make=make, annotation=annotation, **declared
-    )
+    declared.update(annotation=get_type_hints(LeverArgs).get(name, Any), domain=domain)
+    return LeverSpec(name=name, scope=scope, validate=validate, make=make, **declared)

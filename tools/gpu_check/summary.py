@@ -15,10 +15,11 @@ import json
 import os
 from typing import Any
 
-from .._measure.accuracy import coarsest
-from .._measure.workloads import WORKLOADS
-from ..errors import SpeedflagsError
-from ..levers.registry import lever_spec
+from speedflags._measure.accuracy import coarsest
+from speedflags._measure.workloads import WORKLOADS
+from speedflags.errors import SpeedflagsError
+from speedflags.levers.registry import lever_spec
+
 from .peaks import peak_for
 from .sections import (
     fp8_section,
@@ -63,7 +64,7 @@ def lever_rows(verified: dict[str, Any], bench: dict[str, Any] | None) -> list[t
     """(lever, verdict, figure, speedup where measured) per verdict.
 
     Example:
-        >>> from speedflags._verify.summary import lever_rows
+        >>> from tools.gpu_check.summary import lever_rows
         >>> verified = {"verdicts": [{"lever": "amp", "value": "bf16", "label": "amp='bf16'",
         ...             "status": "verified", "figure": "output bfloat16"}]}
         >>> bench = {"results": [{"workload": "matmul", "config": "amp-bf16", "size": 8192,
@@ -112,7 +113,7 @@ def throughput_rows(
     """(group, configuration, TFLOP/s, arithmetic, share of the dense peak) per measured row.
 
     Example:
-        >>> from speedflags._verify.summary import throughput_rows
+        >>> from tools.gpu_check.summary import throughput_rows
         >>> bench = {"results": [{"workload": "matmul", "config": "amp-bf16", "size": 8192,
         ...          "group": "matmul cuda:0 8192", "flop_per_s": 7.9e14}]}
         >>> throughput_rows(bench, "NVIDIA H100 80GB HBM3")[0]

@@ -13,14 +13,14 @@ import subprocess
 import sys
 from typing import Any
 
-from .gpu_steps import ROOT
+from .steps import ROOT
 
 __all__ = ["environment", "gpu_state", "install", "installed"]
 
 
 def _cpu_info() -> dict[str, Any]:
     """The host CPU: model, logical cores, the instruction sets that set bf16/fp16 speed."""
-    from .._hardware.cpu import read_cpu_features
+    from speedflags._hardware.cpu import read_cpu_features
 
     features = read_cpu_features()
     return {
@@ -65,7 +65,7 @@ def gpu_state() -> str | None:
     holds its clocks back, as ``nvidia-smi`` reads them now; None without it.
 
     Example:
-        >>> from speedflags._verify.gpu_check import gpu_state
+        >>> from tools.gpu_check.check import gpu_state
         >>> state = gpu_state()  # e.g. '1770 MHz, 1980 MHz, 670.52 W, 700.00 W, 61; 0x...'
         >>> state is None or isinstance(state, str)
         True
@@ -82,7 +82,7 @@ def environment(gpu: bool) -> dict[str, Any]:
     plugins, and on a GPU machine the GPU's name, compute capability, driver and state.
 
     Example:
-        >>> from speedflags._verify.gpu_machine import environment
+        >>> from tools.gpu_check.machine import environment
         >>> env = environment(gpu=False)
         >>> env["device"], sorted(env["host_cpu"])  # doctest: +NORMALIZE_WHITESPACE
         ('cpu', ['amx', 'bf16', 'fp16', 'isa', 'logical_cores', 'model'])
@@ -118,7 +118,7 @@ def installed(python: str) -> bool:
 
     Example:
         >>> import sys
-        >>> from speedflags._verify.gpu_machine import installed
+        >>> from tools.gpu_check.machine import installed
         >>> installed(sys.executable) in (True, False)
         True
     """
@@ -138,7 +138,7 @@ def install(python: str, out: str) -> str:
     (its output in ``out/install.log``); what happened, in words.
 
     Example:
-        >>> from speedflags._verify.gpu_machine import install
+        >>> from tools.gpu_check.machine import install
         >>> install("python3", "/tmp")  # doctest: +SKIP
         'installed with pip install --no-deps --no-build-isolation -e .'
     """

@@ -1,4 +1,5 @@
-"""make gpu-check's driver and summary, on a CPU (the GPU parts are the same code paths)."""
+"""make gpu-check's driver and summary (tools/gpu_check/), on a CPU (the GPU parts are the
+same code paths)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ import pytest
 import torch
 
 import speedflags
-from speedflags._verify import gpu_check, gpu_steps, summary
-from speedflags._verify.peaks import peak_for
 from speedflags.bench.runner import Settings
 from speedflags.bench.runner import run as bench
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the repository's tools/: not part of the installed package
+from tools.gpu_check import check as gpu_check  # noqa: E402
+from tools.gpu_check import steps as gpu_steps  # noqa: E402
+from tools.gpu_check import summary  # noqa: E402
+from tools.gpu_check.peaks import peak_for  # noqa: E402
 
 
 @pytest.mark.parametrize("workers", [0, 8], ids=["shards", "xdist"])

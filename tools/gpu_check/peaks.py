@@ -40,7 +40,7 @@ def peak_for(device_name: str) -> tuple[str, dict[str, float]] | None:
     """``(label, {precision: TFLOP/s})`` for a GPU name, or None when it is not in the table.
 
     Example:
-        >>> from speedflags._verify.peaks import peak_for
+        >>> from tools.gpu_check.peaks import peak_for
         >>> peak_for("NVIDIA H100 80GB HBM3")[1]["bf16"]
         989.4
         >>> peak_for("NVIDIA L40S")[0], peak_for("AMD EPYC") is None
@@ -61,7 +61,7 @@ def measured_for(label: str) -> dict[str, float]:
     empty when none is recorded.
 
     Example:
-        >>> from speedflags._verify.peaks import measured_for, peak_for
+        >>> from tools.gpu_check.peaks import measured_for, peak_for
         >>> measured_for(peak_for("NVIDIA H200")[0])
         {'fp8': 1453.4}
         >>> measured_for("L4")

@@ -31,7 +31,7 @@ def table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     """A Markdown table's lines (a ``|`` inside a cell escaped).
 
     Example:
-        >>> from speedflags._verify.sections import table
+        >>> from tools.gpu_check.sections import table
         >>> print("\\n".join(table(("a", "b"), [("1", "x|y")])))
         | a | b |
         | --- | --- |
@@ -47,7 +47,7 @@ def not_run(script: str) -> str:
     left no ``<script>.json``.
 
     Example:
-        >>> from speedflags._verify.sections import not_run
+        >>> from tools.gpu_check.sections import not_run
         >>> not_run("overhead")
         'overhead did not run or left no overhead.json'
     """
@@ -60,7 +60,7 @@ def junit_counts(path: str) -> dict[str, Any] | None:
 
     Example:
         >>> import tempfile
-        >>> from speedflags._verify.sections import junit_counts
+        >>> from tools.gpu_check.sections import junit_counts
         >>> xml = ('<testsuites><testsuite><testcase classname="tests.test_a" name="t1" '
         ...        'time="2.5"/><testcase classname="tests.test_a" name="t2" time="1">'
         ...        '<failure message="assert 1 == 2"/></testcase></testsuite></testsuites>')
@@ -129,7 +129,7 @@ def tests_section(folder: str) -> list[str]:
 
     Example:
         >>> import tempfile
-        >>> from speedflags._verify.sections import tests_section
+        >>> from tools.gpu_check.sections import tests_section
         >>> tests_section(tempfile.mkdtemp())
         ['no JUnit file: no test step ran']
     """
@@ -178,7 +178,7 @@ def fp8_rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
     per row of ``fp8-headroom.json``.
 
     Example:
-        >>> from speedflags._verify.sections import fp8_rows
+        >>> from tools.gpu_check.sections import fp8_rows
         >>> data = {"results": [{"size": 8192, "config": "fp8", "arithmetic": "fp8",
         ...         "median_s": 1e-3, "tflop_per_s": 1099.5, "of_peak": 0.5556,
         ...         "peak_tflop_per_s": 1978.9, "speedup_vs_bf16": 1.6, "speedup_vs_fp32": 21.0,
@@ -213,7 +213,7 @@ def fp8_section(data: dict[str, Any] | None) -> list[str]:
     :func:`fp8_rows`, the fp8 rows against the published maximum, what went wrong.
 
     Example:
-        >>> from speedflags._verify.sections import fp8_section
+        >>> from tools.gpu_check.sections import fp8_section
         >>> data = {"settings": {"dry_run": True}, "no_fp8_gpu": "no CUDA device"}
         >>> fp8_section(data)[0]
         'A dry run on the CPU (no CUDA device): no figure here is a measurement.'
@@ -258,7 +258,7 @@ def train_step_rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
     why skipped) per variant of ``train-step.json``.
 
     Example:
-        >>> from speedflags._verify.sections import train_step_rows
+        >>> from tools.gpu_check.sections import train_step_rows
         >>> data = {"variants": [{"variant": "speedup-bf16-graphs", "median_s": 0.002,
         ...         "iqr_s": [0.0019, 0.0021], "speedup_vs_baseline": 2.15,
         ...         "loss_rel_err_vs_baseline": 0.004, "graph_launches_per_step": 3,
@@ -291,7 +291,7 @@ def train_section(data: dict[str, Any] | None) -> list[str]:
     what went wrong.
 
     Example:
-        >>> from speedflags._verify.sections import train_section
+        >>> from tools.gpu_check.sections import train_section
         >>> data = {"environment": {"device_name": "NVIDIA H100"},
         ...         "settings": {"rounds": 5, "baseline": "eager-fp32"}}
         >>> train_section(data)[0]
@@ -319,7 +319,7 @@ def overhead_section(data: dict[str, Any] | None) -> list[str]:
     and each goal met or not.
 
     Example:
-        >>> from speedflags._verify.sections import overhead_section
+        >>> from tools.gpu_check.sections import overhead_section
         >>> data = {"per_call": {"fast_math": {"median_s": 1.2e-5, "median_ratio": 1.9,
         ...         "min_s": 1.1e-5, "min_ratio": 1.8}}, "verdicts": ["goal: ... not met"]}
         >>> overhead_section(data)[2:]

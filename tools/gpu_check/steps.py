@@ -1,4 +1,4 @@
-"""The steps of ``make gpu-check`` (:mod:`speedflags._verify.gpu_check`): what each runs, in
+"""The steps of ``make gpu-check`` (:mod:`tools.gpu_check.check`): what each runs, in
 which order, with which cap, and which of them a call chooses.
 
 The CPU suite is the one step that is more than a command: with pytest-xdist it is one
@@ -82,7 +82,7 @@ SUITE_SECONDS = {
     "tests/test_tune_files.py": 24,
     "tests/test_tf32.py": 23,
     "tests/test_abandoned.py": 20,
-    "tests/test_verify_gpu_check.py": 18,
+    "tests/test_tools_gpu_check.py": 18,
     "tests/test_compile_levers.py": 17,
 }
 # The suite's processes: two threads each for torch and OpenMP (eight processes and the GPU
@@ -135,7 +135,7 @@ class Step:
         gpu_state: read the GPU's clocks and power (``nvidia-smi``) when it ends.
 
     Example:
-        >>> from speedflags._verify.gpu_check import Step
+        >>> from tools.gpu_check.check import Step
         >>> Step("suite-3", ["-m", "pytest"], 300, alongside=True).group
         'suite'
     """
@@ -179,7 +179,7 @@ def plan(
             (a second call that reruns what failed in the first).
 
     Example:
-        >>> from speedflags._verify.gpu_check import plan
+        >>> from tools.gpu_check.check import plan
         >>> steps = plan("out", gpu=False, suite_workers=4)
         >>> [s.name for s in steps]  # doctest: +NORMALIZE_WHITESPACE
         ['suite', 'gpu-tests', 'verify', 'verify-tf32-override', 'fp8-headroom', 'train-step',
@@ -266,7 +266,7 @@ def suite_files() -> list[str]:
     (:data:`SUITE_SECONDS`), then the rest in name order.
 
     Example:
-        >>> from speedflags._verify.gpu_check import suite_files
+        >>> from tools.gpu_check.check import suite_files
         >>> files = suite_files()
         >>> files[0], "tests/test_gpu_kernels.py" in files
         ('tests/test_compile_matrix.py', False)
@@ -281,7 +281,7 @@ def suite_shards(count: int = SUITE_SHARDS, tests: Sequence[str] | None = None) 
     :data:`SUITE_SECONDS` weighs 2 s): each group runs as a process of its own.
 
     Example:
-        >>> from speedflags._verify.gpu_check import suite_shards
+        >>> from tools.gpu_check.check import suite_shards
         >>> shards = suite_shards(3)
         >>> len(shards), "tests/test_gpu_kernels.py" in sum(shards, [])
         (3, False)
@@ -311,7 +311,7 @@ def select(steps: list[Step], chosen: Iterable[str] | None, skipped: Iterable[st
     ``skipped``; a name that is no step's group raises ValueError.
 
     Example:
-        >>> from speedflags._verify.gpu_check import plan, select
+        >>> from tools.gpu_check.check import plan, select
         >>> steps = plan("out", gpu=True, suite_workers=8)
         >>> select(steps, ["gpu-tests", "bench"], skipped=["bench"])
         >>> [s.name for s in steps if not s.why_skipped]

@@ -1,12 +1,12 @@
 """``make gpu-check``: everything a GPU machine should prove, in one command, into one folder.
 
-Run as ``python -m speedflags._verify.gpu_check --out DIR`` (``make gpu-check GPU_OUT=DIR``)
+Run as ``python -m tools.gpu_check --out DIR`` (``make gpu-check GPU_OUT=DIR``)
 from a source checkout. It needs only the Python it runs in, with torch (and pytest and
 pytest-benchmark for the test steps): no network, no virtual environment. speedflags runs
 from the checkout (``PYTHONPATH``); if that Python cannot import it from there, it is
 installed with ``pip install --no-deps --no-build-isolation -e .`` (nothing else).
 
-Its steps (:mod:`.gpu_steps`: the CPU suite beside the GPU tests, ``verify`` with and
+Its steps (:mod:`.steps`: the CPU suite beside the GPU tests, ``verify`` with and
 without TF32 overridden, the FP8 headroom, the train step, the frame overhead, ``bench``,
 the benchmarks once) run most valuable first, each a subprocess with its own log and cap,
 within ``--budget`` seconds (a step that no longer fits is skipped and says so; one past
@@ -38,11 +38,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .gpu_machine import environment as _environment
-from .gpu_machine import gpu_state
-from .gpu_machine import install as _install
-from .gpu_machine import installed as _installed
-from .gpu_steps import (
+from .machine import environment as _environment
+from .machine import gpu_state
+from .machine import install as _install
+from .machine import installed as _installed
+from .steps import (
     PRESETS,
     ROOT,
     STEP_NAMES,
@@ -167,7 +167,7 @@ def _run(step: Step, out: str, python: str, left: float) -> dict[str, Any]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m speedflags._verify.gpu_check",
+        prog="python -m tools.gpu_check",
         description="Everything a GPU machine should prove, into one folder (docs/gpu_check.md).",
     )
     parser.add_argument("--out", required=True, help="the folder everything is written to")
@@ -377,7 +377,7 @@ def export(out: str, target: str) -> list[str]:
 
     Example:
         >>> import json, os, tarfile, tempfile
-        >>> from speedflags._verify.gpu_check import export
+        >>> from tools.gpu_check.check import export
         >>> out, target = tempfile.mkdtemp(), tempfile.mkdtemp()
         >>> for name in ("summary.md", "bench.log", "suite.xml"):
         ...     _ = open(os.path.join(out, name), "w").write("x")
