@@ -3,8 +3,9 @@ other part of speedflags reads.
 
 Each built-in lever module (``precision``, ``cudnn``, ``sdpa``, ``deterministic``,
 ``reductions``, ``autocast``, ``param_dtype``, ``memory_format``, ``fp8``) implements the
-protocol of ``_base`` and declares its levers (``DECLARED``, :func:`~speedflags.levers.spec.declare`);
-:mod:`.registry` lists those modules (``BUILT_IN_MODULES``) and collects the declarations.
+protocol of ``_base`` and declares its levers (``DECLARED``,
+:func:`~speedflags.levers.spec.declare`); :mod:`.registry` lists those modules
+(``BUILT_IN_MODULES``) and collects the declarations.
 Adding a built-in lever means one module, its line in that list, and its type in
 :class:`~speedflags.levers.arguments.LeverArgs`. Levers of one's own (:mod:`.own`) join the
 registry through :func:`speedflags.lever` and :func:`speedflags.register_lever`, and those
