@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .._locks import new_lock
 from .answers import Capability
 
 __all__ = ["CpuFeatures", "KernelTrial", "cpu_dtype", "cpu_features", "cpu_kernels"]
@@ -204,7 +205,7 @@ def read_cpu_features() -> CpuFeatures:
 # "features" -> CpuFeatures; a torch.dtype -> its KernelTrial. Tests fake a CPU by setting
 # entries (monkeypatch.setitem), then clear speedflags._hardware's answers built from them.
 _cache: dict[Any, Any] = {}
-_lock = threading.RLock()  # reentrant: a signal handler asking mid-trial must not deadlock
+_lock = new_lock()  # reentrant: a signal handler asking mid-trial must not deadlock
 
 
 def _cached(key: Any, find: Callable[[], Any]) -> Any:

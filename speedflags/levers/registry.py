@@ -27,12 +27,12 @@ from __future__ import annotations
 import importlib
 import keyword
 import pkgutil
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from .._locks import new_lock
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import UNSET, DeviceLever, Effect
@@ -82,7 +82,7 @@ LEVER_NAMES: tuple[str, ...] = ()
 MODEL_LEVER_NAMES: tuple[str, ...] = ()
 PROCESS_LEVERS: Mapping[str, DeviceLever] = {}
 _BY_NAME: dict[str, LeverSpec] = {}
-_lock = threading.Lock()
+_lock = new_lock()
 # incremented whenever the registry changes: whoever keeps something derived from it (the
 # leak plugin's domains) knows when to derive it again
 version = 0
