@@ -147,7 +147,7 @@ def measure(
             pytest.skip(reason)
         problem = _problem_for(workload, size, device)
         config = workload.config(config_name)
-        reason = problem.skip_reason(config)
+        reason = problem.skip_reason(config) or workload.same_as_another(config, device)
         if reason is not None:
             pytest.skip(reason)
         runner = problem.runner(config)

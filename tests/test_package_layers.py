@@ -31,7 +31,16 @@ PACKAGE = Path(speedflags.__file__).resolve().parent
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "base",
-        ("errors", "_version", "_short_repr", "_warn", "_tracing", "_locks", "_hardware", "_recommend"),
+        (
+            "errors",
+            "_version",
+            "_short_repr",
+            "_warn",
+            "_tracing",
+            "_locks",
+            "_hardware",
+            "_recommend",
+        ),
     ),
     ("levers", ("levers",)),
     ("ledger", ("_ledger",)),
