@@ -56,7 +56,9 @@ def test_every_lever_value_of_the_registry_gets_a_verdict(run: Verification) -> 
     ]  # fmt: skip
     assert labels == expected
     assert run.restored and run.ok, str(run)
-    assert run.elapsed_s is not None and run.elapsed_s < 30
+    # how long it took is recorded; never asserted (a busy machine takes longer: timing
+    # belongs to benchmarks)
+    assert run.elapsed_s is not None and run.elapsed_s > 0
 
 
 def test_each_verdict_follows_the_capability_and_is_measured(run: Verification) -> None:
