@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import ZEN3
+
+import speedflags
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -38,10 +39,10 @@ HAS_LIGHTNING = installed("jsonargparse") and (
 SCRIPTS: dict[str, str | None] = {
     "train_toy_transformer.py": None,
     "cifar10_resnet.py": None,
-    "lightning_yaml/train.py": None if HAS_LIGHTNING else "pip install 'speedflags[lightning]'",
+    "lightning_yaml/train.py": None if HAS_LIGHTNING else "pip install '.[lightning]'",
     "hf_trainer.py": None
     if installed("transformers", "accelerate")
-    else "pip install 'speedflags[transformers]'",
+    else "pip install '.[transformers]'",
 }
 
 
@@ -254,3 +255,31 @@ def test_fewer_than_three_passes_are_refused(common: Any) -> None:
     with pytest.raises(SystemExit, match="at least 3"):
         common.passes(2, smoke=False)
     assert common.passes(None, smoke=True) == 3 and common.passes(None, smoke=False) == 5
+
+
+# The README's `tune` example, word for word, run from the repository's root (here: a folder
+# whose `examples` is the repository's, so that its files land in a temporary folder).
+README_TUNE = (
+    "python -m speedflags tune examples/steps.py:make_step --budget 0.01 --seconds 120 "
+    "--out levers.json --plot pareto.png"
+)
+
+
+@pytest.mark.skipif(not installed("matplotlib"), reason="--plot needs pip install '.[plot]'")
+def test_the_readme_tune_command_runs_on_the_step_the_repository_ships(tmp_path: Path) -> None:
+    # Failed before: the README ran `steps.py:make_step`, which the repository did not have.
+    # The run is bounded by its own --seconds; what it chooses is not asserted (it measures).
+    (tmp_path / "examples").symlink_to(EXAMPLES, target_is_directory=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    command = README_TUNE.split()
+    assert command[:3] == ["python", "-m", "speedflags"]
+    done = subprocess.run(
+        [sys.executable, *command[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "best: " in done.stdout and "tune: reference: plain fp32" in done.stderr
+    levers = speedflags.load_levers(tmp_path / "levers.json")
+    assert isinstance(levers, dict)
+    assert (tmp_path / "pareto.png").stat().st_size > 0
