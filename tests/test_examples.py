@@ -143,14 +143,23 @@ class VirtualClock:
         return self.now
 
 
-def test_long_runs_say_how_long_they_take_and_where_they_are(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def timed(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, VirtualClock]:
+    """The examples' ``_common``, timing on a virtual clock."""
     monkeypatch.syspath_prepend(str(EXAMPLES))
     import _common
 
     clock = VirtualClock()
     monkeypatch.setattr(_common, "clock", clock)
+    return _common, clock
+
+
+def test_long_runs_say_how_long_they_take_and_where_they_are(
+    timed: tuple[Any, VirtualClock],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _common, clock = timed
     monkeypatch.setattr(_common, "PROGRESS_EVERY_S", 0.0)  # a line at every step
     losses = iter([9.0, 3.0, 2.0, 1.0])
 
@@ -172,17 +181,13 @@ def test_long_runs_say_how_long_they_take_and_where_they_are(
 
 
 def test_the_estimate_comes_from_a_timed_step_not_the_warm_up(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    timed: tuple[Any, VirtualClock], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Failed before: the estimate was the warm-up step's time (one-time costs included) times
     # every step of every run: "about 51.0 s for the 6 runs" for a run that took 15.6 s. Here
     # the warm-up step costs 10 virtual seconds, every other step 1: two runs of 3 steps
     # take 2 more seconds in this one and 4 in the next, as said.
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    import _common
-
-    clock = VirtualClock()
-    monkeypatch.setattr(_common, "clock", clock)
+    _common, clock = timed
     costs = iter([10.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
 
     def step() -> None:

@@ -97,23 +97,9 @@ def test_emulated_autocast_is_in_effect_and_slower_never_no_effect(
     assert run.ok and "emulated, so slower than without it: amp=" in str(run)
     as_json = run.to_dict()["verdicts"][1]
     assert as_json["status"] == "in effect, emulated: slower" != "no effect here"
-
-
-@pytest.mark.parametrize(
-    ("dtype", "word"),
-    [(torch.bfloat16, "bf16"), pytest.param(torch.float16, "fp16", marks=needs_cpu_autocast_fp16)],
-)
-def test_an_emulated_lever_says_the_slowdown_it_measured_and_no_other(
-    fake_cpu: Callable[..., None], dtype: torch.dtype, word: str
-) -> None:
-    # Failed before: verify printed "6.2x slower than without it" and then, from the CPU's
+    # Failed before: the line printed "6.2x slower than without it" and then, from the CPU's
     # answer, "typically 40 to 1000 times slower than fp32" (bf16: "tens of times slower ...
-    # 45x with 2 threads"), a figure measured elsewhere beside the one measured here. The CPU
-    # is faked to lack the instructions (so the branch runs on every CPU); the rest is real.
-    fake_cpu(ZEN3)
-    run = speedflags.verify("cpu", levers={"amp": [word]})
-    verdict = run.verdict("amp")
-    assert verdict.status == "in effect, emulated: slower"
+    # 45x with 2 threads"), a figure measured elsewhere beside the one measured here.
     (line,) = [line for line in str(run).splitlines() if line.strip().startswith(f"amp='{word}'")]
     assert "times slower" not in line, line
     # one figure: the one measured here (on a CPU that has the instructions after all, the
