@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make run    torch (pinned) and speedflags only, then: python -m speedflags report --apply --restore
 #   make test   the same, then the extras and dev tools (EXTRAS), then: ruff, mypy, the test
-#               suite, the benchmarks once (not timed) and the examples with --smoke
+#               suite, the examples with --smoke and the benchmarks once (not timed); when a
+#               step fails, the steps it did not reach are named
 #   make docs   the documentation site into site/ (mkdocs build --strict), its tools (the docs
 #               extra) installed on top of the pinned torch, the figures of the measured
 #               results redrawn when a result file changes
@@ -72,7 +73,7 @@ RESULTS ?= $(DEVICE)
 # the extras and dev tools of `make test`, per set of EXTRAS (a new set installs its own)
 EXTRAS_STAMP := $(VENV)/.installed-extras-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup setup-run torch-source run test lint typecheck unit examples bench results gpu-check test-default test-floor test-py312 test-newest test-all newest clean setup-default setup-floor setup-py312 setup-newest docs docs-default
+.PHONY: setup setup-run torch-source run test lint typecheck unit examples benchmarks-once bench results gpu-check test-default test-floor test-py312 test-newest test-all newest clean setup-default setup-floor setup-py312 setup-newest docs docs-default
 
 # torch first, pinned (pip never resolves a bare `torch`), then speedflags on it: nothing else
 $(STAMP): setup.cfg pyproject.toml
@@ -165,12 +166,25 @@ examples: setup
 	$(PY) examples/train_toy_transformer.py --smoke
 	$(PY) examples/cifar10_resnet.py --smoke
 	@if $(PY) -c '$(HAS_LIGHTNING)'; then $(PY) examples/lightning_yaml/train.py --smoke; \
-	else echo "examples/lightning_yaml: skipped: pip install 'speedflags[lightning]'"; fi
+	else echo "examples/lightning_yaml: skipped: pip install '.[lightning]'"; fi
 	@if $(PY) -c '$(HAS_TRANSFORMERS)'; then $(PY) examples/hf_trainer.py --smoke; \
-	else echo "examples/hf_trainer.py: skipped: pip install 'speedflags[transformers]'"; fi
+	else echo "examples/hf_trainer.py: skipped: pip install '.[transformers]'"; fi
 
-test: torch-source lint typecheck unit examples
+# the benchmarks once, untimed: that each still runs, not what it measures
+benchmarks-once: setup
 	$(PY) -m pytest benchmarks --benchmark-disable -q -p no:cacheprovider
+
+# One step after another (each a target of its own: `make unit`, `make examples`, ...); when
+# one fails, the ones it did not reach are named, and make exits with the failure.
+TEST_STEPS := torch-source lint typecheck unit examples benchmarks-once
+test: setup
+	@left="$(TEST_STEPS)"; for step in $(TEST_STEPS); do \
+	  left="$${left#$$step}"; left="$${left# }"; \
+	  if ! $(MAKE) --no-print-directory $$step; then \
+	    echo "make test: the step '$$step' failed; not run: $${left:-none (it was the last)}" >&2; \
+	    exit 1; \
+	  fi; \
+	done; echo "make test: every step passed: $(TEST_STEPS)"
 
 # Each CI leg: its Python and its environment's arguments. `make test-LEG` runs the README's
 # test command (`make test`) there; `make setup-LEG` only makes the environment (.ci/run makes

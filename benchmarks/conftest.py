@@ -147,7 +147,11 @@ def measure(
             pytest.skip(reason)
         problem = _problem_for(workload, size, device)
         config = workload.config(config_name)
-        reason = workload.idle(config, size) or problem.skip_reason(config)
+        reason = (
+            workload.idle(config, size)
+            or problem.skip_reason(config)
+            or workload.same_as_another(config, device)
+        )
         if reason is not None:  # idle: fp8's size rule takes no layer at this size
             pytest.skip(reason)
         runner = problem.runner(config)

@@ -4,13 +4,17 @@ check that every flag ends as it began (``speedflags.snapshot()`` before and aft
 The two configurations (plain fp32, then the levers) are timed in interleaved passes (fp32,
 levers, fp32, levers, ...), each pass after a warm-up step of its own, so that the one-time
 costs (the allocator, oneDNN's primitive cache, cuDNN's autotuning) and a neighbour's load hit
-both alike. The speedup is the geometric mean of the per-pass ratios, printed with its noise;
-a difference within that noise is said to be one, and levers that change nothing on the device
-(or no levers at all) get words, not a figure."""
+both alike. The speedup is the geometric mean of the per-pass ratios, printed with its noise,
+and each time printed beside it is the geometric mean of its passes: one estimator, so the
+speedup is always the ratio of the two times shown. A difference within that noise is said
+to be one, and levers that change nothing on the device (or no levers at all) get words,
+not a figure. Progress estimates come from timed steps, never from a warm-up step (which
+pays the one-time costs)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -128,38 +132,42 @@ def sync(device: torch.device) -> None:
 
 # Progress lines come at most this often (seconds): a full-size run on a CPU takes minutes.
 PROGRESS_EVERY_S = 10.0
+# The clock of the timings and the progress estimates (tests put a virtual one here).
+clock = time.perf_counter
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 0.1:
+        return f"{seconds * 1e3:.2g} ms"
     return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 class Progress:
-    """What a long run prints: after its first step, how long it should take; then, every
-    ``PROGRESS_EVERY_S`` seconds, the step, the loss (when known), the time elapsed and an
-    estimate of what is left.
+    """What a long run prints: once its first timed step is done, how long the rest should
+    take (at that step's pace: the warm-up step before it pays one-time costs, and would
+    make the estimate several times too long); then, every ``PROGRESS_EVERY_S`` seconds,
+    the step, the loss (when known), the time elapsed and an estimate of what is left.
 
-    ``runs`` counts this run and those still to come, which take about as long.
+    ``runs`` counts this run and those still to come, which take about as long (each a
+    warm-up step and as many timed steps, at the same pace).
     """
 
     def __init__(self, name: str, runs: int = 1) -> None:
         self.name = name
         self.runs = runs
-        self.start = self.last = time.perf_counter()
+        self.start = self.last = self.stepped = clock()
+        self.warm_up_s = 0.0
 
     def first(self, seconds: float, steps: int) -> None:
-        """The first (warm-up) step took ``seconds``; ``steps`` more follow."""
-        more = f"; about {_duration(seconds * steps * self.runs)} for the {self.runs} runs"
-        print(
-            f"{self.name}: first step took {_duration(seconds)}; {steps} more steps: about "
-            f"{_duration(seconds * steps)}{more if self.runs > 1 else ''} (estimated from it)",
-            flush=True,
-        )
-        self.start = self.last = time.perf_counter()
+        """The first (warm-up) step took ``seconds``; ``steps`` timed steps follow."""
+        self.warm_up_s = seconds
+        self.start = self.last = self.stepped = clock()
 
     def step(self, done: int, steps: int, loss: Any = None) -> None:
         """``done`` of ``steps`` steps since :meth:`first`; ``loss`` is read only if printed."""
-        now = time.perf_counter()
+        now = clock()
+        if done == 1:
+            self._estimate(now - self.stepped, steps)
         if now - self.last < PROGRESS_EVERY_S or done >= steps or done <= 0:
             return
         elapsed = now - self.start
@@ -171,6 +179,19 @@ class Progress:
         )
         self.last = now
 
+    def _estimate(self, seconds: float, steps: int) -> None:
+        # after the first timed step, which took ``seconds``: the rest of this run, and the
+        # runs to come, at its pace
+        left = seconds * (steps - 1)
+        later = seconds * (steps + 1) * (self.runs - 1)  # each: its warm-up step and steps
+        more = f"; about {_duration(left + later)} for all {self.runs} runs" * (self.runs > 1)
+        print(
+            f"{self.name}: warm-up step {_duration(self.warm_up_s)} (one-time costs), then "
+            f"{_duration(seconds)} a step: about {_duration(left)} for the {steps - 1} steps "
+            f"left{more} (estimated from the first timed step)",
+            flush=True,
+        )
+
 
 def seconds_per_step(
     step: Callable[[], Any], steps: int, device: torch.device, name: str = "", runs: int = 1
@@ -178,24 +199,31 @@ def seconds_per_step(
     """One warm-up step, then the mean time of ``steps`` steps (synchronised on CUDA), with
     :class:`Progress` lines (``step`` may return its loss, read only when printed)."""
     progress = Progress(name, runs)
-    start = time.perf_counter()
+    start = clock()
     step()
     sync(device)
-    progress.first(time.perf_counter() - start, steps)
-    start = time.perf_counter()
+    progress.first(clock() - start, steps)
+    start = clock()
     for i in range(1, steps + 1):
-        progress.step(i, steps, step())
+        loss = step()
+        if i == 1:
+            sync(device)  # the first timed step's time is the estimate's
+        progress.step(i, steps, loss)
     sync(device)
-    return (time.perf_counter() - start) / max(steps, 1)
+    return (clock() - start) / max(steps, 1)
 
 
 def timed_pass(
-    spec: speedflags.FastMath, step: Callable[[], Any], steps: int, device: torch.device, runs: int
+    spec: speedflags.FastMath,
+    step: Callable[[], Any],
+    steps: int,
+    device: torch.device,
+    left: list[int],
 ) -> Callable[[str], float]:
     """One pass of one configuration, for :func:`interleaved`: ``step`` under ``spec``, a
-    warm-up step then ``steps`` timed steps (:func:`seconds_per_step`); ``runs`` is how many
-    passes there are in all (for the estimate of how long they take)."""
-    left = [runs]
+    warm-up step then ``steps`` timed steps (:func:`seconds_per_step`). ``left`` holds how
+    many passes are left to run, of every configuration (one list shared by them all, for
+    the estimate of how long they take): each pass counts itself off."""
 
     def run(label: str) -> float:
         with spec:
@@ -232,6 +260,12 @@ def interleaved(runs: dict[str, Callable[[str], float]], count: int) -> dict[str
     return times
 
 
+def _geometric_mean(values: list[float]) -> float:
+    """The geometric mean: of two paired lists, the ratio of theirs is the geometric mean
+    of their ratios, the speedup :func:`paired` gives."""
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
 def _shown(levers: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in levers.items())
 
@@ -245,19 +279,22 @@ def speedup_line(
 ) -> str:
     """The result line: a speedup with its noise, or words where there is nothing to show.
 
-    ``times`` holds the per-pass seconds per step of ``"fp32"`` and ``"speedflags"``. No
+    ``times`` holds the per-pass seconds per step of ``"fp32"`` and ``"speedflags"``; each
+    time printed is the geometric mean of its passes, so that the speedup (the geometric
+    mean of the per-pass ratios) is the ratio of the two times printed beside it. No
     figure is printed for a run with no levers, or whose levers have no effect on the device
     (both runs did the same work: any difference is noise); a difference within its noise is
     said to be one; an emulated lever (bf16 autocast on a CPU without bf16 instructions) is
     named as such.
     """
     fp32, fast = times["fp32"], times["speedflags"]
-    ms = f"fp32 {statistics.median(fp32) * 1e3:.2f} ms/step"
+    # each time is its passes' geometric mean: their ratio is the paired speedup below
+    ms = f"fp32 {_geometric_mean(fp32) * 1e3:.2f} ms/step"
     if not levers:
         recommended = f"speedflags.recommended({str(device)!r})"
         why = f"no lever to apply: {recommended} is empty, none is faster here"
         return f"{name}: {ms}; speedup vs fp32: none shown: {why}"
-    fast_ms = f"speedflags ({_shown(levers)}) {statistics.median(fast) * 1e3:.2f} ms/step"
+    fast_ms = f"speedflags ({_shown(levers)}) {_geometric_mean(fast) * 1e3:.2f} ms/step"
     if Config("levers", levers).identical_to_baseline():
         why = "these levers are fp32's own, so both runs did the same work"
         return f"{name}: {ms}; {fast_ms}; speedup vs fp32: none shown: {why}"

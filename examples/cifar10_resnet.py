@@ -135,19 +135,20 @@ def main() -> None:
     print(f"device: {speedflags.capabilities(device).device}; data: {args.data or 'synthetic'}")
     print(
         f"{count} interleaved passes of {steps} steps, fp32 then the levers: each pass says how "
-        "long it will take after its warm-up step (full size: minutes on a CPU, seconds on a "
+        "long it will take after its first timed step (full size: minutes on a CPU, seconds on a "
         "GPU)",
         flush=True,
     )
 
     with common.flags_as_found():
         runs = {}
-        for k, (name, setting) in enumerate((("fp32", common.FP32), ("speedflags", levers))):
+        left = [2 * count]  # passes left to run, of both configurations
+        for name, setting in (("fp32", common.FP32), ("speedflags", levers)):
             torch.manual_seed(0)
             model = ResNet(width).to(device).to(memory_format=torch.channels_last)
             step = make_step(model, setting.get("amp", False), device, cycle(data))
             spec = speedflags.fast_math(device=device, **setting)
-            runs[name] = common.timed_pass(spec, step, steps, device, 2 * count - k)
+            runs[name] = common.timed_pass(spec, step, steps, device, left)
         times = common.interleaved(runs, count)
         print(common.speedup_line("CIFAR-10 ResNet", times, levers, device, args.smoke))
 

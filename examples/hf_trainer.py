@@ -93,7 +93,7 @@ def main() -> None:
     print(f"device: {speedflags.capabilities(device).device}; GPT-2 {size}")
     print(
         f"{count} interleaved passes of {size['steps']} Trainer steps, fp32 then the levers: "
-        "each pass says how long it will take after its first step",
+        "each pass says how long it will take after its first timed step",
         flush=True,
     )
 

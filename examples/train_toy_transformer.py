@@ -79,14 +79,15 @@ def main() -> None:
     print(f"device: {speedflags.capabilities(device).device}; torch {torch.__version__}")
     print(
         f"{count} interleaved passes of {steps} steps, fp32 then the levers: each pass says how "
-        "long it will take after its warm-up step (full size: about 25 min on a 2-core CPU, "
+        "long it will take after its first timed step (full size: about 25 min on a 2-core CPU, "
         "a minute on a GPU)",
         flush=True,
     )
 
     with common.flags_as_found():
         runs = {}
-        for k, (name, setting) in enumerate((("fp32", common.FP32), ("speedflags", levers))):
+        left = [2 * count]  # passes left to run, of both configurations
+        for name, setting in (("fp32", common.FP32), ("speedflags", levers)):
             torch.manual_seed(0)
             model = ToyLM(size["vocab"], size["width"], size["depth"], size["heads"], size["seq"])
             model = model.to(device)
@@ -95,7 +96,7 @@ def main() -> None:
             )
             # fast_math() with no levers means "the recommended ones": pass the empty case as FP32
             spec = speedflags.fast_math(device=device, **(setting or common.FP32))
-            runs[name] = common.timed_pass(spec, step, steps, device, 2 * count - k)
+            runs[name] = common.timed_pass(spec, step, steps, device, left)
         times = common.interleaved(runs, count)
         print(common.speedup_line("toy transformer LM", times, levers, device, args.smoke))
 

@@ -6,16 +6,17 @@ import contextlib
 import logging
 import os
 import sys
-import threading
 import warnings
 from collections.abc import Hashable, Iterator
 from contextvars import ContextVar
 from types import FrameType
 
+from ._locks import new_lock
+
 # speedflags' own directory: frames in it (any subpackage) are never the user's line
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _seen: set[Hashable] = set()
-_lock = threading.Lock()
+_lock = new_lock()
 _MAX_CAUSES = 10_000  # a drifting training loop must not grow this set without bound
 
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--device", "cpu", "--sizes", "32", "--passes", "1", "--rounds", "1", "--min-time", "0"]
 needs_matplotlib = pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None,
-    reason="matplotlib is not installed (pip install 'speedflags[plot]')",
+    reason="matplotlib is not installed (pip install '.[plot]')",
 )
 
 
@@ -57,6 +57,57 @@ def test_bench_prints_the_table_and_proves_the_flags_came_back(
     assert "flags: every lever reads as it did before the run" in out
     assert "[  1/" in captured.err and "matmul cpu 32 fp32, pass 1/1" in captured.err
     assert speedflags.snapshot() == before
+
+
+def test_the_run_says_up_front_how_long_it_will_take(capsys: pytest.CaptureFixture[str]) -> None:
+    # Failed before: `bench` with no options ran 5 min 46 s on a busy CPU without a word of
+    # how long it would take. The figure is an estimate: only that it is said, before the
+    # first measurement, and set beside what the run took at the end, is asserted.
+    assert bench("--workload", "matmul") == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("speedflags bench: about "), err[0]
+    assert "estimated from float32 matmuls here now: " in err[0] and "GFLOP/s" in err[0]
+    assert any(line.startswith("[  1/") for line in err[1:])
+    assert err[-1].startswith("took ") and "(estimated: " in err[-1]
+
+
+def test_the_estimate_follows_the_plan() -> None:
+    # made-up speeds: 100 GFLOP/s, no latency; nothing is timed
+    from speedflags.bench.estimate import Calibration, CallModel
+    from speedflags.bench.runner import Settings
+
+    now = Calibration(CallModel(0.0, 1e11), CallModel(0.0, 1e11))
+    cpu = torch.device("cpu")
+    one = Settings(cpu, ("matmul",), sizes=(1024,), passes=1, verify=False).estimated_s(now)
+    three = Settings(cpu, ("matmul",), sizes=(1024,), passes=3, verify=False).estimated_s(now)
+    two_sizes = Settings(cpu, ("matmul",), sizes=(1024, 2048), passes=3, verify=False)
+    assert 0 < one < three < two_sizes.estimated_s(now)
+    # a workload the device lacks (conv: CUDA only) costs nothing
+    with_conv = Settings(cpu, ("matmul", "conv"), sizes=(1024,), passes=3, verify=False)
+    assert with_conv.estimated_s(now) == three
+
+
+def test_a_size_some_workloads_cannot_take_is_not_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Failed before: `bench --device cpu --sizes 512` refused the whole run ("convnet-train
+    # at size 512 needs at least 54 GiB"); now that workload is skipped with its reason. The
+    # size is the smallest the convnet's estimate does not fit in this machine's memory.
+    from speedflags._measure.workloads import memory_bytes
+
+    have = memory_bytes(torch.device("cpu"))
+    if have is None:
+        pytest.skip("this system does not say how much memory it has")
+    size = 1
+    while WORKLOADS["convnet-train"].memory(size, "cpu") <= have:
+        size *= 2
+    assert main(["bench", *TINY[:2], "--workload", "convnet-train,matmul", "--sizes", str(size),
+                 *TINY[4:]]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"  convnet-train cpu {size}  (all): convnet-train at size {size} needs at least" in out
+    assert any(
+        line.split()[:4] == ["matmul", "cpu", str(size), "fp32"] for line in out.splitlines()
+    )
 
 
 def test_json_says_where_the_results_came_from(tmp_path: Path) -> None:
@@ -157,7 +208,9 @@ def test_plot_without_matplotlib_says_how_to_get_it(
     path = tmp_path / "plot.png"
     assert bench("--workload", "matmul", "--plot", str(path)) == 2
     err = capsys.readouterr().err
-    assert "pip install 'speedflags[plot]'" in err
+    # a form that works from this repository; the index's only as what it will be
+    assert "pip install '.[plot]' in a checkout of speedflags" in err
+    assert "(once it is published: pip install 'speedflags[plot]')" in err
     assert not path.exists()
 
 
@@ -194,8 +247,14 @@ def test_python_dash_m_bench_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.name != "posix", reason="sends SIGINT")
 def test_a_real_ctrl_c_stops_cleanly() -> None:
-    # many passes at a small size: long enough to be interrupted after the first progress line
-    args = ["bench", "--device", "cpu", "--workload", "matmul", "--sizes", "64", "--passes", "100"]
+    # The run cannot end before the Ctrl-C, however busy the machine: its progress goes to
+    # a pipe that this test stops reading after the first progress line, and it has more
+    # progress to write (30 sizes, 6 configurations, 100 passes: 18,000 lines, over 1 MiB)
+    # than a pipe holds (64 KiB). Failed before on a busy machine (load 6-10): "many passes
+    # at a small size" were meant to outlast the Ctrl-C, and the run could end first.
+    sizes = ",".join(str(16 + 2 * i) for i in range(30))
+    args = ["bench", "--device", "cpu", "--workload", "matmul,sdpa", "--sizes", sizes,
+            "--passes", "100", "--rounds", "1", "--min-time", "0"]  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "speedflags", *args],
         stdout=subprocess.PIPE,
@@ -208,15 +267,16 @@ def test_a_real_ctrl_c_stops_cleanly() -> None:
         for line in proc.stderr:
             if line.startswith("[  1/"):
                 break
+        assert proc.poll() is None, "the run ended before the Ctrl-C"
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=300)  # a bound for a hang, never reached otherwise
     finally:
         if proc.poll() is None:  # never leave it running, whatever failed above
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, out
     assert "interrupted (Ctrl-C): the results so far" in out
-    assert "matmul cpu 64  fp32" in out
+    assert "matmul cpu 16  fp32" in out
     assert "flags: every lever reads as it did before the run" in out
 
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "configs" / "speed.yaml"
 TINY = ["--sizes", "16", "--passes", "1", "--rounds", "1", "--min-time", "0", "--device", "cpu"]
 needs_yaml = pytest.mark.skipif(
-    importlib.util.find_spec("yaml") is None, reason="needs PyYAML: pip install 'speedflags[yaml]'"
+    importlib.util.find_spec("yaml") is None, reason="needs PyYAML: pip install '.[yaml]'"
 )
 
 

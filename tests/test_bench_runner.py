@@ -22,7 +22,7 @@ import speedflags
 from speedflags._hardware import cpu_kernels
 from speedflags._measure.configs import Config
 from speedflags._measure.rounds import measure_rounds
-from speedflags._measure.workloads import WORKLOADS, MatmulProblem, Runner
+from speedflags._measure.workloads import WORKLOADS, MatmulProblem, Runner, _gib, memory_bytes
 from speedflags.bench import runner as runner_module
 from speedflags.bench.runner import Progress, Settings, run
 
@@ -290,3 +290,65 @@ def test_a_configuration_identical_to_the_baseline_is_not_timed_against_it() -> 
     for name in ("fp32-again", "nothing"):
         assert rows[name].skipped == "identical to the baseline: nothing to compare it with"
         assert rows[name].speedup is None and rows[name].median_s is None
+
+
+def test_an_emulated_configuration_is_measured_once_however_many_sizes(
+    fake_cpu: Callable[..., None],
+) -> None:
+    # Failed before: with two sizes, the emulated group measured and listed amp-fp16 and
+    # pure-fp16 twice each, and marked their rows "*" (a lever with no effect here) though
+    # they are in effect, emulated. The CPU is faked to lack bf16 and fp16 instructions
+    # (AVX2); the arithmetic is real.
+    fake_cpu(ZEN3)
+    result = run(tiny(sizes=(32, 48), passes=1))
+    once = [r for r in result.results if r.group.endswith("(emulated)")]
+    emulated = [c.name for c in WORKLOADS["matmul"].configs if c.emulated(CPU)]
+    assert emulated and [r.config for r in once] == ["fp32", *emulated]
+    assert once[0].group == "matmul cpu 32 (emulated)"  # at the smaller size
+    assert all(r.notes == () for r in once), [(r.config, r.notes) for r in once]
+
+
+@pytest.mark.usefixtures("cpu_with_bf16")  # faked where this CPU has no bf16 instructions
+def test_a_configuration_that_does_what_another_does_here_is_no_claim_of_its_own() -> None:
+    # Failed before: on a CPU, where TF32 does nothing, mlp-train timed tf32+amp-bf16 beside
+    # amp-bf16 and printed it faster (held around the loop against entered per step: the
+    # difference was the way autocast was entered, credited to TF32). Now both are entered
+    # per step, and on a CPU the one is the other: skipped, saying so.
+    result = run(tiny(workloads=("mlp-train",), passes=1))
+    rows = {r.config: r for r in result.results}
+    skipped = rows["tf32+amp-bf16"].skipped
+    assert skipped is not None and skipped.startswith("the same as amp-bf16 on cpu: tf32: ")
+    assert "no effect on cpu" in skipped and rows["tf32+amp-bf16"].median_s is None
+    assert rows["amp-bf16"].median_s is not None  # measured, once
+    assert "the same as" not in str(rows["param-bf16+amp-bf16"].skipped)
+
+
+def test_on_an_ampere_gpu_tf32_with_autocast_is_a_claim_of_its_own(
+    fake_gpu: Callable[..., None],
+) -> None:
+    fake_gpu((8, 0))  # the capability answers only: nothing runs on it here
+    mlp = WORKLOADS["mlp-train"]
+    cuda = torch.device("cuda")
+    assert mlp.same_as_another(mlp.config("tf32+amp-bf16"), cuda) is None
+    both, amp = mlp.config("tf32+amp-bf16"), mlp.config("amp-bf16")
+    assert both.in_effect(cuda) != amp.in_effect(cuda)
+    assert both.in_effect(CPU) == amp.in_effect(CPU)  # what TF32 adds on a CPU: nothing
+
+
+def test_a_size_one_workload_cannot_take_skips_it_and_the_rest_runs() -> None:
+    # Failed before (from the command line: the whole run refused): the smallest size the
+    # convnet's estimate does not fit in this machine's memory, which the matmul takes.
+    have = memory_bytes(CPU)
+    if have is None:
+        pytest.skip("this system does not say how much memory it has")
+    convnet = WORKLOADS["convnet-train"]
+    size = 1
+    while convnet.memory(size, "cpu") <= have:
+        size *= 2
+    assert WORKLOADS["matmul"].memory(size, "cpu") < have / 4, "no size tells them apart here"
+    result = run(tiny(workloads=("convnet-train", "matmul"), sizes=(size,), passes=1))
+    (skipped,) = [r for r in result.results if r.workload == "convnet-train"]
+    assert skipped.config == "(all)" and skipped.size == size
+    assert str(skipped.skipped).startswith(f"convnet-train at size {size} needs at least ")
+    assert str(skipped.skipped).endswith(" (estimated); cpu has " + _gib(have))
+    assert f"matmul cpu {size}" in {r.group for r in result.results if not r.skipped}

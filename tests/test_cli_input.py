@@ -23,7 +23,7 @@ from speedflags.__main__ import main
 TINY = ["--device", "cpu", "--sizes", "16", "--passes", "1", "--rounds", "1", "--min-time", "0"]
 needs_matplotlib = pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None,
-    reason="matplotlib is not installed (pip install 'speedflags[plot]')",
+    reason="matplotlib is not installed (pip install '.[plot]')",
 )
 
 STEPS = """

@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import ZEN3
+
+import speedflags
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -38,10 +39,10 @@ HAS_LIGHTNING = installed("jsonargparse") and (
 SCRIPTS: dict[str, str | None] = {
     "train_toy_transformer.py": None,
     "cifar10_resnet.py": None,
-    "lightning_yaml/train.py": None if HAS_LIGHTNING else "pip install 'speedflags[lightning]'",
+    "lightning_yaml/train.py": None if HAS_LIGHTNING else "pip install '.[lightning]'",
     "hf_trainer.py": None
     if installed("transformers", "accelerate")
-    else "pip install 'speedflags[transformers]'",
+    else "pip install '.[transformers]'",
 }
 
 
@@ -132,31 +133,72 @@ def test_a_lever_without_effect_gets_words_not_a_speedup(
     assert not re.search(r"\d\.\d\dx", said)  # no speedup figure anywhere in it
 
 
-def test_long_runs_say_how_long_they_take_and_where_they_are(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+class VirtualClock:
+    """Virtual seconds: each step adds what it costs (no timing is measured or asserted)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def timed(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, VirtualClock]:
+    """The examples' ``_common``, timing on a virtual clock."""
     monkeypatch.syspath_prepend(str(EXAMPLES))
     import _common
 
+    clock = VirtualClock()
+    monkeypatch.setattr(_common, "clock", clock)
+    return _common, clock
+
+
+def test_long_runs_say_how_long_they_take_and_where_they_are(
+    timed: tuple[Any, VirtualClock],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _common, clock = timed
     monkeypatch.setattr(_common, "PROGRESS_EVERY_S", 0.0)  # a line at every step
     losses = iter([9.0, 3.0, 2.0, 1.0])
-    started = time.perf_counter()
-    mean = _common.seconds_per_step(
-        lambda: torch.tensor(next(losses)), 3, torch.device("cpu"), "fp32", runs=2
-    )
-    elapsed = time.perf_counter() - started
+
+    def step() -> torch.Tensor:
+        clock.now += 1.0
+        return torch.tensor(next(losses))
+
+    mean = _common.seconds_per_step(step, 3, torch.device("cpu"), "fp32", runs=2)
+    assert mean == pytest.approx(1.0)  # the 3 timed steps, not the warm-up step
     lines = capsys.readouterr().out.splitlines()
-    # the mean of the 3 timed steps (the warm-up step is not counted): 3 of them fit in the
-    # whole call, a total returned as the mean would not
-    assert 0 < 3 * mean <= elapsed
-    assert lines[0].startswith("fp32: first step took ")
-    assert "3 more steps: about" in lines[0] and "for the 2 runs" in lines[0]
+    assert lines[0].startswith("fp32: warm-up step 1.0 s (one-time costs), then 1.0 s a step")
+    assert "about 2.0 s for the 2 steps left; about 6.0 s for all 2 runs" in lines[0]
     # the last step prints nothing: the speedup line follows it
     assert [line.split(",")[:2] for line in lines[1:]] == [
         ["fp32: step 1/3", " loss 3.0000"],
         ["fp32: step 2/3", " loss 2.0000"],
     ]
     assert all("elapsed, about" in line and line.endswith(" left") for line in lines[1:])
+
+
+def test_the_estimate_comes_from_a_timed_step_not_the_warm_up(
+    timed: tuple[Any, VirtualClock], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Failed before: the estimate was the warm-up step's time (one-time costs included) times
+    # every step of every run: "about 51.0 s for the 6 runs" for a run that took 15.6 s. Here
+    # the warm-up step costs 10 virtual seconds, every other step 1: two runs of 3 steps
+    # take 2 more seconds in this one and 4 in the next, as said.
+    _common, clock = timed
+    costs = iter([10.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+
+    def step() -> None:
+        clock.now += next(costs)
+
+    _common.seconds_per_step(step, 3, torch.device("cpu"), "fp32", runs=2)
+    said = capsys.readouterr().out
+    began = clock.now
+    _common.seconds_per_step(step, 3, torch.device("cpu"), "fp32", runs=1)  # the next run
+    assert "about 6.0 s for all 2 runs" in said
+    assert 2.0 + (clock.now - began) == 6.0  # what the rest of the two runs took
 
 
 @pytest.fixture
@@ -192,6 +234,18 @@ def test_the_speedup_line_says_its_noise_or_gives_words(common: Any) -> None:
     assert "none shown: no lever has an effect on cpu" in line and "2.00x" not in line
 
 
+def test_the_speedup_printed_is_the_ratio_of_the_times_printed_beside_it(common: Any) -> None:
+    # Failed before: the times were medians of the passes, the speedup the geometric mean of
+    # the per-pass ratios: "fp32 23.94 ms/step; speedflags 32.82 ms/step ... (1.82x, ±77%)".
+    # Passes that disagree that much (made up: no timing is asserted), with sdpa="flash",
+    # which is in effect on any CPU.
+    times = {"fp32": [0.024, 0.090, 0.020], "speedflags": [0.033, 0.012, 0.040]}
+    line = common.speedup_line("demo", times, {"sdpa": "flash"}, CPU)
+    fp32, fast = (float(ms) for ms in re.findall(r"([\d.]+) ms/step", line))
+    (speedup,) = re.findall(r"\(([\d.]+)x, ±", line) or re.findall(r"([\d.]+)x \(±", line)
+    assert float(speedup) == pytest.approx(fp32 / fast, abs=0.01), line
+
+
 def test_an_emulated_lever_is_named_beside_its_figure(
     common: Any, fake_cpu: Callable[..., None]
 ) -> None:
@@ -206,3 +260,31 @@ def test_fewer_than_three_passes_are_refused(common: Any) -> None:
     with pytest.raises(SystemExit, match="at least 3"):
         common.passes(2, smoke=False)
     assert common.passes(None, smoke=True) == 3 and common.passes(None, smoke=False) == 5
+
+
+# The README's `tune` example, word for word, run from the repository's root (here: a folder
+# whose `examples` is the repository's, so that its files land in a temporary folder).
+README_TUNE = (
+    "python -m speedflags tune examples/steps.py:make_step --budget 0.01 --seconds 120 "
+    "--out levers.json --plot pareto.png"
+)
+
+
+@pytest.mark.skipif(not installed("matplotlib"), reason="--plot needs pip install '.[plot]'")
+def test_the_readme_tune_command_runs_on_the_step_the_repository_ships(tmp_path: Path) -> None:
+    # Failed before: the README ran `steps.py:make_step`, which the repository did not have.
+    # The run is bounded by its own --seconds; what it chooses is not asserted (it measures).
+    (tmp_path / "examples").symlink_to(EXAMPLES, target_is_directory=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    command = README_TUNE.split()
+    assert command[:3] == ["python", "-m", "speedflags"]
+    done = subprocess.run(
+        [sys.executable, *command[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "best: " in done.stdout and "tune: reference: plain fp32" in done.stderr
+    levers = speedflags.load_levers(tmp_path / "levers.json")
+    assert isinstance(levers, dict)
+    assert (tmp_path / "pareto.png").stat().st_size > 0

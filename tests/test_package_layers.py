@@ -29,7 +29,19 @@ PACKAGE = Path(speedflags.__file__).resolve().parent
 # Bottom to top. A module may import its own layer and those below it, never one above.
 # Each entry is a module or subpackage under ``speedflags`` ("" is the package's __init__).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "_version", "_short_repr", "_warn", "_tracing", "_hardware", "_recommend")),
+    (
+        "base",
+        (
+            "errors",
+            "_version",
+            "_short_repr",
+            "_warn",
+            "_tracing",
+            "_locks",
+            "_hardware",
+            "_recommend",
+        ),
+    ),
     ("levers", ("levers",)),
     ("ledger", ("_ledger",)),
     ("watch, compile", ("_watch", "_compile")),

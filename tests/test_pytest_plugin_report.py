@@ -287,9 +287,7 @@ def test_bad_input_is_a_usage_error_before_any_test_runs(
 
 
 def test_pytest_xdist_workers_check_and_the_controller_merges(pytester: pytest.Pytester) -> None:
-    pytest.importorskip(
-        "xdist", reason="pytest-xdist is not installed: pip install 'speedflags[test]'"
-    )
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed: pip install '.[test]'")
     # one file per worker (--dist loadfile), each with a leak and a test that checks that the
     # leak was put back on its own worker
     for name, leak in (("one", "torch.backends.cudnn.benchmark = True"),

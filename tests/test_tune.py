@@ -21,7 +21,9 @@ from conftest import AMX_XEON, CPU_AUTOCAST_FP16, TORCH_2_1_KERNELS, autocast_en
 import speedflags
 from speedflags._measure.timing import Timing
 from speedflags._tune import run
-from speedflags._tune.compare import MIN_GAIN, faster
+from speedflags._tune.compare import MIN_GAIN, Z, compare, faster
+from speedflags._tune.result import Row
+from speedflags._tune.search import Search
 from speedflags._tune.state import error_against, reference_outputs
 from speedflags.errors import InvalidTypeError, InvalidValueError
 from speedflags.levers.lever_sets import with_baseline
@@ -220,6 +222,81 @@ def test_faster_needs_the_gain_beyond_twice_the_standard_error() -> None:
     assert faster(Timing.of([[0.9] * 9]), fp32)
     assert not faster(Timing.of([[0.99] * 9]), fp32)  # under MIN_GAIN
     assert not faster(Timing.of([[0.9, 0.9]]), fp32)  # two rounds: no noise estimate
+
+
+def test_an_accepted_candidate_is_never_marked_within_the_noise() -> None:
+    # Failed before: acceptance asked speedup - 1 > 2.5 x noise, the "~" mark
+    # |log speedup| <= 2.5 x noise, so a gain between the two was accepted, chosen, and marked
+    # "~ within the noise: no difference from fp32 shown" in the same row. Three passes whose
+    # log-ratios are 0.24 +- 0.175: 1.27x with a noise of 10.1 %, in that gap.
+    fp32 = Timing.of([[1.0] * 3] * 3)
+    logs = (0.24 - 0.175, 0.24, 0.24 + 0.175)
+    amp = Timing.of([[math.exp(-log)] * 3 for log in logs])
+    speedup, noise = compare(amp, fp32)
+    assert speedup - 1 > Z * noise >= math.log(speedup)  # the gap between the two scales
+    candidate = Row({"amp": "bf16"}, speedup=speedup, noise=noise, accepted=faster(amp, fp32))
+    assert candidate.within_noise and not candidate.accepted
+    # on a grid of figures: faster beyond the noise, or within it (or slower), never both
+    for gain, jitter in itertools.product((1.01, 1.05, 1.2, 1.3, 2.0), (0.7, 0.9, 1.0, 1.5)):
+        timing = Timing.of([[1 / gain] * 3, [1 / (gain * jitter)] * 3, [1 / gain] * 3])
+        speedup, noise = compare(timing, fp32)
+        figures = Row({"amp": "bf16"}, speedup, noise=noise)
+        assert not (faster(timing, fp32) and figures.within_noise), (speedup, noise)
+
+
+@pytest.mark.usefixtures("cpu_with_bf16")
+def test_the_chosen_row_keeps_the_figures_it_was_chosen_on_when_compile_is_timed_beside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Failed before: the choice is timed again beside torch.compile; that timing replaced the
+    # row's speedup (here 1.00x: the neighbour's load now hits amp's calls) while the row
+    # kept "accepted" from the timing it was chosen on: "1.00x ~ ... yes", and "fp32 takes"
+    # came from that later timing too. The load changes when compile starts (the search's
+    # _compile, wrapped to say when); every figure is virtual seconds.
+    clock = PhaseClock()
+    real = Search._compile
+
+    def compile_under_load(self: Search, fp32: Any, best: Any) -> Any:
+        clock.busy = True
+        return real(self, fp32, best)
+
+    monkeypatch.setattr(Search, "_compile", compile_under_load)
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(16, 32, generator=gen), torch.randn(32, 16, generator=gen)
+    result = run(clock.step, (x, w), {}, levers=["amp", "compile"], clock=clock, plan=QUICK,
+                 budget=5e-2)  # fmt: skip
+    assert clock.busy, "compile was not tried"
+    amp = row(result, amp="bf16")
+    assert result.best == {"amp": "bf16"} and amp.accepted
+    assert amp.speedup == pytest.approx(2.0) and not amp.within_noise
+    assert result.reference_s == pytest.approx(1.0)  # fp32's time in the timing chosen on
+    compiled = next(r for r in result.rows if r.compile)
+    assert not compiled.accepted and compiled.speedup == pytest.approx(1.0)  # under load too
+    table = str(result)
+    assert "amp='bf16'" in table and "2.00x ~" not in table
+
+
+class PhaseClock:
+    """Virtual seconds: fp32 takes 1 s a call, bf16 autocast 0.5 s until ``busy``, then 1 s.
+
+    The step adds its cost from outside any compiled graph (``torch.compiler.disable``),
+    so that a compiled step counts its calls as an eager one does.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.busy = False
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        self._spend()
+        return x @ w
+
+    @torch.compiler.disable  # type: ignore[misc]
+    def _spend(self) -> None:
+        self.now += 0.5 if autocast_enabled("cpu") and not self.busy else 1.0
 
 
 def test_baseline_levers_that_contradict_a_candidate_are_left_out() -> None:

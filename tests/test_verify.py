@@ -8,6 +8,7 @@ expected verdict from the lever's own capability check, and checks the measured 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,9 @@ def test_every_lever_value_of_the_registry_gets_a_verdict(run: Verification) -> 
     ]  # fmt: skip
     assert labels == expected
     assert run.restored and run.ok, str(run)
-    assert run.elapsed_s is not None and run.elapsed_s < 30
+    # how long it took is recorded; never asserted (a busy machine takes longer: timing
+    # belongs to benchmarks)
+    assert run.elapsed_s is not None and run.elapsed_s > 0
 
 
 def test_each_verdict_follows_the_capability_and_is_measured(run: Verification) -> None:
@@ -98,6 +101,18 @@ def test_emulated_autocast_is_in_effect_and_slower_never_no_effect(
     assert run.ok and "emulated, so slower than without it: amp=" in str(run)
     as_json = run.to_dict()["verdicts"][1]
     assert as_json["status"] == "in effect, emulated: slower" != "no effect here"
+    # Failed before: the line printed "6.2x slower than without it" and then, from the CPU's
+    # answer, "typically 40 to 1000 times slower than fp32" (bf16: "tens of times slower ...
+    # 45x with 2 threads"), a figure measured elsewhere beside the one measured here.
+    (line,) = [line for line in str(run).splitlines() if line.strip().startswith(f"amp='{word}'")]
+    assert "times slower" not in line, line
+    # one figure: the one measured here (on a CPU that has the instructions after all, the
+    # emulated path is not slower, and says so with its figure)
+    (figure,) = re.findall(r"\b(\d+(?:\.\d+)?)x\b", line)
+    slower = verdict.measured["slower_factor"]
+    measured = 1 / slower if "not slower here" in line else slower
+    assert float(figure) == pytest.approx(measured, rel=0.06), line
+    assert line.endswith(f"{word} on this CPU is emulated, slower than fp32"), line
 
 
 def test_emulated_autocast_on_a_cpu_with_the_instructions_is_verified(

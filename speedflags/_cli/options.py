@@ -247,27 +247,17 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _fits(workloads: tuple[str, ...], sizes: tuple[int, ...], device: Any) -> None:
-    """Refuse a size whose workload would not fit in ``device``'s memory (estimated)."""
-    from .._measure.workloads import WORKLOADS, memory_bytes
+    """Refuse sizes that no chosen workload can take in ``device``'s memory (estimated): then
+    nothing would run. A size that only some cannot take skips those, each with its reason,
+    when the run comes to them."""
+    from .._measure.workloads import WORKLOADS
 
-    have = memory_bytes(device)
-    if have is None:  # the system does not say: the run finds out
-        return
-    for name in workloads:
-        workload = WORKLOADS[name]
-        if workload.unavailable(device):
-            continue
-        for size in sizes:
-            need = workload.memory(size, device.type)
-            if need > have:
-                raise UsageError(
-                    f"--sizes {size}: {name} at size {size} needs at least {_gib(need)} "
-                    f"of memory (estimated); {device} has {_gib(have)}"
-                )
-
-
-def _gib(size: int) -> str:
-    return f"{size / 2**30:.3g} GiB"
+    chosen = [WORKLOADS[name] for name in workloads]
+    chosen = [workload for workload in chosen if workload.unavailable(device) is None]
+    reasons = [workload.too_big(size, device) for workload in chosen for size in sizes]
+    if reasons and all(reasons):
+        shown = ",".join(map(str, sizes))
+        raise UsageError(f"--sizes {shown}: nothing fits: {'; '.join(map(str, reasons))}")
 
 
 # --- tune ----------------------------------------------------------------------------------

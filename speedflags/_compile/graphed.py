@@ -37,6 +37,7 @@ import torch
 from .. import _warn
 from .._hardware import DeviceLike, missing_cuda, resolve_device
 from .._ledger.ledger import ledger
+from .._locks import new_lock
 from ..errors import (
     CudaGraphsError,
     CudaGraphsWarning,
@@ -287,7 +288,7 @@ class GraphedStep:
         self._device_type = "cuda"
         self._optimizers: list[torch.optim.Optimizer] = []
         self._was_tensor: dict[Hashable, bool] = {}
-        self._lock = threading.Lock()
+        self._lock = new_lock()
         self._warned_limit = False
         self._serial = next(_serials)
 

@@ -90,6 +90,7 @@ import torch
 
 from .. import _warn
 from .._ledger.ledger import ledger
+from .._locks import new_lock
 from .._warn import PACKAGE_DIR
 from ..errors import CompileFallbackWarning
 from . import autocast_left
@@ -139,7 +140,7 @@ class GuardedCompile:
         self.reason: str | None = None
         self.levers = LeverGuard(self._make)
         self._fullgraph = bool(options.get("fullgraph", False))
-        self._compile_lock = threading.Lock()
+        self._compile_lock = new_lock()
         self._failures: list[str] = []
         self._serial = next(_serials)
         self._dynamo_config: Any = None

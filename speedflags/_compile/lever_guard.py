@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
+from .._locks import new_lock
 from . import backend as _backend
 from .lever_state import LeverState, lever_state
 
@@ -126,7 +126,7 @@ class _ProcessCaches:
     """
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = new_lock()
         self.state: LeverState | None = None
         self.graphs = -1  # dynamo's graph count when the last guarded call ended
         self.generation = 0  # how many times the cached frames were forgotten
@@ -246,7 +246,7 @@ class LeverGuard:
         self.recompiles = 0
         self.calls = 0
         self._make = make
-        self._states_lock = threading.Lock()
+        self._states_lock = new_lock()
         self._by_state: dict[LeverState, Callable[..., Any]] = {}
         self._single: Callable[..., Any] | None = None
         self._last: LeverState | None = None

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 
 from .._ledger import ledger as _ledger
 from .._ledger.decorate import caller_where
+from .._locks import new_lock
 from .._short_repr import set_module, short_repr
 from ..errors import InvalidTypeError, RankMismatchError
 
@@ -205,7 +205,7 @@ class FirstEntryCheck:
         self.group = group
         self.done = False
         self._noted = False
-        self._check_lock = threading.Lock()
+        self._check_lock = new_lock()
 
     def __call__(self, label: str, undo: Callable[[], None]) -> None:
         """Check once; if the check raises, call ``undo`` (close the frame) and re-raise."""

@@ -24,6 +24,7 @@ import torch
 
 from .. import _warn
 from .._hardware import DeviceLike, capabilities, default_device, missing_cuda, normalize_device
+from .._hardware.cpu import emulation_cost
 from .._ledger.decorate import decorate
 from .._ledger.frame import Frame
 from .._ledger.ledger import ledger
@@ -125,9 +126,10 @@ def make_plan(
             said.append((("no device", shown_device, name), message, DeviceUnavailableWarning))
         elif effect.slow:  # emulated: it works, at a fraction of the speed
             auto = " amp='auto' turns autocast on only where the dtype is native;" * (name == "amp")
+            cost = f" ({emulation_cost(value)})" if isinstance(value, torch.dtype) else ""
             message = (
-                f"{shown} on {shown_device} is slower than without it: {effect.reason}.{auto} "
-                "strict=True refuses it."
+                f"{shown} on {shown_device} is slower than without it: {effect.reason}{cost}."
+                f"{auto} strict=True refuses it."
             )
             said.append((("slow", shown_device, name, str(value)), message, SlowPathWarning))
         items.append((lever, value, "; ".join(r for r in (note, effect.reason) if r)))

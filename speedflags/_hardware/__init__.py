@@ -15,12 +15,12 @@ What this subpackage may import: torch and speedflags' base modules (``errors``,
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, NamedTuple
 
 import torch
 import torch._C as torch_C  # by its module: PyTorch 2.1's stubs do not re-export torch._C
 
+from .._locks import new_lock
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from .answers import Capabilities, Capability
@@ -106,7 +106,7 @@ def missing_cuda(device: torch.device) -> str | None:
 
 
 _cache: dict[str, Capabilities] = {}
-_cache_lock = threading.Lock()
+_cache_lock = new_lock()
 
 
 def capabilities(device: DeviceLike = None) -> Capabilities:

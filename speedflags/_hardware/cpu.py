@@ -28,9 +28,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .._locks import new_lock
 from .answers import Capability
 
-__all__ = ["CpuFeatures", "KernelTrial", "cpu_dtype", "cpu_features", "cpu_kernels"]
+__all__ = [
+    "CpuFeatures",
+    "KernelTrial",
+    "cpu_dtype",
+    "cpu_features",
+    "cpu_kernels",
+    "emulation_cost",
+]
 
 
 @dataclass(frozen=True)
@@ -204,7 +212,7 @@ def read_cpu_features() -> CpuFeatures:
 # "features" -> CpuFeatures; a torch.dtype -> its KernelTrial. Tests fake a CPU by setting
 # entries (monkeypatch.setitem), then clear speedflags._hardware's answers built from them.
 _cache: dict[Any, Any] = {}
-_lock = threading.RLock()  # reentrant: a signal handler asking mid-trial must not deadlock
+_lock = new_lock()  # reentrant: a signal handler asking mid-trial must not deadlock
 
 
 def _cached(key: Any, find: Callable[[], Any]) -> Any:
@@ -242,13 +250,37 @@ def cpu_kernels(dtype: torch.dtype) -> KernelTrial:
     return found
 
 
+# The fact, and nothing measured elsewhere: the tools that measure it here (verify, bench,
+# tune) print their own figure beside it, and a figure from another machine would contradict
+# it (fp16 measured 5.6x slower on one CPU, where "40 to 1000 times" was said).
 _NO_INSTRUCTIONS = {
     torch.bfloat16: "no AVX512-BF16, AMX or Arm BF16 instructions: bf16 on this CPU is "
-    "emulated, tens of times slower than fp32 (a 1024x1024 matmul: 45x with 2 threads, 80x "
-    "with 1, on an AVX2 AMD EPYC)",
+    "emulated, slower than fp32",
     torch.float16: "no AVX512-FP16 or AMX-FP16 instructions: fp16 on this CPU is emulated, "
-    "typically 40 to 1000 times slower than fp32",
+    "slower than fp32",
 }
+# What emulation cost on the CPUs measured: for words that measure nothing themselves (the
+# warning of a block entered on such a CPU), never beside a figure measured here.
+_MEASURED_ELSEWHERE = {
+    torch.bfloat16: "tens of times slower than fp32 on the CPUs measured: a 1024x1024 matmul "
+    "45x with 2 threads, 80x with 1, on an AVX2 AMD EPYC",
+    torch.float16: "several to tens of times slower than fp32 on the CPUs measured: a "
+    "256x256 matmul 5.6x with 1 thread, 66x with 2, on an AVX512-BF16 AMD EPYC",
+}
+
+
+def emulation_cost(dtype: torch.dtype) -> str:
+    """What computing in ``dtype`` (bfloat16 or float16) cost on the CPUs measured without
+    its instructions, and how to measure it here: for a message that measures nothing.
+
+    Example:
+        >>> import torch
+        >>> from speedflags._hardware.cpu import emulation_cost
+        >>> emulation_cost(torch.bfloat16)[:30]
+        'tens of times slower than fp32'
+    """
+    said = _MEASURED_ELSEWHERE.get(dtype, "slower than fp32")
+    return f"{said}; python -m speedflags verify measures it here"
 
 
 def cpu_dtype(dtype: torch.dtype) -> Capability:

@@ -12,6 +12,7 @@ from asyncio import current_task as _current_task
 from asyncio.events import _get_running_loop
 from typing import Any
 
+from .._locks import new_lock
 from .._short_repr import short_repr
 from .._tracing import Where
 from . import history as _history
@@ -71,7 +72,7 @@ class FlagLedger:
             raise ValueError(f"history_size={short_repr(history_size)}: expected a positive int")
         # Reentrant: a signal handler entering a block while its thread holds it is refused
         # (LedgerReentryError) instead of waiting forever for itself. Taken with `with` only.
-        self._lock = threading.RLock()
+        self._lock = new_lock()
         # Its parts, each with its own state (public for the frame API of this package,
         # which names them in .protocol.FrameLedger; not an API of speedflags): the open
         # frames, the history, the threads that opened frames

@@ -276,12 +276,35 @@ class Config:
         )
 
     def notes(self, device: torch.device) -> tuple[str, ...]:
-        """The levers of this configuration that have no effect on ``device``, and why."""
+        """The levers of this configuration that have no effect on ``device``, and why (an
+        emulated one is in effect, only slower: it is no such note)."""
         return tuple(
             f"{name}: {effect.reason}"
             for name, value in self.levers.items()
-            if not (effect := self._effect(name, value, device)).effective
+            if not (effect := self._effect(name, value, device)).effective and not effect.slow
         )
+
+    def in_effect(self, device: torch.device) -> tuple[object, ...]:
+        """What this configuration does on ``device``: its levers in effect there (emulated
+        ones included) with their values, which of them are entered around each call, and
+        its input dtype. Two configurations that answer the same do the same work there.
+
+        Example:
+            >>> import torch
+            >>> from speedflags._measure.configs import Config
+            >>> both = Config("tf32+amp-bf16", {"tf32": True, "amp": "bf16"}, per_call=("amp",))
+            >>> amp = Config("amp-bf16", {"amp": "bf16"}, per_call=("amp",))
+            >>> both.in_effect(torch.device("cpu")) == amp.in_effect(torch.device("cpu"))
+            True
+        """
+        kept = []
+        for name, value in self.levers.items():
+            effect = self._effect(name, value, device)
+            if effect.effective or effect.slow:
+                kept.append((name, repr(lever_spec(name).validate(value))))
+        names = {name for name, _ in kept}
+        per_call = tuple(sorted(name for name in self.per_call if name in names))
+        return (tuple(sorted(kept)), per_call, self.dtype)
 
     @property
     def model_levers(self) -> bool:

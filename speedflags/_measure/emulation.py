@@ -18,12 +18,12 @@ kept: a neighbour only adds time. Measured once per process, device and lever se
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
 
+from .._locks import new_lock
 from .._warn import measuring
 from .configs import Config
 from .evidence import inputs
@@ -44,7 +44,7 @@ class Slowdown(NamedTuple):
 
 
 _cache: dict[tuple[str, tuple[tuple[str, Any], ...]], Slowdown] = {}
-_lock = threading.Lock()
+_lock = new_lock()
 
 
 def slowdown(levers: Mapping[str, Any], device: torch.device) -> Slowdown:

@@ -8,7 +8,7 @@ the levers alone, at its top level.
 
 TOML is written here (the standard library reads TOML from Python 3.11 on, through
 ``tomllib``, and writes none; the layout is simple enough not to need a dependency). YAML
-needs PyYAML, an optional extra: ``pip install 'speedflags[yaml]'``.
+needs PyYAML, an optional extra: ``pip install '.[yaml]'`` in a checkout of speedflags.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, Union
 import torch
 
 from .._short_repr import SHOWN_CHARS, short_repr
+from .._version import install_hint
 from ..errors import InvalidTypeError, InvalidValueError, LeverFileNotFoundError
 from ..levers import registry
 from ..levers.autocast import _BY_NAME as _AMP_NAMES
@@ -68,7 +69,7 @@ def named_levers(call: str, levers: LeversArg, choices: str) -> list[tuple[Any, 
 FORMATS = (".json", ".toml", ".yaml", ".yml")
 YAML_MISSING = (
     "reading or writing .yaml lever files needs PyYAML, an optional extra of speedflags: "
-    "pip install 'speedflags[yaml]'"
+    + install_hint("yaml")
 )
 _DTYPE_WORDS = {dtype: word for word, dtype in _AMP_NAMES.items()}
 
@@ -215,7 +216,7 @@ def load_levers(path: PathLike) -> dict[str, Any]:
 
     Reads what :meth:`speedflags.TuneResult.save` wrote (its ``levers`` table), or a file
     holding the levers alone, in JSON, TOML or YAML (by suffix; YAML needs
-    ``pip install 'speedflags[yaml]'``). The values are checked as ``fast_math`` checks
+    ``pip install '.[yaml]'``). The values are checked as ``fast_math`` checks
     them, and returned in the words a user writes (``{"amp": "bf16"}``): pass them to
     ``fast_math(**levers)`` or ``@speedup(**levers)``. An empty result means "plain fp32";
     note that a bare ``fast_math()`` applies the recommended levers instead, so give

@@ -58,7 +58,7 @@ class LinearInferProblem(Problem):
         super().__init__(size, device)
         d = size
         self.shape = f"Linear({d}, {d}) x{self.layers}, batch {self.batch}, no grad"
-        self.flops = float(self.layers * 2 * self.batch * d * d)
+        self.flops = self.flops_at(size, device.type)
         self._gen = _generator(device)
         self._weights = self._make(torch.float32).state_dict()
         self._sets = self._rotated(lambda: (_randn((self.batch, d), self._gen, device),))
@@ -94,6 +94,10 @@ class LinearInferProblem(Problem):
         return fp8_idle(config, size)
 
     @staticmethod
+    def flops_at(size: int, device_type: str) -> float:
+        return float(LinearInferProblem.layers * 2 * LinearInferProblem.batch * size * size)
+
+    @staticmethod
     def memory(size: int, device_type: str) -> int:
         # the weights in fp32, a bf16 copy (param_dtype, pure bf16), the float64 reference's
         weights = LinearInferProblem.layers * size * size
@@ -123,8 +127,7 @@ class ConvNetProblem(Problem):
         super().__init__(size, device)
         c, b = self.channels, self.batch
         self.shape = f"3x conv3x3({c}) + BatchNorm + ReLU, input ({b}, 3, {size}, {size}), SGD"
-        forward = 2.0 * b * size * size * 9 * (3 * c + c * c + c * c)
-        self.flops = 3.0 * forward
+        self.flops = self.flops_at(size, device.type)
         self._gen = _generator(device)
         self._weights = self._make(torch.float32).state_dict()
         self._sets = self._rotated(
@@ -183,6 +186,12 @@ class ConvNetProblem(Problem):
         first: Any = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
         grad: torch.Tensor = first.weight.grad
         return grad
+
+    @staticmethod
+    def flops_at(size: int, device_type: str) -> float:
+        c, b = ConvNetProblem.channels, ConvNetProblem.batch
+        forward = 2.0 * b * size * size * 9 * (3 * c + c * c + c * c)
+        return 3.0 * forward
 
     @staticmethod
     def memory(size: int, device_type: str) -> int:

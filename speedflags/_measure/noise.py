@@ -10,7 +10,9 @@ medians are compared instead, each median's standard error estimated from its ro
 
 A difference is *within its noise* when it is under both :data:`MIN_GAIN` and :data:`Z`
 times that noise: ``bench``, ``tune`` and the examples then say so instead of letting a
-figure stand alone.
+figure stand alone. A speedup is *faster beyond the noise* (:func:`faster_beyond_noise`, what
+``tune`` accepts) exactly when it is above 1 and not within its noise: both tests measure the
+gain on one scale, its logarithm, so no figure can be both.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["MIN_GAIN", "Z", "median_error", "paired", "speedup_and_noise", "within_noise"]
+__all__ = [
+    "MIN_GAIN",
+    "Z",
+    "faster_beyond_noise",
+    "median_error",
+    "paired",
+    "speedup_and_noise",
+    "within_noise",
+]
 
 MIN_GAIN = 0.03  # below a 3 % gain a lever is not worth its accuracy cost, whatever the noise
 Z = 2.5  # about a 97.5 % one-sided bound with six passes (Student's t, 5 degrees of freedom)
@@ -92,4 +102,27 @@ def within_noise(speedup: float, noise: float) -> bool:
     """
     if not math.isfinite(speedup) or speedup <= 0 or not math.isfinite(noise):
         return False
-    return abs(math.log(speedup)) <= max(math.log1p(MIN_GAIN), Z * noise)
+    return abs(math.log(speedup)) <= _threshold(noise)
+
+
+def faster_beyond_noise(speedup: float, noise: float) -> bool:
+    """Whether ``speedup`` is a gain beyond the noise: over :data:`MIN_GAIN` and over
+    :data:`Z` times ``noise``, on the scale :func:`within_noise` measures on, so that a
+    speedup above 1 is exactly one of the two. False where the noise is unknown.
+
+    Example:
+        >>> from speedflags._measure.noise import faster_beyond_noise, within_noise
+        >>> faster_beyond_noise(1.5, 0.01), faster_beyond_noise(1.3, 0.2)
+        (True, False)
+        >>> speedup, noise = 1.27, 0.1  # 27 % over 2.5 x 10 %, but log(1.27) is not
+        >>> faster_beyond_noise(speedup, noise), within_noise(speedup, noise)
+        (False, True)
+    """
+    if not math.isfinite(speedup) or speedup <= 0 or not math.isfinite(noise):
+        return False
+    return math.log(speedup) > _threshold(noise)
+
+
+def _threshold(noise: float) -> float:
+    # the smallest gain, as a logarithm, that is told apart from no difference
+    return max(math.log1p(MIN_GAIN), Z * noise)

@@ -1,6 +1,6 @@
 """The axes every speedup-against-error plot draws on (``bench --plot``, ``TuneResult.plot``).
 
-matplotlib is an optional extra (``pip install 'speedflags[plot]'``), imported only here
+matplotlib is an optional extra (``pip install '.[plot]'``), imported only here
 and only when a plot is drawn.
 """
 
@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .._version import install_hint
 from .output_paths import make_parent_folder
 
 __all__ = ["MISSING", "PLOT_SUFFIXES", "have_matplotlib", "speedup_axes"]
 
 # What a command line's --plot says without matplotlib (TuneResult.plot has its own words).
-MISSING = "--plot needs matplotlib, an optional extra of speedflags: pip install 'speedflags[plot]'"
+MISSING = "--plot needs matplotlib, an optional extra of speedflags: " + install_hint("plot")
 # The file types a plot is written as (matplotlib picks the format by the suffix; without
 # one it would write "PATH.png" while the command reported PATH).
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")

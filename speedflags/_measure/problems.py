@@ -112,6 +112,12 @@ class Problem:
         its float64 reference (``bench --sizes`` refuses a size the device cannot hold)."""
         raise NotImplementedError
 
+    @staticmethod
+    def flops_at(size: int, device_type: str) -> float:
+        """:attr:`flops` at ``size`` on ``device_type``, before anything is built (``bench``
+        says from it how long a run will take)."""
+        raise NotImplementedError
+
     def runner(self, config: Config) -> Runner:
         raise NotImplementedError
 
@@ -182,7 +188,7 @@ class MatmulProblem(Problem):
         super().__init__(size, device)
         n = size
         self.shape = f"({n}x{n}) @ ({n}x{n})"
-        self.flops = 2.0 * n**3
+        self.flops = self.flops_at(size, device.type)
         gen = _generator(device)
         self._sets = self._rotated(
             lambda: (_randn((n, n), gen, device), _randn((n, n), gen, device))
@@ -190,6 +196,10 @@ class MatmulProblem(Problem):
 
     def runner(self, config: Config) -> Runner:
         return Runner(_cast(self._sets, config.dtype), torch.mm)
+
+    @staticmethod
+    def flops_at(size: int, device_type: str) -> float:
+        return 2.0 * size**3
 
     @staticmethod
     def memory(size: int, device_type: str) -> int:
@@ -221,7 +231,7 @@ class MlpTrainProblem(Problem):
         d = size
         self.batch = min(512, d)
         self.shape = f"Linear({d}, {d}) x{self.layers} + GELU, batch {self.batch}, AdamW"
-        self.flops = float((3 * self.layers - 1) * 2 * self.batch * d * d)
+        self.flops = self.flops_at(size, device.type)
         gen = _generator(device)
         bound = d**-0.5  # nn.Linear's default init range, drawn from the private generator
         self._init = [
@@ -246,6 +256,11 @@ class MlpTrainProblem(Problem):
             for param, init in zip(model.parameters(), self._init, strict=True):
                 param.copy_(init)
         return model
+
+    @staticmethod
+    def flops_at(size: int, device_type: str) -> float:
+        layers, batch = MlpTrainProblem.layers, min(512, size)
+        return float((3 * layers - 1) * 2 * batch * size * size)
 
     @staticmethod
     def _first_weight(model: nn.Sequential) -> torch.Tensor:
@@ -332,7 +347,7 @@ class SdpaProblem(Problem):
         self.input_precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
         shape = (batch, heads, size, dim)
         self.shape = f"q, k, v ({batch}, {heads}, {size}, {dim}) {str(dtype).replace('torch.', '')}"
-        self.flops = 4.0 * batch * heads * size * size * dim
+        self.flops = self.flops_at(size, device.type)
         gen = _generator(device)
         self._sets = self._rotated(
             lambda: tuple(_randn(shape, gen, device).to(dtype) for _ in range(3))
@@ -340,6 +355,11 @@ class SdpaProblem(Problem):
 
     def runner(self, config: Config) -> Runner:
         return Runner(_cast(self._sets, config.dtype), F.scaled_dot_product_attention)
+
+    @staticmethod
+    def flops_at(size: int, device_type: str) -> float:
+        batch, heads, dim = SdpaProblem.shapes[device_type == "cuda"]
+        return 4.0 * batch * heads * size * size * dim
 
     def skip_reason(self, config: Config) -> str | None:
         reason = super().skip_reason(config)
@@ -418,7 +438,7 @@ class ConvProblem(Problem):
         super().__init__(size, device)
         batch, channels = self.shapes[device.type == "cuda"]
         self.shape = f"conv2d 3x3, input ({batch}, {channels}, {size}, {size})"
-        self.flops = 2.0 * batch * channels * size * size * channels * 9
+        self.flops = self.flops_at(size, device.type)
         gen = _generator(device)
         self._weight = _randn((channels, channels, 3, 3), gen, device) * (channels * 9) ** -0.5
         self._sets = self._rotated(lambda: (_randn((batch, channels, size, size), gen, device),))
@@ -430,6 +450,11 @@ class ConvProblem(Problem):
             return F.conv2d(x, weight, padding=1)
 
         return Runner(_cast(self._sets, config.dtype), conv)
+
+    @staticmethod
+    def flops_at(size: int, device_type: str) -> float:
+        batch, channels = ConvProblem.shapes[device_type == "cuda"]
+        return 2.0 * batch * channels * size * size * channels * 9
 
     @staticmethod
     def memory(size: int, device_type: str) -> int:

@@ -17,13 +17,13 @@ through :data:`_cache`).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .._hardware import cpu_features
+from .._locks import new_lock
 from ..levers import Effect
 from ..levers.registry import lever_spec
 from . import probes
@@ -109,7 +109,7 @@ def _onednn_enabled() -> bool:
 
 
 _cache: dict[str, MediumRoute] = {}  # "cpu" -> the answer; tests fake it with setitem
-_lock = threading.RLock()
+_lock = new_lock()
 
 
 def medium_route() -> MediumRoute:

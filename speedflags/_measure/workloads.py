@@ -26,7 +26,7 @@ count, float64 reference, one :class:`~speedflags._measure.problems.Runner` per 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +99,63 @@ class Workload:
         found: str | None = self.build.idle(config, size)  # type: ignore[attr-defined]
         return found
 
+    def flops(self, size: int, device_type: str) -> float:
+        """Floating-point operations of one timed call at ``size``, before anything is built.
+
+        Example:
+            >>> from speedflags._measure.workloads import WORKLOADS
+            >>> WORKLOADS["matmul"].flops(1024, "cpu") == 2 * 1024**3
+            True
+        """
+        count: Callable[[int, str], float] = getattr(self.build, "flops_at")  # noqa: B009
+        return count(size, device_type)
+
+    def too_big(self, size: int, device: torch.device) -> str | None:
+        """Why ``size`` does not fit in ``device``'s memory (estimated), or None.
+
+        Example:
+            >>> import torch
+            >>> from speedflags._measure.workloads import WORKLOADS
+            >>> WORKLOADS["matmul"].too_big(64, torch.device("cpu")) is None
+            True
+        """
+        have = memory_bytes(device)
+        need = self.memory(size, device.type)
+        if have is None or need <= have:  # the system does not say: the run finds out
+            return None
+        return (
+            f"{self.name} at size {size} needs at least {_gib(need)} of memory (estimated); "
+            f"{device} has {_gib(have)}"
+        )
+
+    def same_as_another(
+        self, config: Config, device: torch.device, configs: Sequence[Config] | None = None
+    ) -> str | None:
+        """Why ``config`` is no claim of its own on ``device``, or None: another of
+        ``configs`` (the workload's own by default) that ``device`` can run does the same work
+        there (:meth:`Config.in_effect`) with fewer levers that have no effect, so that a
+        difference between the two would only be noise, credited to a lever that does
+        nothing (``tf32+amp-bf16`` beside ``amp-bf16`` on a CPU).
+
+        Example:
+            >>> import torch
+            >>> from speedflags._measure.workloads import WORKLOADS
+            >>> mlp = WORKLOADS["mlp-train"]
+            >>> print(mlp.same_as_another(mlp.config("tf32+amp-bf16"), torch.device("cpu")))
+            the same as amp-bf16 on cpu: tf32: no effect on cpu: TF32 is a tensor-core ...
+        """
+        extra = config.notes(device)
+        if not extra or config.baseline:
+            return None
+        does = config.in_effect(device)
+        for other in self.configs if configs is None else configs:
+            if other is config or len(other.notes(device)) >= len(extra):
+                continue
+            runs = other.unavailable(device) is None or other.emulated(device)
+            if runs and other.in_effect(device) == does:
+                return f"the same as {other.name} on {device}: {'; '.join(extra)}"
+        return None
+
     def unavailable(self, device: torch.device) -> str | None:
         """Why this workload cannot run on ``device``, or None."""
         if device.type not in self.devices:
@@ -106,6 +163,10 @@ class Workload:
         if device.type == "cuda" and not torch.cuda.is_available():
             return f"{device}: {capabilities(device).bf16.reason}"
         return None
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.3g} GiB"
 
 
 def memory_bytes(device: torch.device) -> int | None:
@@ -162,8 +223,8 @@ WORKLOADS: dict[str, Workload] = {
             64,
             (
                 _FP32,
-                Config("tf32+amp-bf16", {"tf32": True, "amp": "bf16"}),
                 # as a training loop enters them: around each step (@speedup's frame)
+                Config("tf32+amp-bf16", {"tf32": True, "amp": "bf16"}, per_call=("tf32", "amp")),
                 Config("amp-bf16", {"amp": "bf16"}, per_call=("amp",)),
                 Config("param-bf16", {"param_dtype": "bf16"}, per_call=("param_dtype",)),
                 Config(

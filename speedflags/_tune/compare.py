@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .._measure.noise import MIN_GAIN, Z, speedup_and_noise
+from .._measure.noise import MIN_GAIN, Z, faster_beyond_noise, speedup_and_noise
 from .._measure.noise import median_error as _median_error
 from .._measure.timing import Timing
 
@@ -75,7 +75,9 @@ def compare(fast: Timing | None, slow: Timing | None) -> tuple[float, float]:
 
 
 def faster(fast: Timing | None, slow: Timing | None) -> bool:
-    """Whether ``fast`` beats ``slow`` beyond the noise, and by :data:`MIN_GAIN` at least.
+    """Whether ``fast`` beats ``slow`` beyond the noise, and by :data:`MIN_GAIN` at least:
+    :func:`~speedflags._measure.noise.faster_beyond_noise` of their :func:`compare`, the test
+    whose other side marks a row within the noise (``~``), so no row is both.
 
     Example:
         >>> from speedflags._measure.timing import Timing
@@ -87,5 +89,4 @@ def faster(fast: Timing | None, slow: Timing | None) -> bool:
         >>> faster(Timing.of([[0.5, 0.5], [1.1, 1.1], [0.6, 0.6]]), fp32)  # too noisy
         False
     """
-    speedup, noise = compare(fast, slow)
-    return speedup - 1.0 > max(MIN_GAIN, Z * noise)
+    return faster_beyond_noise(*compare(fast, slow))

@@ -72,8 +72,8 @@ def _resolved(fast: Timing, slow: Timing) -> bool:
     speedup, noise = compare(fast, slow)
     if not math.isfinite(speedup) or not math.isfinite(noise):
         return False
-    gain = abs(math.log(speedup))
-    return gain > max(MIN_GAIN, Z * noise) or gain + Z * noise < MIN_GAIN
+    gain, least = abs(math.log(speedup)), math.log1p(MIN_GAIN)
+    return gain > max(least, Z * noise) or gain + Z * noise < least
 
 
 def _clear(fp32: Timing, timings: Sequence[Timing]) -> bool:

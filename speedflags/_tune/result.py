@@ -11,12 +11,12 @@ from .._measure.noise import within_noise
 from .._measure.plot_axes import speedup_axes
 from .._measure.vocabulary import EMULATED
 from .._short_repr import set_module
+from .._version import install_hint
 
 __all__ = ["PLOT_MISSING", "Row", "TuneResult"]
 
-PLOT_MISSING = (
-    "TuneResult.plot needs matplotlib, an optional extra of speedflags: "
-    "pip install 'speedflags[plot]'"
+PLOT_MISSING = "TuneResult.plot needs matplotlib, an optional extra of speedflags: " + install_hint(
+    "plot"
 )
 _FLOOR = 1e-9  # an exact result (error 0) is drawn here on the log axis
 
@@ -187,7 +187,7 @@ class TuneResult:
         """Write the choice and the rows to ``path``: ``.json``, ``.toml`` or ``.yaml``.
 
         :func:`speedflags.load_levers` reads the choice back. YAML needs PyYAML
-        (``pip install 'speedflags[yaml]'``), imported only here. A missing folder is
+        (``pip install '.[yaml]'``), imported only here. A missing folder is
         created, with its parents.
 
         Raises:
@@ -202,7 +202,7 @@ class TuneResult:
 
         One point per measured candidate (the chosen one highlighted), fp32 at (0, 1x), the
         budget as a vertical line. matplotlib is an optional extra
-        (``pip install 'speedflags[plot]'``), imported only here. A missing folder is
+        (``pip install '.[plot]'``), imported only here. A missing folder is
         created, with its parents.
 
         Raises:

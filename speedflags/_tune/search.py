@@ -14,7 +14,8 @@
    the rest get a longer timing beside fp32, in interleaved passes (fp32, A, B, fp32, A,
    B, ...), so a neighbour's load hits all alike. A candidate is accepted when it is
    faster than fp32 beyond the noise: compared pass by pass, its gain must exceed both
-   :data:`MIN_GAIN` and 2.5 standard errors (:mod:`speedflags._tune.compare`).
+   :data:`MIN_GAIN` and 2.5 standard errors, on the scale the table's ``~`` (within the
+   noise) is judged on, so that no row is both (:mod:`speedflags._tune.compare`).
 5. **Combinations** of the accepted levers (one value per lever) go through steps 3 and 4,
    re-timed beside the accepted single levers. When a top candidate's noise is large, the
    top three and fp32 are timed again call by call, paired, until clear
@@ -22,7 +23,8 @@
    a smaller accepted one while it is not faster than that one beyond the noise: every
    lever in the choice earns its place; ``confidence`` says whether a rival is within noise.
 6. **Compile** (where ``torch.compile`` works, last, and only with time left):
-   ``speedup(compile=..., **choice)`` timed beside the choice, with inductor's
+   ``speedup(compile=..., **choice)`` timed beside the choice (whose row keeps the figures
+   it was chosen on, as ``reference_s`` keeps fp32's from that timing), with inductor's
    ``fallback_random`` (compiled dropout otherwise draws other numbers than eager's, and
    the error would measure the masks, not the arithmetic).
 7. **CUDA graphs** (on a GPU, for a launch-bound step, with time left):
@@ -40,6 +42,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -68,6 +71,34 @@ COMPILE = "compile"
 COMPILE_MIN_S = 30.0  # compiling is not interruptible: try it only with this much time left
 KEEP_AT_LEAST = 3  # halving keeps the faster half, but never fewer than this
 DRIFT_STEPS = 5  # param_dtype's candidates: the output's gap to fp32 after this many steps
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """An entry's timing and its row's figures, kept while another timing runs beside it."""
+
+    timing: Timing | None
+    against: Timing | None
+    speedup: float | None
+    noise: float | None
+    median_s: float | None
+    rounds: int
+    accepted: bool
+    note: str
+
+    @classmethod
+    def of(cls, entry: Candidate) -> _Figures:
+        row = entry.row
+        return cls(
+            entry.timing, entry.against, row.speedup, row.noise, row.median_s, row.rounds,
+            row.accepted, row.note,
+        )  # fmt: skip
+
+    def put_back(self, entry: Candidate) -> None:
+        entry.timing, entry.against = self.timing, self.against
+        row = entry.row
+        row.speedup, row.noise, row.median_s = self.speedup, self.noise, self.median_s
+        row.rounds, row.accepted, row.note = self.rounds, self.accepted, self.note
 
 
 class Search:
@@ -407,15 +438,17 @@ class Search:
                 entry.rejected = True
                 entry.row.note = f"CUDA graphs skipped: {getattr(graphs, 'reason', None)}"
             if not entry.rejected:
-                kept = best.row.accepted if best is not None else False
+                # The choice was made on its own timing: this one only compares compile with
+                # it, and its row keeps the figures its acceptance was judged on.
+                kept = _Figures.of(best) if best is not None else None
                 self._settle(fp32, [entry], also=[best] if best is not None else [])
-                if best is not None:  # chosen already; this timing only compares with it
-                    best.row.accepted, best.row.note = kept, ""
+                if best is not None and kept is not None:
+                    if entry.row.accepted and not faster(entry.timing, best.timing):
+                        entry.row.accepted = False
+                        entry.row.note = f"not faster than {best.row.label} beyond the noise"
+                    kept.put_back(best)
             if graphs is not None and graphs.skips and not entry.row.note:
                 entry.row.note = f"inductor did not record: {'; '.join(graphs.skips)}"
-        if entry.row.accepted and best is not None and not faster(entry.timing, best.timing):
-            entry.row.accepted = False
-            entry.row.note = f"not faster than {best.row.label} beyond the noise"
         return entry
 
     # --- the run --------------------------------------------------------------------------
@@ -477,6 +510,7 @@ class Search:
             if not entry.rejected and dict(entry.levers).get("param_dtype") is not None:
                 self._drift(fp32, entry)
         sure, why = confidence(entries, best)
+        reference = fp32.timing  # what the rows chosen among were timed beside
         compiled = graphed = None
         if self.try_compile and can_compile():
             compiled = self._compile(fp32, best)
@@ -489,7 +523,7 @@ class Search:
             rows=[e.row for e in entries] + emulated + rows,
             budget=self.budget,
             device=str(self.device),
-            reference_s=fp32.timing.median if fp32.timing is not None else None,
+            reference_s=reference.median if reference is not None else None,
             elapsed_s=time.perf_counter() - self.started,
             compile=None if compiled is None else compiled.row.accepted,
             cuda_graphs=None if graphed is None else graphed.row.accepted,

@@ -45,6 +45,7 @@ from .._ledger import own_writes as _own_writes
 from .._ledger.history import format_where
 from .._ledger.ledger import ledger
 from .._ledger.own_writes import OWN_WRITES
+from .._locks import new_lock
 from .._short_repr import short_repr
 from .._tracing import Where
 from ..errors import SpeedflagsWarning
@@ -82,7 +83,7 @@ class _Watcher:
         self.family = lever_spec("tf32").lever().domain
         self.count = 0  # started watches
         self.ever = False
-        self._start_lock = threading.Lock()
+        self._start_lock = new_lock()
         # The ledger's own lock, held by its sections while speedflags writes, and here around
         # each watched write: so one is never mistaken for the other across threads. One
         # lock, taken only with `with`, so that no interruption can leave it held.
@@ -376,7 +377,7 @@ class _Watcher:
 
 
 _WATCHER: _Watcher | None = None
-_WATCHER_LOCK = threading.Lock()
+_WATCHER_LOCK = new_lock()
 
 
 def _watcher() -> _Watcher:

@@ -7,8 +7,9 @@ Exit status:
 - 2: bad usage, refused before anything is measured, in one line naming the option
   (:mod:`speedflags._cli.options` checks them all): an empty value, an unknown workload or
   device, ``--passes`` outside 1-100 or ``--rounds`` outside 1-1000, a ``--min-time`` that
-  is negative, NaN or infinite, ``--threads`` above this machine's CPUs, a size whose
-  workload would not fit in the device's memory, an output (``--json``, ``--plot``) in a
+  is negative, NaN or infinite, ``--threads`` above this machine's CPUs, sizes that no
+  chosen workload fits in the device's memory (one that some do not fit skips those, each
+  with its reason, and runs the rest), an output (``--json``, ``--plot``) in a
   place that cannot be written; a process whose TF32 state is mixed; an unreadable
   ``--compare`` file; or an output that could not be written after all (a full disk: the
   results are printed first).
@@ -40,15 +41,20 @@ Measure what each lever buys on this machine, with its accuracy cost beside it: 
 workload and configuration, the median time, the speedup over the fp32 baseline, FLOP/s, the
 share of the fastest configuration, and the relative error against float64. Configurations
 are timed in interleaved passes, each warmed up; a speedup within the noise of its passes is
-marked ~. Configurations with no effect on the device, refused by this PyTorch or identical
-to the baseline are skipped with the reason; emulated ones (bf16 or fp16 on a CPU without
-the instructions) are measured once, at a small size, in a group marked (emulated).
+marked ~ and given below the table with its spread. Configurations with no effect on the
+device, refused by this PyTorch, identical to the baseline, or doing on the device what
+another does (tf32+amp-bf16 on a CPU, where TF32 does nothing, is amp-bf16) are skipped with
+the reason; emulated ones (bf16 or fp16 on a CPU without the instructions) are measured once,
+at a small size, in a group marked (emulated). A workload that a size does not fit in the
+device's memory (estimated) is skipped at that size. Before it starts, the run says about
+how long it will take, from float32 matmuls timed on the device just then.
 
 workloads (size means):
   matmul     float32 (n x n) @ (n x n); fp32, tf32, matmul precision high/medium, bf16 and
              fp16 autocast, and pure bf16/fp16 inputs (size: n)
-  mlp-train  3xLinear(d, d) AdamW train step (GELU, batch min(512, d)), fp32 against
-             fast_math(tf32=True, amp="bf16") (size: d)
+  mlp-train  3xLinear(d, d) AdamW train step (GELU, batch min(512, d)): fp32 against
+             bf16 autocast with and without TF32, and param_dtype="bf16", each entered
+             around every step as @speedup does (size: d)
   sdpa       scaled_dot_product_attention with each backend (size: sequence length)
   conv       3x3 conv2d with and without cudnn_benchmark, CUDA only (size: height = width)
   linear-infer   Linear(d, d) x4 inference at batch 4 (weight-bound): fp32, autocast around
@@ -76,9 +82,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--sizes",
         default=None,
         help="comma-separated sizes for every chosen workload (default: each workload's "
-        "sizes for the device: matmul 1024,2048 on a CPU and 4096,8192 on a GPU); a size "
-        "whose workload needs more memory than the device has (its inputs, outputs and "
-        "float64 reference, estimated) is refused before the run",
+        "sizes for the device: matmul 1024,2048 on a CPU and 4096,8192 on a GPU); a workload "
+        "that needs more memory at a size than the device has (its inputs, outputs and "
+        "float64 reference, estimated) is skipped there, with its reason; sizes that no "
+        "chosen workload fits are refused before the run",
     )
     parser.add_argument(
         "--passes",
@@ -140,6 +147,23 @@ def _show(event: Any) -> None:
     print(counter + event.message, file=sys.stderr, flush=True)
 
 
+def _say_how_long(settings: Any) -> float:
+    """Say, before the run, how long it should take (:mod:`speedflags.bench.estimate`), and
+    return the estimate in seconds."""
+    from .estimate import calibrate, duration
+
+    model = calibrate(settings.device)
+    expected = float(settings.estimated_s(model))
+    print(
+        f"speedflags bench: about {duration(expected)} (estimated from float32 matmuls here "
+        f"now: {model}; {settings.passes} interleaved passes; Ctrl-C stops it and prints "
+        "what was measured)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return expected
+
+
 def _compare(paths: tuple[str, str]) -> int:
     from .results import BenchRun
     from .table import render_compare
@@ -174,6 +198,7 @@ def command(args: argparse.Namespace) -> int:
 
     import torch
 
+    from .estimate import duration
     from .runner import Settings, run
     from .table import render
 
@@ -193,9 +218,13 @@ def command(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
+        expected = _say_how_long(settings)
         result = run(settings, _show)
     finally:
         torch.set_num_threads(threads)
+    took = result.environment.get("elapsed_s")
+    if took is not None:
+        print(f"took {duration(took)} (estimated: {duration(expected)})", file=sys.stderr)
     if result.interrupted:
         print("\ninterrupted (Ctrl-C): the results so far", flush=True)
     print(render(result.results))

@@ -1,6 +1,6 @@
 """``speedflags bench --config FILE``: the configurations, workloads and settings in one file.
 
-A bench file (YAML, TOML or JSON, by suffix; YAML needs ``pip install 'speedflags[yaml]'``)
+A bench file (YAML, TOML or JSON, by suffix; YAML needs ``pip install '.[yaml]'``)
 names what to compare and how hard::
 
     device: cuda              # optional: cpu, cuda or cuda:N (default: cuda if available)

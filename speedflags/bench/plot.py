@@ -1,6 +1,6 @@
 """``--plot PATH``: speedup against relative error, one point per configuration (a PNG).
 
-matplotlib is an optional extra (``pip install 'speedflags[plot]'``), imported only by
+matplotlib is an optional extra (``pip install '.[plot]'``), imported only by
 :mod:`speedflags._measure.plot_axes`, and only when a plot is asked for.
 """
 

@@ -38,13 +38,14 @@ from .._measure.vocabulary import EMULATED, phrase
 from .._measure.workloads import WORKLOADS, Problem, Runner, Workload
 from .._status import snapshot
 from .._warn import measuring
+from . import estimate
+from .estimate import ONCE_ROUNDS
 from .results import BenchRun, Result, environment, gpu_state
 from .table import finish
 
-__all__ = ["EMULATED_SIZE", "Progress", "Settings", "run"]
+__all__ = ["EMULATED_SIZE", "ONCE_ROUNDS", "Progress", "Settings", "run"]
 
 EMULATED_SIZE = 256  # an emulated configuration is measured once, at this size at most
-ONCE_ROUNDS = 3  # ...in this many timed rounds, after a warm-up call
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,24 @@ class Settings:
     def configs_of(self, workload: Workload) -> tuple[Config, ...]:
         """The configurations compared on ``workload``."""
         return self.configs if self.configs is not None else workload.configs
+
+    def estimated_s(self, calibration: estimate.Calibration) -> float:
+        """How long a run of these settings should take, in seconds, each call taking what
+        ``calibration`` says (:mod:`speedflags.bench.estimate`)."""
+        plan = self.plan()
+        return estimate.seconds(
+            plan,
+            {workload.name: self.configs_of(workload) for workload, _ in plan},
+            self.device,
+            calibration,
+            passes=self.passes,
+            min_rounds=self.min_rounds,
+            min_time_s=self.min_time_s,
+            warmup_rounds=self.warmup_rounds,
+            warmup_s=self.warmup_s,
+            emulated_size=EMULATED_SIZE,
+            verify=self.verify,
+        )
 
     def plan(self) -> list[tuple[Workload, int | None]]:
         """(workload, size) pairs in run order; size None for a workload the device lacks."""
@@ -173,8 +192,11 @@ class _Run:
         device = self.settings.device
         name = _group_name(workload, device, size) + (" (emulated)" if emulated else "")
         reason = workload.unavailable(device)
+        if reason is None and size is not None:
+            reason = workload.too_big(size, device)
         if reason is not None or size is None:
-            row = Result(name, "(all)", workload=workload.name, skipped=reason or "no sizes")
+            row = Result(name, "(all)", workload=workload.name, size=size,
+                         skipped=reason or "no sizes")  # fmt: skip
             self.results.append(self.skip(row, len(self.settings.configs_of(workload))))
             return
         self.tell("group", name, "", f"{name}: preparing inputs and the float64 reference")
@@ -189,18 +211,24 @@ class _Run:
             why = idle or problem.skip_reason(config)
             if config.identical_to_baseline():
                 why = "identical to the baseline: nothing to compare it with"
-            elif idle is None and why is not None and config.emulated(device):
-                if emulated:
+            elif idle is None and (why is None or config.emulated(device)):
+                same = workload.same_as_another(config, device, configs)
+                if same is not None:  # no claim of its own: its levers' words say why
+                    why = same
+                elif why is not None and emulated:
                     rows.append(_Entry(config, verdict=EMULATED))
                     continue
-                once = _emulated_size(self.settings, workload)
-                there = workload.idle(config, once)
-                if there is None:
-                    why = f"{why}; measured once, at size {once} (the group below)"
-                    self.emulated.setdefault(workload.name, (workload, []))[1].append(config)
-                else:  # where emulated ones are measured, it would change nothing
-                    why = f"{why}; not measured: at size {once}, where emulated ones are, {there}"
-                why = phrase(EMULATED, why)
+                elif why is not None:
+                    once = _emulated_size(self.settings, workload)
+                    there = workload.idle(config, once)
+                    if there is None:
+                        where = f"measured once, at size {once} (the group below)"
+                        later = self.emulated.setdefault(workload.name, (workload, []))[1]
+                        if config not in later:  # once per workload, whatever its sizes
+                            later.append(config)
+                    else:  # where emulated ones are measured, it would change nothing
+                        where = f"not measured: at size {once}, where emulated ones are, {there}"
+                    why = phrase(EMULATED, f"{why}; {where}")
             if why is None:
                 rows.append(_Entry(config))
                 continue

@@ -95,7 +95,16 @@ def _ratio(value: float | None) -> str:
 
 
 def _speedup(row: Result) -> str:
-    return _ratio(row.speedup) + (" ~" if row.within_noise else "")
+    # within its noise: no figure in the column, where it would read as a claim (8.76x
+    # beside "no difference shown"); the figure and its spread are said below the table
+    return "~" if row.within_noise else _ratio(row.speedup)
+
+
+def _spread(row: Result) -> str:
+    passes = len(row.pass_medians_s)
+    return f"{_ratio(row.speedup)} ±{(row.noise or 0.0) * 100:.0f}%" + (
+        f" over {passes} passes" if passes > 1 else ""
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -162,12 +171,14 @@ def render(results: Sequence[Result]) -> str:
         )
         last_group = row.group
     out = _grid(header, lines, left=2) if lines else ["(nothing measured)"]
-    if any(r.within_noise for r in measured):
+    noisy = [r for r in measured if r.within_noise]
+    if noisy:
         out.append("")
         out.append(
-            "~ within the noise of its interleaved passes: no difference shown (under 3 %, or "
-            "under 2.5 standard errors)"
+            "~ within the noise of its interleaved passes: no speedup shown (a gain under 3 %, "
+            "or under 2.5 standard errors of the per-pass ratios); the figure and its spread:"
         )
+        out.extend(f"  {r.group}  {r.config}: {_spread(r)}" for r in noisy)
     emulated = [r for r in measured if r.verdict == EMULATED]
     if emulated:
         out.append("")

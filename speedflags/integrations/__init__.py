@@ -5,10 +5,12 @@ speedflags`` (and this package) never imports Lightning or transformers:
 
 - :mod:`speedflags.integrations.lightning`: ``SpeedFlagsCallback(train=..., validate=...,
   test=..., predict=..., schedule=...)`` for ``lightning.pytorch`` and ``pytorch_lightning``
-  (``pip install 'speedflags[lightning]'``).
+  (``pip install '.[lightning]'`` in a checkout of speedflags).
 - :mod:`speedflags.integrations.transformers`: ``SpeedFlagsCallback(train=...,
-  evaluate=...)``, a ``transformers.TrainerCallback`` (``pip install
-  'speedflags[transformers]'``).
+  evaluate=...)``, a ``transformers.TrainerCallback`` (``pip install '.[transformers]'``).
+
+speedflags installs from a checkout of its repository until it is published; then
+``pip install 'speedflags[lightning]'`` will do.
 
 Both take, per phase, a dict of :func:`speedflags.fast_math` keyword arguments, validated
 when the callback is built, and apply them through the ledger for that phase only: every

@@ -10,7 +10,8 @@ is merged over ``train`` from that epoch on, as NequIP's ``TF32Scheduler`` does 
 
 It works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning``: the class
 subclasses the ``Callback`` of each one installed, so either's ``Trainer`` and
-``LightningCLI`` accept it. Install with ``pip install 'speedflags[lightning]'``.
+``LightningCLI`` accept it. Install with ``pip install '.[lightning]'`` in a checkout of
+speedflags (``pip install 'speedflags[lightning]'`` once it is published).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._short_repr import short_repr, type_name
+from .._version import install_hint
 from ..errors import InvalidTypeError
 from ._phases import (
     PhaseFrames,
@@ -32,7 +34,7 @@ from ._phases import (
 
 __all__ = ["SpeedFlagsCallback"]
 
-EXTRA = "pip install 'speedflags[lightning]'"
+EXTRA = install_hint("lightning")
 PHASES = ("train", "validate", "test", "predict")
 
 

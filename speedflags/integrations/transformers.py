@@ -21,7 +21,8 @@ Where the levers hold, given what ``TrainerCallback`` offers:
   ``train()``: a step that raises (``KeyboardInterrupt`` included) still restores every flag
   before the exception leaves ``train()``. The evaluation wrapper restores in ``finally``.
 
-Install with ``pip install 'speedflags[transformers]'`` (transformers and accelerate).
+Install with ``pip install '.[transformers]'`` in a checkout of speedflags (transformers
+and accelerate; ``pip install 'speedflags[transformers]'`` once it is published).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._short_repr import short_repr, type_name
+from .._version import install_hint
 from .._warn import user_stacklevel
 from ..errors import InvalidTypeError, SpeedflagsWarning
 from ._phases import (
@@ -48,7 +50,7 @@ from ._phases import (
 
 __all__ = ["SpeedFlagsCallback"]
 
-EXTRA = "pip install 'speedflags[transformers]'"
+EXTRA = install_hint("transformers")
 OWNER = "SpeedFlagsCallback"
 
 try:

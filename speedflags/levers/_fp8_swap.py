@@ -19,7 +19,6 @@ The root module is never swapped (its caller holds it): a model that is itself a
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Hashable
 from typing import Any, NamedTuple
@@ -28,6 +27,7 @@ import torch
 from torch import nn
 
 from .._hardware import capabilities
+from .._locks import new_lock
 from . import _torchao
 from ._model_lever import OFF, ModelLever
 from ._model_shadow import original_class
@@ -128,7 +128,7 @@ _STATES: weakref.WeakKeyDictionary[nn.Module, Fp8State] = weakref.WeakKeyDiction
 _TWINS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[str, bool], nn.Module]] = (
     weakref.WeakKeyDictionary()
 )
-_lock = threading.Lock()
+_lock = new_lock()
 
 
 def state_of(model: nn.Module) -> Fp8State:

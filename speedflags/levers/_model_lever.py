@@ -17,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 
 from torch import nn
 
+from .._locks import new_lock
 from ..errors import InvalidValueError
 from ._base import SimpleLever
 from ._model_shadow import ModelState, fsdp_owner, model_state, sync
@@ -39,12 +40,12 @@ class ModelLever(SimpleLever):
     scope = "model"
     field: ClassVar[str] = ""
     _made: ClassVar[weakref.WeakKeyDictionary[nn.Module, ModelLever]]
-    _lock: ClassVar[threading.Lock]
+    _lock: ClassVar[threading.RLock]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._made = weakref.WeakKeyDictionary()
-        cls._lock = threading.Lock()
+        cls._lock = new_lock()
 
     def __init__(self, model: nn.Module) -> None:
         self._model = weakref.ref(model)

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._locks import new_lock
 from .._tracing import KeptOut, at_trace_time, is_compiling
 
 __all__ = [
@@ -132,7 +133,7 @@ class ModelState:
 
 
 _STATES: weakref.WeakKeyDictionary[nn.Module, ModelState] = weakref.WeakKeyDictionary()
-_STATES_LOCK = threading.Lock()
+_STATES_LOCK = new_lock()
 _NUMBERS = itertools.count(1)
 
 

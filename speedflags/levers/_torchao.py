@@ -40,7 +40,6 @@ import dataclasses
 import importlib.util
 import logging
 import re
-import threading
 from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
@@ -48,7 +47,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._locks import new_lock
 from .._tracing import is_compiling
+from .._version import install_hint
 from ..errors import LeverUnavailableError
 
 __all__ = [
@@ -67,7 +68,7 @@ __all__ = [
 
 MIN_TORCHAO = (0, 18)  # what speedflags is tested with (setup.cfg's extra)
 NEEDS_TORCH = (2, 11)  # torchao 0.18 imports only with PyTorch 2.11 or newer
-INSTALL = "pip install 'speedflags[fp8]'"
+INSTALL = install_hint("fp8")
 _SHOWN_MIN = ".".join(map(str, MIN_TORCHAO))
 _SHOWN_TORCH = ".".join(map(str, NEEDS_TORCH))
 
@@ -109,7 +110,7 @@ class _Loaded:
     matmul: Any
 
 
-_lock = threading.Lock()
+_lock = new_lock()
 _loaded: _Loaded | None = None
 _failed: str | None = None  # why importing torchao failed (tried once per process)
 _notes: list[str] = []

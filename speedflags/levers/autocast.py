@@ -12,13 +12,13 @@ inside a block, keep their own autocast state.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from .._hardware import Capability, capabilities
+from .._locks import new_lock
 from ..errors import InvalidTypeError, InvalidValueError
 from ._base import UNSET, Effect, SimpleLever
 from .spec import MATMUL_OPS, Shorthand, declare
@@ -262,7 +262,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 _made: dict[str, AutocastLever] = {}
-_made_lock = threading.Lock()
+_made_lock = new_lock()
 
 
 def autocast_lever(device_type: str) -> AutocastLever:

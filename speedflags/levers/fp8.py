@@ -12,7 +12,7 @@ version. Mechanism: :mod:`speedflags.levers._fp8_swap`; torchao itself is reache
 through :mod:`speedflags.levers._torchao`.
 
 Where it runs: an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell),
-with torchao installed (``pip install 'speedflags[fp8]'``; torchao 0.18 needs PyTorch 2.11
+with torchao installed (``pip install '.[fp8]'`` in a checkout; torchao 0.18 needs PyTorch 2.11
 or newer). On a CPU it runs through torchao's emulation (float8 casts, a float32 matmul):
 the same numbers, slower; ``SlowPathWarning`` once per process, and ``strict=True`` refuses
 it. Without torchao, on an older PyTorch, or on a GPU below sm89 a block asking for it is

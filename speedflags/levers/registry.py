@@ -30,14 +30,13 @@ Example:
 from __future__ import annotations
 
 import importlib
-import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .. import _warn
+from .._locks import new_lock
 from .._short_repr import short_repr
 from ..errors import InstalledLeverWarning, InvalidTypeError, InvalidValueError
 from ._base import UNSET, DeviceLever, Effect
@@ -112,7 +111,7 @@ _BY_NAME: dict[str, LeverSpec] = {}
 # name -> the object its author registered (a lever written to part of the protocol is kept
 # in the registry completed with the defaults: this is how the same object is known again)
 _OWN: dict[str, object] = {}
-_lock = threading.Lock()
+_lock = new_lock()
 # incremented whenever the registry changes: whoever keeps something derived from it (the
 # leak plugin's domains) knows when to derive it again
 version = 0
@@ -472,7 +471,7 @@ def _spec_of(lever: Any) -> LeverSpec:
 _TRIED: set[str] = set()
 _FAILED: dict[str, str] = {}
 _ALL_TRIED = False
-_loading = threading.RLock()
+_loading = new_lock()
 
 
 def load_installed(name: str | None = None) -> bool:
@@ -547,14 +546,3 @@ def _why_not(name: object) -> str:
     """For an unknown lever: why an installed lever of that name is not there, if one is."""
     problem = _FAILED.get(name) if isinstance(name, str) else None
     return f" ({problem})" if problem else ""
-
-
-def _after_fork_in_child() -> None:
-    # a lock held by another thread at the fork would never be released in the child
-    global _lock, _loading
-    _lock = threading.Lock()
-    _loading = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
