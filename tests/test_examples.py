@@ -266,8 +266,15 @@ def test_fewer_than_three_passes_are_refused(common: Any) -> None:
 # whose `examples` is the repository's, so that its files land in a temporary folder).
 README_TUNE = (
     "python -m speedflags tune examples/steps.py:make_step --budget 0.01 --seconds 120 "
-    "--out levers.json --plot pareto.png"
+    "--out levers.json"
 )
+# ...and the same with a plot, as docs/tune.md shows it
+TUNE_PAGE = README_TUNE + " --plot pareto.png"
+
+
+def test_the_readme_and_the_tune_page_show_the_tested_commands() -> None:
+    assert README_TUNE in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert TUNE_PAGE in (ROOT / "docs" / "tune.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.skipif(not installed("matplotlib"), reason="--plot needs pip install '.[plot]'")
@@ -277,7 +284,7 @@ def test_the_readme_tune_command_runs_on_the_step_the_repository_ships(tmp_path:
     (tmp_path / "examples").symlink_to(EXAMPLES, target_is_directory=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    command = README_TUNE.split()
+    command = TUNE_PAGE.split()
     assert command[:3] == ["python", "-m", "speedflags"]
     done = subprocess.run(
         [sys.executable, *command[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,

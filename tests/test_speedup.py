@@ -297,6 +297,40 @@ def test_a_step_that_compiles_runs_compiled_and_matches_eager() -> None:
     torch.testing.assert_close(out.float(), forward(x), rtol=2e-2, atol=2e-2)  # bf16 vs fp32
 
 
+def _compile_recording_its_arguments(compile_fn: Callable[..., Any]) -> Callable[..., Any]:
+    # What Lightning does to torch.compile once imported (lightning/fabric/wrappers.py,
+    # _capture_compile_kwargs), reproduced so the test does not depend on Lightning: a module
+    # compiled gets a deep copy of compile's keyword arguments, the backend among them.
+    import copy
+
+    @functools.wraps(compile_fn)
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        if not args or not isinstance(args[0], torch.nn.Module):
+            return compile_fn(*args, **kwargs)
+        compiled = compile_fn(args[0], **kwargs)
+        compiled._compile_kwargs = copy.deepcopy(kwargs)
+        return compiled
+
+    return capture
+
+
+def test_a_module_compiles_where_torch_compile_deep_copies_its_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Failed before: with Lightning imported, @speedup(compile=True) on a module and
+    # guard_levers fell back to eager ("cannot pickle '_thread.RLock' object": the backend
+    # holds the step's locks).
+    monkeypatch.setattr(torch, "compile", _compile_recording_its_arguments(torch.compile))
+    net = torch.nn.Linear(4, 4)
+    step = speedup(amp=False, device="cpu", compile={"backend": "eager"})(net)
+    x = torch.ones(2, 4)
+    torch.testing.assert_close(step(x), net(x))
+    assert step.stats.mode == "compiled", step.stats.fallback_reason
+    guarded = speedflags.guard_levers(torch.nn.Linear(4, 4), backend="eager")
+    assert guarded._compile_kwargs["backend"] is guarded._compile_kwargs["backend"]
+    guarded(x)
+
+
 # --- compile fails: the step completes, nothing twice, one warning (behaviour 2) -----------
 
 

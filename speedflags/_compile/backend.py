@@ -53,6 +53,13 @@ class GuardedBackend:
             self._on_failure(exc)
             return gm.forward  # this graph runs eagerly; the rest of the call goes on
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> GuardedBackend:
+        # One backend per compiled function, holding its compile state (locks included): a
+        # copy would be another backend. Lightning, once imported, wraps torch.compile and
+        # deep-copies the keyword arguments of every module it compiles to record them
+        # (lightning/fabric/wrappers.py); that copy must not fail the compile.
+        return self
+
     def __eq__(self, other: object) -> bool:
         # As torch.compile's own backend wrappers: equal when they compile alike. PyTorch 2.1
         # warns "changing options to `torch.compile()`" whenever a compiled function's

@@ -105,6 +105,9 @@ class LeverBackend:
         with _cache_key_with_state(), _backend.early_backward_lowering():
             return self._inner(gm, example_inputs)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> LeverBackend:
+        return self  # as GuardedBackend's: one backend per compiled function, never copied
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LeverBackend):
             return NotImplemented
