@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import speedflags
+from speedflags._version import install_hint
 from speedflags.errors import (
     InvalidTypeError,
     InvalidValueError,
@@ -162,7 +163,7 @@ def test_torchao_missing_refuses_the_block_before_anything_changes(no_torchao: N
     if _torchao._release(torch.__version__) < _torchao.NEEDS_TORCH:  # the floor leg says so first
         assert "needs PyTorch 2.11 or newer" in message
     else:
-        assert "torchao is not installed (pip install 'speedflags[fp8]')" in message
+        assert f"torchao is not installed ({install_hint('fp8')})" in message
     assert "fp8='tensorwise'" in message and "Nothing was changed" in message
     assert_unchanged(net, before)
     assert records_since(seq) == []  # not even tf32 was set
