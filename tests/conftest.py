@@ -19,6 +19,7 @@ from speedflags._hardware import CpuFeatures, KernelTrial, cpu_features
 from speedflags._hardware import cpu as hardware_cpu
 from speedflags._ledger.ledger import ledger
 from speedflags._measure import route
+from speedflags.levers._model_lever import OPEN_MODEL_LEVERS
 from speedflags.levers.reductions import ReducedPrecisionReductionLever
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest inside pytest
@@ -146,8 +147,29 @@ def flag_state() -> dict[str, Any]:
         "autocast_nesting": autocast_nesting(),
         "math_sdp_reduction": _math_sdp_reduction(),
         "open_frames": len(ledger().open_frames()),
+        # a model left under a model lever, and the global hooks the model levers register
+        # while any model is (none may stay behind once the last block closes)
+        "model_levers": OPEN_MODEL_LEVERS.read(),
+        "global_hooks": global_hook_counts(),
     }
     return state
+
+
+def global_hook_counts() -> tuple[int, ...]:
+    """How many of PyTorch's global optimizer step and module registration hooks are set."""
+    from torch.nn.modules import module as module_hooks
+    from torch.optim import optimizer as optimizer_hooks
+
+    return tuple(
+        len(hooks)
+        for hooks in (
+            optimizer_hooks._global_optimizer_pre_hooks,
+            optimizer_hooks._global_optimizer_post_hooks,
+            module_hooks._global_module_registration_hooks,
+            module_hooks._global_parameter_registration_hooks,
+            module_hooks._global_buffer_registration_hooks,
+        )
+    )
 
 
 def reset_tf32_family() -> None:
@@ -186,6 +208,7 @@ def reset_all() -> None:
     set_autocast_dtype("cuda", torch.float16)
     while autocast_nesting() > 0:
         torch.autocast_decrement_nesting()
+    OPEN_MODEL_LEVERS.restore((), OPEN_MODEL_LEVERS.read())  # a model left under a lever
     ledger()._forget_frames()  # a test that left frames open must not poison the next ones
 
 
