@@ -57,35 +57,51 @@ def regression_data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, x[:, :1] * 2.0 - x[:, 1:2]
 
 
+def autocast_losses(implementation: str, steps: int) -> list[float]:
+    """The losses of the same loop under torch.autocast, from the same initialisation."""
+    x, y = regression_data()
+    twin = mlp()
+    optimizer = adamw(twin.parameters(), implementation)
+    losses = []
+    for _ in range(steps):
+        with torch.autocast("cpu", BF16):
+            loss = (twin(x) - y).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def held_block_losses(
+    implementation: str, steps: int, compiled: Callable[[Any], Any] | None = None
+) -> list[float]:
+    """The losses of a loop held inside one param_dtype block (``compiled``: makes the
+    optimizer's step as called, e.g. compiled)."""
+    x, y = regression_data()
+    net = mlp()
+    optimizer = adamw(net.parameters(), implementation)
+    step = compiled(optimizer) if compiled is not None else optimizer.step
+    losses = []
+    with speedflags.fast_math(model=net, param_dtype="bf16"):
+        for _ in range(steps):
+            loss = (net(x) - y).pow(2).mean()
+            loss.backward()
+            step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_twenty_adamw_steps_held_inside_one_block_train_like_autocast(implementation: str) -> None:
     # Failed before with fused=True: the fused step updates the weights in place without
     # bumping their version counters, the cast cache kept the first step's casts, and the
     # loss stayed at its first value for all 20 steps.
-    x, y = regression_data()
-    ours, twin = mlp(), mlp()
-    ours_opt, twin_opt = (
-        adamw(ours.parameters(), implementation),
-        adamw(twin.parameters(), implementation),
-    )
-    ours_losses, twin_losses = [], []
-    with speedflags.fast_math(model=ours, param_dtype="bf16"):
-        for _ in range(20):
-            loss = (ours(x) - y).pow(2).mean()
-            loss.backward()
-            ours_opt.step()
-            ours_opt.zero_grad()
-            ours_losses.append(loss.item())
-    for _ in range(20):
-        with torch.autocast("cpu", BF16):
-            loss = (twin(x) - y).pow(2).mean()
-        loss.backward()
-        twin_opt.step()
-        twin_opt.zero_grad()
-        twin_losses.append(loss.item())
-    assert len(set(ours_losses)) == 20  # every step moved the loss
-    assert ours_losses[-1] < 0.5 * ours_losses[0]
-    torch.testing.assert_close(ours_losses, twin_losses, rtol=2e-2, atol=1e-3)
+    ours = held_block_losses(implementation, 20)
+    assert len(set(ours)) == 20  # every step moved the loss
+    assert ours[-1] < 0.5 * ours[0]
+    torch.testing.assert_close(ours, autocast_losses(implementation, 20), rtol=2e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
@@ -205,6 +221,8 @@ def test_the_global_hooks_are_set_while_any_block_is_open_and_gone_after_the_las
 
 def test_an_optimizer_step_elsewhere_only_renews_casts() -> None:
     # the hook counts steps; a step of another model's optimizer costs a cast, changes nothing
+    if not _model_casts.steps_are_seen():
+        pytest.skip(f"PyTorch {torch.__version__} calls no step hooks here (torch.compile ran)")
     net, other = nn.Linear(2, 2), nn.Linear(2, 2)
     optimizer = torch.optim.SGD(other.parameters(), lr=0.1)
     x = torch.ones(1, 2)
@@ -216,43 +234,51 @@ def test_an_optimizer_step_elsewhere_only_renews_casts() -> None:
         assert torch.equal(net(x), before)
 
 
-def _compiled_step_runs_hooks() -> bool:
+def _a_step_fires_the_hooks() -> bool:
     fired: list[int] = []
     param = nn.Parameter(torch.ones(2))
     param.grad = torch.ones(2)
-    optimizer = torch.optim.SGD([param], lr=0.1)
     handle = register_optimizer_step_post_hook(lambda *a: fired.append(1))
     try:
-        torch._dynamo.reset()
-        torch.compile(optimizer.step, backend="eager")()
+        torch.optim.SGD([param], lr=0.1).step()
     finally:
         handle.remove()
-        torch._dynamo.reset()
     return bool(fired)
 
 
+def test_whether_pytorch_calls_the_step_hooks_is_known_before_and_after_a_compile() -> None:
+    # PyTorch 2.1's dynamo takes every built-in optimizer's hook wrapper away at the first
+    # torch.compile of the process; later versions keep it. Each is asked, never assumed.
+    assert _model_casts.steps_are_seen() == _a_step_fires_the_hooks()
+    torch.compile(lambda t: t + 1, backend="eager")(torch.ones(1))
+    assert _model_casts.steps_are_seen() == _a_step_fires_the_hooks()
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_where_no_step_hook_runs_training_casts_are_renewed_after_their_backward(
+    implementation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mocked here: the answer of a PyTorch whose optimizer steps run no global hooks (2.1 once
+    # torch.compile has run: the real path on the floor leg). Casts made for training are
+    # then dropped once their backward ran, so even a fused step is followed.
+    monkeypatch.setattr(_model_casts, "steps_are_seen", lambda: False)
+    ours = held_block_losses(implementation, 20)
+    torch.testing.assert_close(ours, autocast_losses(implementation, 20), rtol=2e-2, atol=1e-3)
+
+
 def test_a_compiled_optimizer_step_renews_the_casts() -> None:
-    if not _compiled_step_runs_hooks():
-        pytest.skip(
-            f"PyTorch {torch.__version__}'s dynamo runs no optimizer step hooks in a compiled "
-            "step (documented in docs/model_levers.md: re-enter the block per step there)"
-        )
-    x, y = regression_data()
-    net = mlp()
-    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
-    step: Callable[[], Any] = torch.compile(optimizer.step, backend="eager")
-    losses = []
+    # where dynamo keeps the step hooks they renew the casts; where it takes them away (2.1),
+    # the backward does; inductor's in-place updates bump no version counter on 2.1
+    torch.compile(lambda t: t + 1, backend="eager")(torch.ones(1))  # 2.1: takes the hooks
+    # where the hooks are gone, inductor's step (no version bump) is the case that froze
+    backend = "eager" if _model_casts.steps_are_seen() else "inductor"
     try:
-        with speedflags.fast_math(model=net, param_dtype="bf16"):
-            for _ in range(5):
-                loss = (net(x) - y).pow(2).mean()
-                loss.backward()
-                step()
-                optimizer.zero_grad()
-                losses.append(loss.item())
+        ours = held_block_losses(
+            "for-loop", 6, lambda optimizer: torch.compile(optimizer.step, backend=backend)
+        )
     finally:
         torch._dynamo.reset()
-    assert len(set(losses)) == 5
+    torch.testing.assert_close(ours, autocast_losses("for-loop", 6), rtol=2e-2, atol=1e-3)
 
 
 def test_a_deep_copy_of_the_model_trains_on_its_own() -> None:

@@ -16,22 +16,30 @@ model-lever block is open (:mod:`speedflags.levers._model_state`), and it makes 
 made before the step stale. It counts, nothing more: a step renews each cast at most once,
 when the parameter is next read.
 
-What none of the three sees: an in-place write through ``param.data`` outside an optimizer's
-``step()`` (``p.data.mul_(0.5)``: autograd's own cache would not see it either), and, on
-PyTorch 2.1 only, an optimizer step compiled with ``torch.compile`` (2.1's dynamo runs no step
-hooks, and inductor's in-place updates bump no version counter). Writing without ``.data``
-(``with torch.no_grad(): p.mul_(0.5)``) or re-entering the block renews the casts there.
+Where PyTorch calls no step hooks for its optimizers (PyTorch 2.1 once ``torch.compile`` has
+run in the process: its dynamo takes every built-in optimizer's hook wrapper away, and a
+compiled step bumps no version counters either), a cast made for training is renewed after
+its backward instead: each micro-batch then casts again, as autocast does. Which of the two
+holds is found by stepping a one-element SGD (:func:`steps_are_seen`), again only when
+``torch.optim.SGD.step`` is another function.
+
+What none of this sees: an in-place write through ``param.data`` outside an optimizer's
+``step()`` (``p.data.mul_(0.5)``: autograd's own cache would not see it either). Writing
+without ``.data`` (``with torch.no_grad(): p.mul_(0.5)``) or re-entering the block renews
+the casts there.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .._tracing import is_compiling
 
-__all__ = ["Casts", "cast", "optimizer_stepped", "steps_taken"]
+__all__ = ["Casts", "cast", "optimizer_stepped", "steps_are_seen", "steps_taken"]
 
 # A model's casts: (id(parameter), dtype) -> (version, data pointer, mode, steps, cast).
 # Modes: 0 made with autograd (serves every mode), 1 without (serves no_grad and inference
@@ -64,6 +72,51 @@ def optimizer_stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
 def steps_taken() -> int:
     """How many optimizer steps the hook has seen (while a model-lever block was open)."""
     return _STEPS.n
+
+
+# id(torch.optim.SGD.step) -> whether the global step hooks run for PyTorch's optimizers: the
+# function changes when the first SGD wraps it, and when 2.1's dynamo unwraps it
+_SEEN: dict[int, bool] = {}
+
+
+def steps_are_seen() -> bool:
+    """Whether PyTorch calls the global optimizer step hooks after its optimizers' steps now
+    (False on PyTorch 2.1 once ``torch.compile`` has run: its dynamo unwraps them all)."""
+    found = _SEEN.get(id(torch.optim.SGD.step))
+    if found is None:
+        found = _try_a_step()
+        _SEEN[id(torch.optim.SGD.step)] = found  # after the try: the first SGD wraps it
+    return found
+
+
+def _try_a_step() -> bool:
+    fired: list[bool] = []
+    param = torch.zeros(1, requires_grad=True)
+    param.grad = torch.zeros(1)
+    handle = register_optimizer_step_post_hook(lambda *_: fired.append(True))
+    try:
+        with torch.inference_mode(False):
+            torch.optim.SGD([param], lr=0.0).step()
+    finally:
+        handle.remove()
+    return bool(fired)
+
+
+class _Forget:
+    """A cast's gradient hook, where the steps are not seen: its backward ran, an optimizer
+    may step the parameter next, so the cast is dropped from the cache (if still there)."""
+
+    __slots__ = ("casts", "key", "made")
+
+    def __init__(self, casts: Casts, key: tuple[int, torch.dtype], made: torch.Tensor) -> None:
+        self.casts = casts
+        self.key = key
+        self.made = weakref.ref(made)
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        hit = self.casts.get(self.key)
+        if hit is not None and hit[4] is self.made():
+            del self.casts[self.key]
 
 
 def _mode(param: torch.Tensor) -> int:
@@ -102,4 +155,6 @@ def cast(param: torch.Tensor, dtype: torch.dtype, casts: Casts) -> torch.Tensor:
         return hit[4]
     made: torch.Tensor = param.to(dtype)
     casts[key] = (version, pointer, mode, steps, made)
+    if mode == 0 and not steps_are_seen():
+        made.register_hook(_Forget(casts, key, made))  # type: ignore[no-untyped-call, unused-ignore]
     return made
