@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -406,3 +409,20 @@ def records_since(seq: int) -> list[speedflags.FlagRecord]:
     """The ledger's own records after ``seq`` (a running watch also records torch's own
     writes, action "external")."""
     return [r for r in speedflags.ledger().history if r.seq > seq and r.action != "external"]
+
+
+def run_example(name: str, cwd: Path, *lines: str) -> str:
+    """Run ``examples/<name> --smoke`` in its own process, in ``cwd``, with this checkout
+    first on ``PYTHONPATH``; its output, once it has exited 0, left ``cwd`` empty and
+    printed each of ``lines`` and that every flag ended as it began."""
+    example = Path(__file__).resolve().parent.parent / "examples" / name
+    env = dict(os.environ, PYTHONPATH=str(example.parent.parent), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(example), "--smoke"], cwd=cwd, env=env, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not list(cwd.iterdir()), "the example left files in its working directory"
+    for line in (*lines, "flags as found at the start: yes"):
+        assert line in done.stdout, done.stdout
+    return done.stdout

@@ -7,9 +7,7 @@ also runs under the leak guard of conftest.py, which fails it if any flag change
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -17,7 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import autocast_enabled
+from _small_models import Seen, conv_parts, seen_in_forward
+from conftest import autocast_enabled, run_example
 from torch.utils.data import DataLoader, TensorDataset
 
 import speedflags
@@ -314,19 +313,14 @@ def conv_class(pl: Any) -> Any:
     class ConvProbe(pl.LightningModule):  # type: ignore[misc]
         def __init__(self, save_to: Path | None = None) -> None:
             super().__init__()
-            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
-            self.norm = torch.nn.BatchNorm2d(4)
-            self.head = torch.nn.Linear(4 * 4 * 4, 1)
-            self.seen: list[tuple[str, torch.dtype, bool, bool]] = []
+            self.conv, self.norm, self.head = conv_parts(4 * 4)
+            self.seen: list[Seen] = []
             self.losses: list[float] = []
             self.save_to = save_to
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            weight = self.conv.weight  # inside forward: the cast, under param_dtype
-            layout = bool(weight.is_contiguous(memory_format=torch.channels_last))
-            phase = "train" if self.training else "eval"
-            self.seen.append((phase, weight.dtype, layout and not weight.is_contiguous(),
-                              autocast_enabled("cpu")))  # fmt: skip
+            # inside forward the weight is the cast, under param_dtype
+            self.seen.append(seen_in_forward(self.training, self.conv.weight))
             h = torch.relu(self.norm(self.conv(x)))
             return self.head(h.flatten(1))
 
@@ -431,18 +425,9 @@ def test_model_levers_in_a_phase_are_validated_when_the_callback_is_built() -> N
 
 
 def test_the_model_levers_example_runs(tmp_path: Path) -> None:
-    example = Path(__file__).resolve().parent.parent / "examples" / "lightning_model_levers.py"
-    env = dict(os.environ, PYTHONPATH=str(example.parent.parent), OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, str(example), "--smoke"], cwd=tmp_path, env=env, capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    for line in (
+    run_example(
+        "lightning_model_levers.py", tmp_path,
         "validation loss with bf16 casts in channels_last: ",
         "checkpoint saved by Lightning: float32 and contiguous: yes",
         "model's own classes, dtypes and layouts after the run: yes",
-        "flags as found at the start: yes",
-    ):
-        assert line in done.stdout, done.stdout
-    assert not list(tmp_path.iterdir())
+    )  # fmt: skip

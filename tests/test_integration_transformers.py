@@ -7,15 +7,14 @@ test also runs under the leak guard of conftest.py, which fails it if any flag c
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import autocast_enabled, needs_new_api
+from _small_models import Seen, conv_parts, seen_in_forward
+from conftest import autocast_enabled, needs_new_api, run_example
 
 import speedflags
 from speedflags import InvalidValueError, SpeedflagsWarning
@@ -230,18 +229,13 @@ class ConvProbe(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
-        self.norm = torch.nn.BatchNorm2d(4)
-        self.head = torch.nn.Linear(4 * 2 * 2, 1)
-        self.seen: list[tuple[str, torch.dtype, bool, bool]] = []
+        self.conv, self.norm, self.head = conv_parts(2 * 2)
+        self.seen: list[Seen] = []
         self.losses: list[float] = []
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        weight = self.conv.weight  # inside forward: the cast, under param_dtype
-        channels_last = bool(weight.is_contiguous(memory_format=torch.channels_last))
-        phase = "train" if self.training else "eval"
-        layout = channels_last and not weight.is_contiguous()
-        self.seen.append((phase, weight.dtype, layout, autocast_enabled("cpu")))
+        # inside forward the weight is the cast, under param_dtype
+        self.seen.append(seen_in_forward(self.training, self.conv.weight))
         h = torch.relu(self.norm(self.conv(x.view(-1, 1, 2, 2).expand(-1, 3, 2, 2))))
         out = self.head(h.flatten(1)).squeeze(-1)
         loss = (out.float() - labels).pow(2).mean()
@@ -306,18 +300,9 @@ def test_model_levers_in_a_phase_are_validated_when_the_callback_is_built() -> N
 
 
 def test_the_model_levers_example_runs(tmp_path: Path) -> None:
-    example = Path(__file__).resolve().parent.parent / "examples" / "hf_model_levers.py"
-    env = dict(os.environ, PYTHONPATH=str(example.parent.parent), OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, str(example), "--smoke"], cwd=tmp_path, env=env, capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    for line in (
+    run_example(
+        "hf_model_levers.py", tmp_path,
         "evaluation loss with bf16 casts: ",
         "2 checkpoints saved by the Trainer: float32: yes",
         "model's own classes after the run: yes",
-        "flags as found at the start: yes",
-    ):
-        assert line in done.stdout, done.stdout
-    assert not list(tmp_path.iterdir())
+    )  # fmt: skip

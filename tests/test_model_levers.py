@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from _small_models import convnet, mlp
 from conftest import last_seq, records_since
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -49,19 +50,6 @@ class Ops(TorchDispatchMode):
 
     def of(self, name: str) -> list[list[tuple[torch.dtype, tuple[int, ...]]]]:
         return [tensors for called, tensors in self.calls if called == name]
-
-
-def mlp() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
-
-
-def convnet() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
-        nn.Linear(8 * 6 * 6, 5),
-    )  # fmt: skip
 
 
 def tensors_of(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -9,6 +9,7 @@ import io
 
 import pytest
 import torch
+from _small_models import convnet
 from torch import nn
 
 import speedflags
@@ -16,14 +17,6 @@ import speedflags
 pytestmark = pytest.mark.usefixtures("cpu_with_bf16")
 
 CL = torch.channels_last
-
-
-def convnet() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
-        nn.Linear(8 * 6 * 6, 5),
-    )  # fmt: skip
 
 
 def channels_last(t: torch.Tensor) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from _small_models import mlp
 from torch import nn
 from torch.nn.utils import parametrizations
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -39,11 +40,6 @@ class Ops(TorchDispatchMode):
 
     def of(self, name: str) -> list[list[torch.dtype]]:
         return [dtypes for called, dtypes in self.calls if called == name]
-
-
-def mlp() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
 
 
 def none_shadowed(model: nn.Module) -> bool:

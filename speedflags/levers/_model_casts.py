@@ -14,7 +14,8 @@ compiled where dynamo runs the hooks, as 2.13's does): :func:`optimizer_stepped`
 hook, registered only while a
 model-lever block is open (:mod:`speedflags.levers._model_state`), and it makes every cast
 made before the step stale. It counts, nothing more: a step renews each cast at most once,
-when the parameter is next read.
+when the parameter is next read. (Its pre-step twin, in :mod:`._model_state`, empties the
+caches of the models under a lever, so that the stale casts' memory serves the step.)
 
 Where PyTorch calls no step hooks for its optimizers (PyTorch 2.1 once ``torch.compile`` has
 run in the process: its dynamo takes every built-in optimizer's hook wrapper away, and a
