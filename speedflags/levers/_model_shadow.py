@@ -9,9 +9,9 @@ and optimizer references were never replaced. What a shadow class adds:
 
 - ``param_dtype``: a property per floating parameter that, while the model's ``forward``
   runs, returns a cast of the parameter (:mod:`._model_casts`: cached while the parameter
-  is unchanged); outside ``forward`` (and in the module's forward pre-hooks, which may
-  compute or initialise weights) the attribute is the parameter itself, so ``nn.init`` or
-  ``model.fc.weight.copy_(...)`` inside the block reach the parameter. Gradients flow
+  is unchanged); outside ``forward`` (and while a lazy module initialises its parameters)
+  the attribute is the parameter itself, so ``nn.init`` or ``model.fc.weight.copy_(...)``
+  inside the block reach the parameter. Gradients flow
   through the cast to the float32 parameter. Floating inputs of a module that holds cast
   parameters are cast to the compute dtype (an input promoted by a float32 buffer would
   otherwise meet a bf16 weight). A weight computed from parameters before each call
