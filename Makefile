@@ -165,10 +165,12 @@ HAS_TRANSFORMERS := import importlib.util as u, sys; sys.exit(not (u.find_spec("
 examples: setup
 	$(PY) examples/train_toy_transformer.py --smoke
 	$(PY) examples/cifar10_resnet.py --smoke
-	@if $(PY) -c '$(HAS_LIGHTNING)'; then $(PY) examples/lightning_yaml/train.py --smoke; \
-	else echo "examples/lightning_yaml: skipped: pip install '.[lightning]'"; fi
-	@if $(PY) -c '$(HAS_TRANSFORMERS)'; then $(PY) examples/hf_trainer.py --smoke; \
-	else echo "examples/hf_trainer.py: skipped: pip install '.[transformers]'"; fi
+	@if $(PY) -c '$(HAS_LIGHTNING)'; then $(PY) examples/lightning_yaml/train.py --smoke && \
+	$(PY) examples/lightning_model_levers.py --smoke; \
+	else echo "examples/lightning_*: skipped: pip install '.[lightning]'"; fi
+	@if $(PY) -c '$(HAS_TRANSFORMERS)'; then $(PY) examples/hf_trainer.py --smoke && \
+	$(PY) examples/hf_model_levers.py --smoke; \
+	else echo "examples/hf_*: skipped: pip install '.[transformers]'"; fi
 
 # the benchmarks once, untimed: that each still runs, not what it measures
 benchmarks-once: setup

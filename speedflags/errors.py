@@ -173,7 +173,10 @@ class LeverInGraphError(SpeedflagsError, RuntimeError):
     runs eagerly, a graph break around it, with the levers in force; with it, this error is
     raised when the function is compiled, naming the levers and where. The fix: set them
     outside the compiled function, or use ``@speedup(compile=...)``. An ``amp``-only block
-    needs neither: it is traced into the graph as ``torch.autocast``.
+    needs neither: it is traced into the graph as ``torch.autocast``. Also raised when a model
+    under ``param_dtype`` or ``memory_format`` is traced into one graph (``fullgraph=True``,
+    ``torch.export``) by a dynamo that reads parameters without the module's class (PyTorch
+    2.1 to 2.4 unless ``inline_inbuilt_nn_modules`` is on), where the model runs eagerly.
 
     Raised while dynamo compiles, it is also an instance of dynamo's ``Unsupported`` (the
     error dynamo lets through unchanged; ``docs/inside_compile.md``), and its message ends with the

@@ -32,8 +32,12 @@ To fail the test itself (not add an error at teardown), ``warn``/``fail`` run ea
 protocol as pytest does but hold its reports until the flags are compared; a plugin that
 also replaces the protocol (pytest-rerunfailures) does not combine with them.
 
-Scope: the pytest session; leaks are looked for in the process-wide levers and in the
-autocast state of the thread that runs the tests.
+Scope: the pytest session; leaks are looked for in the process-wide levers, in the
+autocast state of the thread that runs the tests, and in the model levers: a model left
+under ``param_dtype`` or ``memory_format`` (a block entered and never exited) is named by
+its tag and put back. A setting changed by a speedflags block that the test left open is
+attributed to that block, with the line that entered it (speedflags' own writes are no
+writes a watch reports).
 
 Example (a ``conftest.py``, or the command line ``--speedflags-leaks=fail``)::
 
@@ -60,6 +64,7 @@ from _pytest.runner import runtestprotocol
 from ._fast_math import FastMath, fast_math
 from ._ledger.ledger import ledger
 from ._short_repr import short_repr
+from ._tracing import Where
 from ._watch.setters import Domain, Write, domains, flatten
 from ._watch.watch import watch
 from ._watch.watcher import _watcher
@@ -74,6 +79,7 @@ from .leak_report.collect import (
 )
 from .levers import registry
 from .levers._base import Unreadable
+from .levers._model_lever import OPEN_MODEL_LEVERS
 from .levers.culprits import made_by_torch
 
 __all__ = ["CHOICES", "FlagLeakWarning"]
@@ -222,7 +228,7 @@ class LeakGuard:
         # setting's raw getter skips its own try (one try for all below); a getter that
         # raises falls back to the guarded reads.
         self.version = registry.version
-        self.domains: tuple[Domain, ...] = domains()
+        self.domains: tuple[Domain, ...] = (*domains(), _MODEL_LEVERS)
         self._reads = tuple(domain.lever.read for domain in self.domains)
         self._fast = tuple(getattr(d.lever, "fast_read", d.lever.read) for d in self.domains)
 
@@ -240,6 +246,7 @@ class LeakGuard:
         # pytest's own protocol, with the reports held back until the flags are compared
         # after teardown: a leak then fails the test itself rather than adding an error.
         seen = _watcher().seen
+        frames = {frame.id for frame in ledger().open_frames()}
         if registry.version != self.version:  # compared within one test over one set
             self._bind()
         before = self.read()
@@ -251,7 +258,7 @@ class LeakGuard:
             after = self.torchs_own(item, reports, before, after)
         if after != before:
             shown, path, line = _def_location(item)
-            message, found = self.leaked(item, (shown, path, line), before, after, seen)
+            message, found = self.leaked(item, (shown, path, line), before, after, seen, frames)
             if reports:  # travels with the report, to the summary (across xdist too)
                 setattr(_target(reports), ATTRIBUTE, found)
             # warn: at the test; a filter making it an error (-W error) fails the test, the
@@ -292,9 +299,16 @@ class LeakGuard:
         return tuple(kept)
 
     def leaked(
-        self, item: pytest.Item, at: tuple[str, str, int], before: State, after: State, seen: int
+        self,
+        item: pytest.Item,
+        at: tuple[str, str, int],
+        before: State,
+        after: State,
+        seen: int,
+        frames: set[int] = frozenset(),  # type: ignore[assignment]
     ) -> tuple[str, findings.Finding]:
-        """Put every changed state back; say what changed and who wrote it (text, finding)."""
+        """Put every changed state back; say what changed and who wrote it (text, finding).
+        ``frames``: the ids of the ledger's frames open before the test."""
         lines: list[str] = []
         settings: list[dict[str, Any]] = []
         the_ledger = ledger()
@@ -313,17 +327,22 @@ class LeakGuard:
         for domain, was, now, back, problem in restored:
             describe = domain.lever.describe
             names = ", ".join(dict.fromkeys(n for n, _, _ in domain.views))
-            changes = _changes(domain.views[0][1], describe(was), describe(now))
+            off = False if domain is _MODEL_LEVERS else None  # a model absent: no lever on it
+            changes = _changes(domain.views[0][1], describe(was), describe(now), off)
             writes: list[Write | None] = [*_watcher().writes_since(seen, domain.key)]
             seen_writes = [findings.write_info(w.sentence(), w.function, w.where, w.thread)
                            for w in writes if w is not None]  # fmt: skip
+            blocks = [] if writes else _left_open(domain, frames)
+            seen_writes += [findings.write_info(text, "", where, thread)
+                            for text, where, thread in blocks]  # fmt: skip
             if len(changes) == 1 and not changes[0][0]:
                 lines.append(f"  {names}: {changes[0][2]} -> {changes[0][3]}")
             else:
                 lines.append(f"  {names}:")
                 lines += [f"    {key}: {old} -> {new}" for key, _, old, new in changes]
-            for write in writes or [None]:
+            for write in writes or ([] if blocks else [None]):
                 lines.append(f"    write: {_writer(write)}")
+            lines += [f"    write: {text}" for text, _, _ in blocks]
             if problem:
                 lines.append(f"    {problem}")
             settings += [findings.setting(names, name, old, new, seen_writes, problem)
@@ -339,17 +358,59 @@ class LeakGuard:
         return "\n".join([header, *lines]), found
 
 
-def _changes(prefix: str, was: Any, now: Any) -> list[tuple[str, str, str, str]]:
-    """(key as shown, name as snapshot() keys it, before, after) per changed setting."""
+def _changes(
+    prefix: str, was: Any, now: Any, absent: Any = None
+) -> list[tuple[str, str, str, str]]:
+    """(key as shown, name as snapshot() keys it, before, after) per changed setting;
+    ``absent`` stands for a key one of the two states does not have."""
     old = flatten("", was, {})
     new = flatten("", now, {})
     if set(old) == {""}:
         return [("", prefix, _shown(was), _shown(now))]
+    keys = [*new, *(key for key in old if key not in new)]
     return [
-        (key.lstrip("."), _name(prefix, key), _shown(old.get(key)), _shown(new.get(key)))
-        for key in new
-        if old.get(key) != new.get(key)
-    ]
+        (key.lstrip("."), _name(prefix, key), _shown(old.get(key, absent)),
+         _shown(new.get(key, absent)))
+        for key in keys
+        if old.get(key, absent) != new.get(key, absent)
+    ]  # fmt: skip
+
+
+def _left_open(domain: Domain, before: set[int]) -> list[tuple[str, Where, str]]:
+    """The speedflags blocks opened during the test and still open that set a lever of
+    ``domain``: (what to say, where it was entered, its thread). A block left open changes
+    its levers through speedflags itself, which no watch reports as a write."""
+    names = {name for name, _, _ in domain.views}
+    found = []
+    for frame in ledger().open_frames():
+        if frame.id in before or not names.intersection(frame.levers):
+            continue
+        if domain is _MODEL_LEVERS:
+            models = {getattr(lever, "state", None) for lever in frame.program.levers}
+            tags = sorted(state.tag for state in models if state is not None)
+            on = f" on {', '.join(tags)}" if tags else ""
+        else:
+            on = ""
+        text = (
+            f"the speedflags block {frame.label}{on}, entered at {frame.where} and never "
+            "exited (still open)"
+        )
+        found.append((text, frame._where, frame.thread))
+    return found
+
+
+# The model levers, as one piece of state over every model (no process-wide state of their
+# own: domains() has no entry for them); its record name says which levers it covers.
+_MODEL_LEVERS = Domain(
+    OPEN_MODEL_LEVERS.domain,
+    False,
+    OPEN_MODEL_LEVERS,
+    OPEN_MODEL_LEVERS.name,
+    (
+        ("param_dtype", "model_levers", OPEN_MODEL_LEVERS),
+        ("memory_format", "model_levers", OPEN_MODEL_LEVERS),
+    ),
+)
 
 
 def _name(prefix: str, key: str) -> str:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,7 @@ from speedflags._hardware import CpuFeatures, KernelTrial, cpu_features
 from speedflags._hardware import cpu as hardware_cpu
 from speedflags._ledger.ledger import ledger
 from speedflags._measure import route
+from speedflags.levers._model_lever import OPEN_MODEL_LEVERS
 from speedflags.levers.reductions import ReducedPrecisionReductionLever
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run pytest inside pytest
@@ -146,8 +150,29 @@ def flag_state() -> dict[str, Any]:
         "autocast_nesting": autocast_nesting(),
         "math_sdp_reduction": _math_sdp_reduction(),
         "open_frames": len(ledger().open_frames()),
+        # a model left under a model lever, and the global hooks the model levers register
+        # while any model is (none may stay behind once the last block closes)
+        "model_levers": OPEN_MODEL_LEVERS.read(),
+        "global_hooks": global_hook_counts(),
     }
     return state
+
+
+def global_hook_counts() -> tuple[int, ...]:
+    """How many of PyTorch's global optimizer step and module registration hooks are set."""
+    from torch.nn.modules import module as module_hooks
+    from torch.optim import optimizer as optimizer_hooks
+
+    return tuple(
+        len(hooks)
+        for hooks in (
+            optimizer_hooks._global_optimizer_pre_hooks,
+            optimizer_hooks._global_optimizer_post_hooks,
+            module_hooks._global_module_registration_hooks,
+            module_hooks._global_parameter_registration_hooks,
+            module_hooks._global_buffer_registration_hooks,
+        )
+    )
 
 
 def reset_tf32_family() -> None:
@@ -186,6 +211,7 @@ def reset_all() -> None:
     set_autocast_dtype("cuda", torch.float16)
     while autocast_nesting() > 0:
         torch.autocast_decrement_nesting()
+    OPEN_MODEL_LEVERS.restore((), OPEN_MODEL_LEVERS.read())  # a model left under a lever
     ledger()._forget_frames()  # a test that left frames open must not poison the next ones
 
 
@@ -425,3 +451,20 @@ def mypy_disagrees(snippet: str, folder: Any, name: str) -> tuple[list[str], lis
     accepted = [lines[n - 1] for n in sorted(expected - reported)]
     refused = [lines[n - 1] for n in sorted(reported - expected)]
     return accepted, refused, result.stdout + result.stderr
+
+
+def run_example(name: str, cwd: Path, *lines: str) -> str:
+    """Run ``examples/<name> --smoke`` in its own process, in ``cwd``, with this checkout
+    first on ``PYTHONPATH``; its output, once it has exited 0, left ``cwd`` empty and
+    printed each of ``lines`` and that every flag ended as it began."""
+    example = Path(__file__).resolve().parent.parent / "examples" / name
+    env = dict(os.environ, PYTHONPATH=str(example.parent.parent), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(example), "--smoke"], cwd=cwd, env=env, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not list(cwd.iterdir()), "the example left files in its working directory"
+    for line in (*lines, "flags as found at the start: yes"):
+        assert line in done.stdout, done.stdout
+    return done.stdout

@@ -218,15 +218,12 @@ def test_the_gpu_needs_sm89(fake_gpu: Any, capability: tuple[int, int], runs: bo
         )
     if _torchao.missing() is not None:
         return
+    # what a block on a model whose parameters are on that GPU is told (a block acts where
+    # the model's parameters are, and a CPU build can hold none on a GPU)
     effect = fp8_effect("tensorwise", torch.device("cuda"))
     assert effect.effective is runs and effect.refused is not runs
     if not runs:
-        net = mlp()
-        before = snapshot(net)
-        with pytest.raises(LeverUnavailableError, match="cannot run here: fp8='tensorwise'"):
-            with speedflags.fast_math(model=net, fp8=True, device="cuda"):
-                pytest.fail("the block ran")  # pragma: no cover
-        assert_unchanged(net, before)
+        assert "sm89" in effect.reason
 
 
 def test_import_speedflags_never_imports_torchao() -> None:

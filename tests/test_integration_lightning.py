@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import autocast_enabled
+from _small_models import Seen, conv_parts, seen_in_forward
+from conftest import autocast_enabled, run_example
 from torch.utils.data import DataLoader, TensorDataset
 
 import speedflags
 from speedflags import InvalidTypeError, InvalidValueError, SpeedflagsError, SpeedflagsWarning
+from speedflags.levers import _model_shadow
 
 sf_lightning = pytest.importorskip("speedflags.integrations.lightning")
 SpeedFlagsCallback = sf_lightning.SpeedFlagsCallback
@@ -299,3 +301,133 @@ def test_bad_arguments_name_the_callback_argument() -> None:
         SpeedFlagsCallback(schedule={"-3": True})
     with pytest.raises(InvalidValueError, match="contradictory"):
         SpeedFlagsCallback(train={"matmul_precision": "high"}, schedule={4: False})
+
+
+# --- the model levers per phase -----------------------------------------------------------
+
+
+def conv_class(pl: Any) -> Any:
+    """A LightningModule of flavour ``pl`` (convolution, BatchNorm, Linear) that records, in
+    its forward, the dtype and layout its convolution computes with, and autocast's state."""
+
+    class ConvProbe(pl.LightningModule):  # type: ignore[misc]
+        def __init__(self, save_to: Path | None = None) -> None:
+            super().__init__()
+            self.conv, self.norm, self.head = conv_parts(4 * 4)
+            self.seen: list[Seen] = []
+            self.losses: list[float] = []
+            self.save_to = save_to
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # inside forward the weight is the cast, under param_dtype
+            self.seen.append(seen_in_forward(self.training, self.conv.weight))
+            h = torch.relu(self.norm(self.conv(x)))
+            return self.head(h.flatten(1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self(x).float(), y)
+            self.losses.append(loss.item())
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self(x), y))
+            if self.save_to is not None:  # a checkpoint saved while the phase's levers hold
+                self.trainer.save_checkpoint(self.save_to / "inside_validate.ckpt")
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self(batch[0])
+
+        def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+            return self(batch[0])
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    return ConvProbe
+
+
+CONV_PROBES = {name: conv_class(sys.modules[name]) for name in FLAVOURS}
+
+
+def image_loader() -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 3, 4, 4, generator=generator)
+    return DataLoader(TensorDataset(x, x.mean((1, 2, 3)).unsqueeze(1)), batch_size=4)
+
+
+def test_model_levers_per_phase_act_on_the_lightning_module(tmp_path: Path, flavour: str) -> None:
+    cb = SpeedFlagsCallback(
+        train={"amp": "bf16"},
+        validate={"param_dtype": "bf16", "memory_format": "channels_last"},
+        test={"param_dtype": "bf16"},
+        predict={"memory_format": "channels_last"},
+    )
+    model = CONV_PROBES[flavour](save_to=tmp_path)
+    before = speedflags.snapshot()
+    t = trainer(cb, pl=sys.modules[flavour], max_epochs=2, num_sanity_val_steps=1)
+    t.fit(model, image_loader(), image_loader())
+    t.test(model, image_loader(), verbose=False)
+    predictions = t.predict(model, image_loader())
+    assert speedflags.snapshot() == before
+    assert not any(_model_shadow.shadowed(m) for m in model.modules())
+    assert all(p.dtype == torch.float32 and p.is_contiguous() for p in model.parameters())
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    by_phase: dict[tuple[str, Any, bool, bool], int] = {}
+    for seen_ in model.seen:
+        by_phase[seen_] = by_phase.get(seen_, 0) + 1
+    # training under autocast with the float32 weights; validation (the sanity check and
+    # two epochs) with bf16 casts in channels_last; test in bf16; predict in channels_last
+    assert by_phase == {
+        ("train", f32, False, True): 4,
+        ("eval", bf16, True, False): 1 + 2,  # the sanity check, then one batch per epoch
+        ("eval", bf16, False, False): 2,
+        ("eval", f32, True, False): 2,
+    }
+    assert all(p.dtype == f32 for p in predictions)
+    assert len(set(model.losses)) == len(model.losses)  # it trained
+
+    checkpoint = torch.load(tmp_path / "inside_validate.ckpt", weights_only=False)
+    tensors = checkpoint["state_dict"]
+    assert tensors and all(
+        t.dtype in (f32, torch.int64) and t.is_contiguous() for t in tensors.values()
+    )
+
+
+def test_param_dtype_for_training_with_a_fused_optimizer_trains(flavour: str) -> None:
+    class Fused(CONV_PROBES[flavour]):  # type: ignore[misc, valid-type]
+        def configure_optimizers(self) -> Any:
+            options = {"fused": True} if _has_fused_cpu() else {}
+            return torch.optim.AdamW(self.parameters(), lr=1e-2, **options)
+
+    model = Fused()
+    cb = SpeedFlagsCallback(train={"param_dtype": "bf16"})
+    trainer(cb, pl=sys.modules[flavour], max_epochs=3).fit(model, image_loader())
+    assert {seen_[1] for seen_ in model.seen} == {torch.bfloat16}
+    assert len(set(model.losses)) == len(model.losses) == 6
+
+
+def _has_fused_cpu() -> bool:
+    try:
+        torch.optim.AdamW([torch.nn.Parameter(torch.ones(1))], fused=True)
+    except RuntimeError:  # PyTorch 2.1: CUDA only
+        return False
+    return True
+
+
+def test_model_levers_in_a_phase_are_validated_when_the_callback_is_built() -> None:
+    with pytest.raises(InvalidValueError, match=r"SpeedFlagsCallback\(validate=.*'bf17'"):
+        SpeedFlagsCallback(validate={"param_dtype": "bf17"})
+    cb = SpeedFlagsCallback(validate={"memory_format": "channels_last"})
+    assert cb.levers("validate") == {"memory_format": "channels_last"}
+
+
+def test_the_model_levers_example_runs(tmp_path: Path) -> None:
+    run_example(
+        "lightning_model_levers.py", tmp_path,
+        "validation loss with bf16 casts in channels_last: ",
+        "checkpoint saved by Lightning: float32 and contiguous: yes",
+        "model's own classes, dtypes and layouts after the run: yes",
+    )  # fmt: skip

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import autocast_enabled, needs_new_api
+from _small_models import Seen, conv_parts, seen_in_forward
+from conftest import autocast_enabled, needs_new_api, run_example
 
 import speedflags
 from speedflags import InvalidValueError, SpeedflagsWarning
+from speedflags.levers import _model_shadow
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads; make sure of it
 sf_transformers = pytest.importorskip("speedflags.integrations.transformers")
@@ -216,3 +218,91 @@ def test_bad_arguments_name_the_callback_argument() -> None:
         SpeedFlagsCallback(evaluate={"amp": "fp8"})
     with pytest.raises(TypeError, match=r"SpeedFlagsCallback\(train=\['tf32'\]\): expected a dict"):
         SpeedFlagsCallback(train=["tf32"])
+
+
+# --- the model levers per phase -----------------------------------------------------------
+
+
+class ConvProbe(torch.nn.Module):
+    """A convolution, BatchNorm and a Linear head; records in its forward the dtype and layout
+    its convolution computes with, and whether autocast is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm, self.head = conv_parts(2 * 2)
+        self.seen: list[Seen] = []
+        self.losses: list[float] = []
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        # inside forward the weight is the cast, under param_dtype
+        self.seen.append(seen_in_forward(self.training, self.conv.weight))
+        h = torch.relu(self.norm(self.conv(x.view(-1, 1, 2, 2).expand(-1, 3, 2, 2))))
+        out = self.head(h.flatten(1)).squeeze(-1)
+        loss = (out.float() - labels).pow(2).mean()
+        if self.training:
+            self.losses.append(loss.item())
+        return {"loss": loss, "logits": out}
+
+
+def test_model_levers_per_phase_act_on_the_trainers_model(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    model = ConvProbe()
+    saved: list[Path] = []
+
+    def save_inside_evaluation(prediction: Any) -> dict[str, float]:
+        # compute_metrics runs inside the evaluation loop, with its levers held
+        trainer.save_model(str(tmp_path / "inside_evaluate"))
+        saved.append(tmp_path / "inside_evaluate" / "model.safetensors")
+        return {}
+
+    cb = SpeedFlagsCallback(
+        train={"param_dtype": "bf16"},
+        evaluate={"param_dtype": "bf16", "memory_format": "channels_last"},
+    )
+    trainer = transformers.Trainer(
+        model=model,
+        args=transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
+            per_device_eval_batch_size=4, report_to="none", save_strategy="steps", save_steps=2,
+            logging_strategy="no", use_cpu=True, disable_tqdm=True, eval_strategy="steps",
+            eval_steps=2,
+        ),
+        train_dataset=Data(),
+        eval_dataset=Data(),
+        callbacks=[cb],
+        optimizers=(torch.optim.AdamW(model.parameters(), lr=1e-2), None),
+        compute_metrics=save_inside_evaluation,
+    )  # fmt: skip
+    before = speedflags.snapshot()
+    trainer.train()
+    assert speedflags.snapshot() == before
+    assert not any(_model_shadow.shadowed(m) for m in model.modules())
+    bf16 = torch.bfloat16
+    assert {s for s in model.seen if s[0] == "train"} == {("train", bf16, False, False)}
+    assert {s for s in model.seen if s[0] == "eval"} == {("eval", bf16, True, False)}
+    assert len(set(model.losses)) == len(model.losses) == 4  # trained at every step
+    checkpoints = sorted((tmp_path / "out").glob("checkpoint-*/model.safetensors"))
+    assert len(checkpoints) == 2 and saved
+    for path in [*checkpoints, saved[-1]]:
+        tensors = load_file(str(path))
+        assert tensors and all(
+            t.dtype in (torch.float32, torch.int64) and t.is_contiguous() for t in tensors.values()
+        ), path
+
+
+def test_model_levers_in_a_phase_are_validated_when_the_callback_is_built() -> None:
+    with pytest.raises(InvalidValueError, match=r"SpeedFlagsCallback\(evaluate=.*'nhwc'"):
+        SpeedFlagsCallback(evaluate={"memory_format": "nhwc"})
+    assert SpeedFlagsCallback(train={"param_dtype": "bf16"}).levers("train") == {
+        "param_dtype": "bf16"
+    }
+
+
+def test_the_model_levers_example_runs(tmp_path: Path) -> None:
+    run_example(
+        "hf_model_levers.py", tmp_path,
+        "evaluation loss with bf16 casts: ",
+        "2 checkpoints saved by the Trainer: float32: yes",
+        "model's own classes after the run: yes",
+    )  # fmt: skip

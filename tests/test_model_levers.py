@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from _small_models import convnet, mlp
 from conftest import last_seq, records_since
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -49,19 +50,6 @@ class Ops(TorchDispatchMode):
 
     def of(self, name: str) -> list[list[tuple[torch.dtype, tuple[int, ...]]]]:
         return [tensors for called, tensors in self.calls if called == name]
-
-
-def mlp() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
-
-
-def convnet() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
-        nn.Linear(8 * 6 * 6, 5),
-    )  # fmt: skip
 
 
 def tensors_of(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -99,11 +87,12 @@ def test_a_linear_inside_computes_in_bf16_and_the_output_comes_back_in_the_input
     assert out.dtype == torch.float32
     matmuls = ops.of("addmm")
     assert len(matmuls) == 2 and all(t[0] == BF16 for call in matmuls for t in call)
-    layer_norms = ops.of("native_layer_norm")
-    assert layer_norms and all(t[0] == torch.float32 for t in layer_norms[0])  # norm: float32
-    # the same arithmetic as a bf16 copy of the model, norm in float32, done by hand
+    # the norm takes the bf16 activations with its float32 parameters, as autocast feeds it
+    (layer_norm,) = ops.of("native_layer_norm")
+    assert [t[0] for t in layer_norm] == [BF16, torch.float32, torch.float32]
+    # the same arithmetic as a bf16 copy of the model, norm parameters in float32, by hand
     h = torch.nn.functional.linear(x.to(BF16), net[0].weight.to(BF16), net[0].bias.to(BF16))
-    h = net[1](h.float()).to(BF16)
+    h = net[1](h)
     h = torch.nn.functional.gelu(h)
     expected = torch.nn.functional.linear(h, net[3].weight.to(BF16), net[3].bias.to(BF16))
     assert torch.equal(out, expected.float())
@@ -189,7 +178,8 @@ def test_norm_layers_keep_float32_and_batchnorm_statistics_update_in_float32() -
     assert bn.running_mean.dtype == torch.float32 and bn.weight.dtype == torch.float32
     assert not torch.equal(bn.running_mean, mean_before)  # updated, in float32
     batch_norms = [c for name, c in ops.calls if "batch_norm" in name]
-    assert batch_norms and all(t[0] == torch.float32 for t in batch_norms[0])
+    # the bf16 activations as they come, with float32 weight, bias and running statistics
+    assert batch_norms and [t[0] for t in batch_norms[0]] == [BF16] + [torch.float32] * 4
     assert all(t[0] == BF16 for t in ops.of("convolution")[0][:2])  # input and weight
 
 

@@ -12,6 +12,7 @@ ignored by an already compiled model: dynamo does not guard hooks by default,
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -70,8 +71,12 @@ def test_a_model_compiled_before_the_block_follows_it_and_returns_after(
     expected = eager_inside(net, x, **levers)
     if "param_dtype" in levers:
         assert not torch.equal(expected, plain)  # bf16 arithmetic inside: not fp32's
-    with speedflags.fast_math(model=net, **levers), torch.no_grad():
-        inside = compiled(x)
+    # Failed before under -W error (InternalTorchDynamoError): dynamo warned at every trace
+    # about a functools.cache helper of the shadow classes, a stray line in every user's log.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with speedflags.fast_math(model=net, **levers), torch.no_grad():
+            inside = compiled(x)
     assert torch.equal(inside, expected)
     with torch.no_grad():
         assert torch.equal(compiled(x), plain)  # the graph traced outside serves again
@@ -123,3 +128,20 @@ def test_a_block_inside_a_compiled_function_runs_the_model_eagerly_with_its_leve
 
     assert torch.equal(torch.compile(step, backend=Counting())(x), expected)
     assert not any("_speedflags_own_class" in type(m).__dict__ for m in net.modules())
+
+
+def test_a_full_graph_of_a_model_under_a_lever_traces_or_says_why_not() -> None:
+    torch._dynamo.reset()
+    net, x = convnet(), torch.randn(2, 3, 6, 6)
+    expected = eager_inside(net, x, param_dtype="bf16")
+    compiled = torch.compile(net, backend=Counting(), fullgraph=True)
+    config = torch._dynamo.config
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inlines = bool(getattr(config, "inline_inbuilt_nn_modules", False))
+    with speedflags.fast_math(model=net, param_dtype="bf16"), torch.no_grad():
+        if inlines:
+            assert torch.equal(compiled(x), expected)
+        else:  # PyTorch 2.1-2.4 by default: the shadow forward runs eagerly, no full graph
+            with pytest.raises(speedflags.LeverInGraphError, match="inline_inbuilt_nn_modules"):
+                compiled(x)

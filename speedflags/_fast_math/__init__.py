@@ -11,6 +11,7 @@ May import: the ledger (:mod:`speedflags._ledger`), the levers, the rank check
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import (
     TYPE_CHECKING,
@@ -107,7 +108,9 @@ def make_plan(
                 skipped.append((name, f"{name}='auto': {why}"))
                 continue
             note = f"{name}='auto' chose {lever.describe_value(value)}: {why}"
-        effect = spec.effect(value, device)
+        # a model lever acts where the model's parameters are, whatever device= says
+        acts_on = _model_device(model, device) if spec.per_model else device
+        effect = spec.effect(value, acts_on)
         shown = f"{name}={lever.describe_value(value)!r}"
         if effect.refused:  # what is missing is an install (fp8 without torchao): refused
             cannot.append(f"{shown}: {effect.reason}")
@@ -117,7 +120,18 @@ def make_plan(
         if effect.unsupported:  # this PyTorch would raise: recorded as skipped instead
             skipped.append((name, f"{shown}: {effect.reason}"))
             continue
-        if no_device is not None:  # device="cuda" without CUDA: never silent
+        if no_device is not None and spec.per_model and acts_on.type != device.type:
+            # device="cuda" without CUDA, the model on the CPU: the lever still acts there
+            where = capabilities(acts_on).device
+            message = (
+                f"{shown} on {shown_device}: {no_device}; {name} acts on the model where its "
+                f"parameters are ({where}), so it changes how the model computes there."
+            )
+            said.append(
+                (("model elsewhere", shown_device, name), message, DeviceUnavailableWarning)
+            )
+            note = "; ".join(r for r in (note, f"acts on the model's device, {where}") if r)
+        elif no_device is not None:  # device="cuda" without CUDA: never silent
             like = " (torch.autocast('cuda') warns and disables itself there too)" * (name == "amp")
             message = (
                 f"{shown} on {shown_device}: {no_device}, so it changes nothing{like}; the "
@@ -137,6 +151,15 @@ def make_plan(
         message = f"fast_math on {shown_device}: {no_device}, so its levers change nothing"
         said.append((("no device", shown_device, "*"), message, DeviceUnavailableWarning))
     return Plan(shown_device, Program(items, skipped), tuple(refusals), tuple(said), tuple(cannot))
+
+
+def _model_device(model: Any, default: torch.device) -> torch.device:
+    """The device of the model's first parameter (or buffer), else ``default``."""
+    if isinstance(model, torch.nn.Module):
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            device: torch.device = tensor.device
+            return device
+    return default
 
 
 def resolve_auto(device: torch.device) -> tuple[torch.dtype | None, str]:

@@ -27,7 +27,7 @@ from .._measure.lever_files import LeversArg, load_levers, named_levers
 from .._short_repr import short_repr
 from ..errors import InvalidTypeError, InvalidValueError
 from ..levers import registry
-from ..levers._model_shadow import fsdp_owner
+from ..levers._model_state import refusal
 from ..levers.registry import check_model, lever_spec
 from .candidates import verdicts_of
 from .compare import Effort
@@ -149,7 +149,7 @@ def run(
     wanted, try_compile = _wanted(levers)
     if model is not None:
         check_model("tune", model, tuple(_model_levers(wanted)))
-    elif isinstance(fn, torch.nn.Module) and fsdp_owner(fn) is None:
+    elif isinstance(fn, torch.nn.Module) and refusal(fn) is None:
         model = fn  # the step is the model: its model levers are candidates too
     target = _device(device, fn, args, kwargs)
     search = Search(

@@ -4,8 +4,10 @@ A callback names its phases (``train``, ``validate``, ...). Each phase's levers 
 ``fast_math`` keyword arguments, validated through the lever registry when the callback is
 built, with errors that name the callback's argument. :class:`PhaseFrames` builds one
 :class:`~speedflags.FastMath` spec per phase, schedule entry and device (on first use, since
-the device is known only once the trainer has placed the model), and opens and closes the
-ledger frames that hold them. Nothing here imports Lightning or transformers.
+the device is known only once the trainer has placed the model), with the trainer's model
+as ``model=`` when the phase has a model lever (``param_dtype``, ``memory_format``), and
+opens and closes the ledger frames that hold them. Nothing here imports Lightning or
+transformers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .._short_repr import short_repr
 from .._status import heal_tf32, tf32_status
 from .._warn import user_stacklevel
 from ..errors import InvalidTypeError, InvalidValueError, SpeedflagsError, SpeedflagsWarning
+from ..levers import registry
 from ..levers.registry import check_levers
 
 __all__ = [
@@ -151,6 +154,7 @@ class PhaseFrames:
         self._check_ranks = check_ranks
         self._specs: dict[tuple[str, int | None, str], FastMath | None] = {}
         self._frames: list[Frame] = []
+        self._model_id: int | None = None  # the model the specs with model levers act on
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled or copied with its trainer (DDP spawn, deepcopy): specs hold locks, and
@@ -158,6 +162,7 @@ class PhaseFrames:
         state = dict(self.__dict__)
         state["_specs"] = {}
         state["_frames"] = []
+        state["_model_id"] = None
         return state
 
     def schedule_key(self, epoch: int | None) -> int | None:
@@ -179,8 +184,15 @@ class PhaseFrames:
                     return dict(merged)
         return dict(self.phases.get(phase, {}))
 
-    def spec(self, phase: str, device: torch.device, epoch: int | None = None) -> FastMath | None:
-        """The spec for ``phase`` on ``device``, built on first use; ``None`` if no levers."""
+    def spec(
+        self, phase: str, device: torch.device, epoch: int | None = None, model: Any = None
+    ) -> FastMath | None:
+        """The spec for ``phase`` on ``device``, built on first use; ``None`` if no levers.
+        ``model``: the trainer's model, which the phase's model levers act on."""
+        if model is not None and id(model) != self._model_id:
+            # another model (a new fit): no spec keeps the old one alive or acts on it
+            self._specs.clear()
+            self._model_id = id(model)
         key = self.schedule_key(epoch) if phase == "train" else None
         cache_key = (phase, key, str(device))
         if cache_key in self._specs:
@@ -191,6 +203,13 @@ class PhaseFrames:
             label = f"{self.owner} {phase}" + (
                 f" (schedule epoch {key})" if key is not None else ""
             )
+            if any(name in registry.MODEL_LEVER_NAMES for name in levers):
+                if model is None:
+                    raise InvalidValueError(
+                        f"{self.owner}: {phase} levers {short_repr(levers)} act on the model, "
+                        "and the trainer gave none"
+                    )
+                levers["model"] = model
             try:
                 spec = FastMath(device=device, label=label, check_ranks=self._check_ranks, **levers)
             except (InvalidValueError, InvalidTypeError) as exc:
@@ -203,9 +222,12 @@ class PhaseFrames:
         """The frames this callback holds open now, outermost first."""
         return tuple(self._frames)
 
-    def open(self, phase: str, device: torch.device, epoch: int | None = None) -> Frame | None:
-        """Apply ``phase``'s levers in a new frame (inside any frame already open)."""
-        spec = self.spec(phase, device, epoch)
+    def open(
+        self, phase: str, device: torch.device, epoch: int | None = None, model: Any = None
+    ) -> Frame | None:
+        """Apply ``phase``'s levers in a new frame (inside any frame already open); model
+        levers act on ``model``."""
+        spec = self.spec(phase, device, epoch, model)
         if spec is None:
             return None
         frame = spec.start()

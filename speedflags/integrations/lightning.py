@@ -12,6 +12,11 @@ It works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning
 subclasses the ``Callback`` of each one installed, so either's ``Trainer`` and
 ``LightningCLI`` accept it. Install with ``pip install '.[lightning]'`` in a checkout of
 speedflags (``pip install 'speedflags[lightning]'`` once it is published).
+
+The model levers (``param_dtype``, ``memory_format``) act on the ``LightningModule`` the
+trainer runs: ``validate={"param_dtype": "bf16"}, train={"amp": "bf16"}`` validates with
+bf16 casts of the float32 weights and trains under autocast. Its ``forward`` is the boundary
+(docs/model_levers.md); a checkpoint saved in any phase is an ordinary float32 one.
 """
 
 from __future__ import annotations
@@ -83,6 +88,12 @@ class SpeedFlagsCallback(_Callback):
             ``fit``, and ``trainer.validate()``.
         test: held for ``trainer.test()``.
         predict: held for ``trainer.predict()``.
+
+            Each phase may also hold the model levers, ``param_dtype`` and
+            ``memory_format``, which act on the ``LightningModule`` (for ``train``, entered
+            and left at every batch: ``memory_format`` converts the convolution weights
+            each time, so give it to ``train`` only if the conversion is small beside a
+            batch).
         schedule: ``{epoch: levers}``, each entry merged over ``train`` from its epoch until
             the next entry. Keys may be ints or strings (as YAML gives them). ``True`` /
             ``False`` stand for ``{"tf32": True/False}`` (NequIP's ``{0: True, 100: False}``);
@@ -112,6 +123,8 @@ class SpeedFlagsCallback(_Callback):
         ({'amp': 'bf16', 'tf32': True}, {'amp': 'bf16', 'tf32': False})
         >>> cb.levers("validate")
         {'amp': False}
+        >>> SpeedFlagsCallback(validate={"param_dtype": "bf16"}).levers("validate")
+        {'param_dtype': 'bf16'}
 
         ``trainer = lightning.pytorch.Trainer(callbacks=[cb])``; in a LightningCLI config::
 
@@ -190,9 +203,9 @@ class SpeedFlagsCallback(_Callback):
             who = f"Lightning's precision plugin (precision={precision!r})"
             warn_stacked_autocast("SpeedFlagsCallback", fresh, who)
 
-    def _switch(self, phase: str, epoch: int | None = None) -> None:
+    def _switch(self, phase: str, pl_module: Any, epoch: int | None = None) -> None:
         self._phases.close_all()
-        self._phases.open(phase, self._device, epoch)
+        self._phases.open(phase, self._device, epoch, pl_module)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._begin(trainer, pl_module, ("train", "validate"))
@@ -209,13 +222,13 @@ class SpeedFlagsCallback(_Callback):
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._switch("train", self._epoch)
+        self._switch("train", pl_module, self._epoch)
 
     # --- evaluation loops ---------------------------------------------------------------
 
     def _loop_start(self, trainer: Any, pl_module: Any, phase: str) -> None:
         self._begin(trainer, pl_module, (phase,))
-        self._switch(phase)
+        self._switch(phase, pl_module)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._loop_start(trainer, pl_module, "validate")

@@ -80,6 +80,11 @@ class SpeedFlagsCallback(_TrainerCallback):
             of each micro-batch, clipping, optimizer and scheduler step).
         evaluate: held around every evaluation and prediction loop: ``trainer.evaluate()``
             and ``trainer.predict()``, inside ``train()`` or standalone.
+
+            Both may also hold the model levers, ``param_dtype`` and ``memory_format``,
+            which act on the Trainer's model (``trainer.model``): ``evaluate={"param_dtype":
+            "bf16"}`` evaluates with bf16 casts of the float32 weights, and a checkpoint the
+            Trainer saves is an ordinary float32 one whatever the phase.
         check_ranks: under ``torch.distributed``, check at each spec's first use that every
             rank runs with the same flags (:func:`speedflags.check_ranks`).
 
@@ -100,6 +105,8 @@ class SpeedFlagsCallback(_TrainerCallback):
         >>> cb = SpeedFlagsCallback(train={"amp": "bf16", "tf32": True}, evaluate={"amp": False})
         >>> cb.levers("train"), cb.levers("evaluate")
         ({'amp': 'bf16', 'tf32': True}, {'amp': False})
+        >>> SpeedFlagsCallback(evaluate={"param_dtype": "bf16"}).levers("evaluate")
+        {'param_dtype': 'bf16'}
 
         Then ``Trainer(model, args, callbacks=[cb], ...)``; for a trainer built without it,
         ``cb.attach(trainer)``.
@@ -174,7 +181,7 @@ class SpeedFlagsCallback(_TrainerCallback):
         @functools.wraps(loop)
         def evaluation_loop(*args: Any, **kwargs: Any) -> Any:
             self._begin(trainer.args, trainer.model, "evaluate")
-            opened = self._phases.open("evaluate", self._device) is not None
+            opened = self._phases.open("evaluate", self._device, model=trainer.model) is not None
             self._in_loop += 1
             try:
                 return loop(*args, **kwargs)
@@ -240,7 +247,7 @@ class SpeedFlagsCallback(_TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._phases.close_all()  # a step cut short (should_epoch_stop) never reached step_end
-        self._phases.open("train", self._device)
+        self._phases.open("train", self._device, model=kwargs.get("model"))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._phases.close_all()

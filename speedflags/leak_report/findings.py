@@ -21,7 +21,9 @@ added)::
      "lines": ["  cudnn_benchmark: False -> True", "    write: ..."]}  # the text, as printed
 
 ``writer`` is null when no write through Python was seen (a C++ write, or a thread that had
-not written before the watch started): the change was found, its author is unknown.
+not written before the watch started): the change was found, its author is unknown. A
+change made by a speedflags block the test left open names that block instead (its
+``function`` empty, its ``file``/``line`` where the block was entered).
 
 Example:
     >>> write = write_info("torch.backends.cudnn.benchmark set to True by f at t.py:3",

@@ -30,7 +30,7 @@ from .._hardware import capabilities
 from .._locks import new_lock
 from . import _torchao
 from ._model_lever import OFF, ModelLever
-from ._model_shadow import original_class
+from ._model_state import original_class
 
 __all__ = ["MIN_FEATURES", "MULTIPLE", "Fp8Config", "Fp8Lever", "left_out", "size_rule"]
 

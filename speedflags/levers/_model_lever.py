@@ -15,14 +15,16 @@ import weakref
 from collections.abc import Hashable
 from typing import Any, ClassVar, TypeVar
 
+import torch
 from torch import nn
 
 from .._locks import new_lock
 from ..errors import InvalidValueError
-from ._base import SimpleLever
-from ._model_shadow import ModelState, fsdp_owner, model_state, sync
+from ._base import Scope, SimpleLever
+from ._model_shadow import sync
+from ._model_state import ModelState, active_states, fsdp_owner, model_state, release
 
-__all__ = ["OFF", "ModelLever"]
+__all__ = ["OFF", "OPEN_MODEL_LEVERS", "ModelLever", "OpenModelLevers"]
 
 # A model lever's state when it is not set (states are never None: see Lever).
 OFF = False
@@ -72,6 +74,14 @@ class ModelLever(SimpleLever):
         """The value the model's own class carries now (:data:`OFF` when none)."""
         raise NotImplementedError
 
+    def config(self, model: nn.Module) -> Any:
+        """The setting the model's class carries, if it is a shadow class of this model's
+        (a module taken out of another model under a lever may still carry that one's)."""
+        held = type(model).__dict__
+        return (
+            held.get("_speedflags_config") if held.get("_speedflags_state") is self.state else None
+        )
+
     def read(self) -> Hashable:
         model = self._model()
         if model is None:  # nothing left to restore
@@ -82,14 +92,18 @@ class ModelLever(SimpleLever):
         model = self._model()
         if model is None:
             return OFF
-        owner = fsdp_owner(model)
-        if owner is not None:
-            raise InvalidValueError(f"{self.name} on {self.state.tag}: {owner}")
+        # FSDP: a cheap check; TorchScript is refused by sync's plan, which sees every module
+        refused = fsdp_owner(model)
+        if refused is not None:
+            raise InvalidValueError(f"{self.name} on {self.state.tag}: {refused}")
         return self._set(model, value)
 
     def restore(self, target: Any, current: Any) -> Hashable:
         model = self._model()
-        if model is None:
+        if model is None:  # collected inside the block: nothing left to put back
+            setattr(self.state, self.field, self.to_field(None))
+            if not self.state.on:
+                release(self.state)
             return OFF
         return self._set(model, None if target is OFF else target)
 
@@ -114,3 +128,75 @@ class ModelLever(SimpleLever):
 
     def __repr__(self) -> str:
         return f"<lever {self.name} of {self.state.tag} (model)>"
+
+
+# A model's state as the leak check reads it: (tag, param_dtype, memory_format), described.
+ModelEntry = tuple[str, Any, Any]
+
+
+class OpenModelLevers:
+    """Every model under a model lever now, as one piece of state: what the pytest plugin's
+    leak check reads before and after each test (a ``param_dtype`` or ``memory_format``
+    block left open changes a model that later tests may use) and puts back.
+
+    Its state is a sorted tuple of ``(tag, param_dtype, memory_format)``, described as
+    ``{"Net#3": {"param_dtype": "bfloat16", "memory_format": False}}``; restoring takes
+    each model that is not in the target back to no model lever (or to the target's).
+
+    Example:
+        >>> import torch, speedflags
+        >>> from speedflags.levers._model_lever import OPEN_MODEL_LEVERS as guard
+        >>> before = guard.read()
+        >>> spec = speedflags.fast_math(model=torch.nn.Linear(2, 2), memory_format="channels_last")
+        >>> frame = spec.start()
+        >>> [entry[1:] for entry in guard.read() if entry not in before]
+        [(False, 'channels_last')]
+        >>> frame.close()
+        >>> guard.read() == before
+        True
+    """
+
+    name = "model_levers"
+    scope: Scope = "process"
+    domain = "model levers"
+
+    def read(self) -> Hashable:
+        return tuple(sorted(_entry(state) for state in active_states()))
+
+    def describe(self, state: Any) -> Any:
+        return {
+            tag: {"param_dtype": dtype, "memory_format": layout} for tag, dtype, layout in state
+        }
+
+    def restore(self, target: Any, current: Any) -> Hashable:
+        wanted = {entry[0]: entry for entry in target}
+        for state in active_states():
+            if _entry(state) == wanted.get(state.tag):
+                continue
+            model = state.model()
+            if model is None:
+                continue
+            entry = wanted.get(state.tag, (state.tag, False, False))
+            state.param_dtype = _DTYPES.get(entry[1])
+            state.channels_last = bool(entry[2])
+            sync(model, state)
+        return self.read()
+
+    def __repr__(self) -> str:
+        return "<guard of the model levers (every model)>"
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _entry(state: ModelState) -> ModelEntry:
+    dtype = state.param_dtype
+    return (
+        state.tag,
+        str(dtype).replace("torch.", "") if dtype is not None else False,
+        "channels_last" if state.channels_last else False,
+    )
+
+
+#: The one guard over every model's model levers.
+OPEN_MODEL_LEVERS = OpenModelLevers()

@@ -1,4 +1,4 @@
-"""What the model levers share: a model's lever state, and the classes that carry it.
+"""The model levers' mechanism: shadow classes, and :func:`sync`, which puts a state in place.
 
 A model lever changes how an ``nn.Module`` computes, never what it holds. While a block is
 open, each module that takes part gets a *shadow class*: a subclass of its own class, made
@@ -8,59 +8,85 @@ afterwards every module has its own class again, and its parameters, buffers, ``
 and optimizer references were never replaced. What a shadow class adds:
 
 - ``param_dtype``: a property per floating parameter that, while the model's ``forward``
-  runs, returns a cast of the parameter (cached while the parameter is unchanged, so an
-  inference block casts each weight once and a training loop once per optimizer step);
-  outside ``forward`` the attribute is the parameter itself, so ``nn.init`` or
-  ``model.fc.weight.copy_(...)`` inside the block reach the parameter. Gradients flow
+  runs, returns a cast of the parameter (:mod:`._model_casts`: cached while the parameter
+  is unchanged); outside ``forward`` (and while a lazy module initialises its parameters)
+  the attribute is the parameter itself, so ``nn.init`` or ``model.fc.weight.copy_(...)``
+  inside the block reach the parameter. Gradients flow
   through the cast to the float32 parameter. Floating inputs of a module that holds cast
   parameters are cast to the compute dtype (an input promoted by a float32 buffer would
-  otherwise meet a bf16 weight); norm layers (and recurrent layers, which read their weights
-  through ``_flat_weights``, not attributes) keep float32 parameters and run in float32 on
-  an upcast input, so BatchNorm's running statistics stay float32.
+  otherwise meet a bf16 weight). A weight computed from parameters before each call
+  (``torch.nn.utils.spectral_norm``/``weight_norm``'s hook forms, ``parametrize``) is
+  computed in float32 from the float32 parameters and cast where the module reads it.
+- norm layers keep float32 parameters and statistics. Where their kernels take a bf16 or
+  fp16 input with float32 parameters, as autocast feeds them (every built-in norm on a CPU
+  whose PyTorch has the kernels, BatchNorm on CUDA), they get the activations as they come;
+  otherwise (custom norms, recurrent layers, which read their weights through
+  ``_flat_weights``) they run in float32 on an upcast input and their outputs come back in
+  the input's dtype.
 - the model's own class (the *boundary*) casts floating inputs to the compute dtype and
-  floating outputs back to the inputs' dtype (``param_dtype``), and converts 4-D floating
-  inputs to ``channels_last`` (``memory_format``).
+  floating outputs back to the inputs' dtype (``param_dtype``: the parameters' dtype when
+  no input is floating), and converts 4-D floating inputs to ``channels_last``, giving 4-D
+  outputs back contiguous when the inputs were (``memory_format``). Converted convolutions
+  give ``state_dict()`` their weights in their own layout.
+- a lazy module (``nn.LazyLinear``) before its first call initialises its parameters as
+  outside the block, and the class it becomes (``nn.Linear``) is shadowed as it would be.
 
-Under ``torch.compile``: dynamo guards a module's class, so a model compiled before the
-block traces again inside it (and the graph traced outside serves again after it). Where
-dynamo reads a module's parameters without its class's properties (PyTorch before
-``inline_inbuilt_nn_modules``: 2.1 to 2.4 by default), a shadow ``forward`` runs eagerly,
-out of the trace (:class:`~speedflags._tracing.KeptOut`): eager's result, without a graph.
-
-``memory_format`` needs no class for the weights: it converts each 4-D convolution weight's
-data to ``channels_last`` in place (``param.data = ...``: the same Parameter object) and
-back to the exact strides it had, values untouched, on exit.
+A module or parameter added to the model inside the block joins it at the model's next
+forward (:mod:`._model_state` marks the model dirty). Under ``torch.compile``: dynamo guards
+a module's class, so a model compiled before the block traces again inside it (and the
+graph traced outside serves again after it). Where dynamo reads a module's parameters
+without its class's properties (PyTorch before ``inline_inbuilt_nn_modules``: 2.1 to 2.4 by
+default), a shadow ``forward`` runs eagerly, out of the trace
+(:class:`~speedflags._tracing.KeptOut`): eager's result, without a graph.
 """
 
 from __future__ import annotations
 
 import copy
 import copyreg
-import functools
-import itertools
+import dataclasses
+import inspect
 import sys
 import threading
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
-from .._locks import new_lock
-from .._tracing import KeptOut, at_trace_time, is_compiling
+from .._tracing import KeptOut, at_trace_time, graph_error, is_compiling, one_graph, traced_where
+from ..errors import InvalidValueError, LeverInGraphError
+from ._model_casts import Casts, cast
+from ._model_layout import Converted, convertible, own_layout, to_channels_last, to_own_layouts
+from ._model_state import (
+    ModelState,
+    claim,
+    fsdp_owner,
+    holding,
+    model_state,
+    original_class,
+    refusal,
+    release,
+    shadowed,
+    torchscript_part,
+)
 
 __all__ = [
     "ModelState",
     "fsdp_owner",
+    "is_norm",
     "model_state",
+    "refusal",
     "shadowed",
     "sync",
 ]
 
-# Norm layers keep float32 parameters and compute in float32 (BatchNorm's running statistics
-# are float32 buffers that a bf16 input could not update), as autocast runs them.
+# Norm layers keep float32 parameters (BatchNorm's running statistics are float32 buffers), as
+# autocast runs them.
 _NORMS: tuple[type, ...] = tuple(
     cls
     for cls in (
@@ -74,10 +100,33 @@ _NORMS: tuple[type, ...] = tuple(
 # Recurrent layers read their weights through ``_flat_weights`` (references taken when the
 # layer is built), never through attributes: a property cannot reach them. They stay float32.
 _KEPT_FLOAT: tuple[type, ...] = (nn.RNNBase,)
-_CONVS: tuple[type, ...] = (nn.Conv2d, nn.ConvTranspose2d)
+# The built-in norms whose kernels may take a half-precision input with float32 parameters:
+# by the forward they run (a subclass with a forward of its own is not assumed to).
+_MIXED_KINDS: tuple[tuple[type, Callable[..., Any]], ...] = tuple(
+    (cls, cls.forward)
+    for cls in (
+        nn.modules.batchnorm._BatchNorm,
+        nn.modules.instancenorm._InstanceNorm,
+        nn.LayerNorm,
+        nn.GroupNorm,
+        getattr(nn, "RMSNorm", None),
+    )
+    if cls is not None
+)
 
-_ROOT, _NORM, _PARAMS = 1, 2, 4  # a shadow class's roles (bits: the root may hold parameters)
-Config = tuple[torch.dtype | None, bool, torch.dtype]  # (param dtype, channels_last, own dtype)
+_ROOT, _NORM, _PARAMS, _LAZY, _CONV = 1, 2, 4, 8, 16  # a shadow class's roles (bits)
+Config = tuple[torch.dtype | None, bool]  # (param dtype, channels_last)
+
+
+class Parts(NamedTuple):
+    """What a shadow class is made of besides its role."""
+
+    cached: tuple[str, ...] = ()  # parameters read as their cached casts
+    computed: tuple[str, ...] = ()  # weights computed before each call, cast where read
+    mixed: tuple[str, ...] = ()  # a norm: device types whose kernels take the compute dtype
+
+
+_NO_PARTS = Parts()
 
 
 def is_norm(module: nn.Module) -> bool:
@@ -87,191 +136,170 @@ def is_norm(module: nn.Module) -> bool:
     return isinstance(module, _NORMS + _KEPT_FLOAT) or type(module).__name__.endswith("Norm")
 
 
-# --- a model's state ------------------------------------------------------------------------
+# --- the norms' kernels ---------------------------------------------------------------------
+
+# (norm kind, device type, dtype) -> whether its kernels take that dtype with float32
+# parameters, forward and backward (found once per process, by trying)
+_TAKES_MIXED: dict[tuple[type, str, torch.dtype], bool] = {}
+_PROBES: dict[type, Callable[[], nn.Module]] = {
+    kind: make
+    for kind, make in (
+        (nn.modules.batchnorm._BatchNorm, lambda: nn.BatchNorm2d(2)),
+        (nn.modules.instancenorm._InstanceNorm, lambda: nn.InstanceNorm2d(2, affine=True)),
+        (nn.LayerNorm, lambda: nn.LayerNorm(2)),
+        (nn.GroupNorm, lambda: nn.GroupNorm(1, 2)),
+        (getattr(nn, "RMSNorm", None), lambda: nn.RMSNorm(2)),  # type: ignore[attr-defined, unused-ignore]
+    )
+    if kind is not None
+}
 
 
-class ModelState:
-    """The model levers' state of one model: what is set, and what to put back.
-
-    Attributes:
-        tag: the model's name in records (``"Net#2"``: its class and a number per process).
-        param_dtype: the compute dtype set, or None.
-        channels_last: whether the convolution weights and inputs are in ``channels_last``.
-        classes: module -> its own class, for each module shadowed now.
-        strides: id(parameter) -> (parameter, the strides it had), for each weight converted.
-        own_dtype: the dtype of the model's first floating parameter (float32 usually): what
-            outputs come back in when no floating input was given.
-        casts: this model's cast cache (see :func:`cast`), emptied whenever its setting
-            changes, so that no cast outlives the block that made it.
-        made: the shadow classes made for this model, by (class, role, names, config): the
-            properties of a model's classes read its own cache.
-        plans: (config, the model's modules) -> the classes they get, for a setting met
-            before on the same modules (a block entered every step plans once).
-    """
-
-    __slots__ = ("__weakref__", "casts", "channels_last", "classes", "made", "own_dtype",
-                 "param_dtype", "plans", "strides", "tag")  # fmt: skip
-
-    def __init__(self, model: nn.Module, tag: str) -> None:
-        self.tag = tag
-        self.param_dtype: torch.dtype | None = None
-        self.channels_last = False
-        self.classes: dict[nn.Module, type] = {}
-        self.strides: dict[int, tuple[nn.Parameter, tuple[int, ...]]] = {}
-        self.casts: Casts = {}
-        self.made: dict[tuple[type, int, tuple[str, ...], Config], type] = {}
-        self.plans: dict[Any, list[tuple[nn.Module, type]]] = {}
-        self.own_dtype: torch.dtype = next(
-            (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"<model state {self.tag}: param_dtype={self.param_dtype}, "
-            f"channels_last={self.channels_last}>"
-        )
+def takes_mixed(kind: type, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether the built-in norm ``kind`` takes a ``dtype`` input with float32 parameters on
+    ``device_type``, as autocast feeds it. On CUDA, as autocast decides there: BatchNorm
+    does (cuDNN's mixed kernels), LayerNorm and GroupNorm run in float32. On a CPU it is
+    tried once (PyTorch 2.1 has bf16 kernels but no fp16 ones)."""
+    if device_type == "cuda":
+        return issubclass(kind, nn.modules.batchnorm._BatchNorm)
+    if device_type != "cpu":
+        return False
+    key = (kind, device_type, dtype)
+    found = _TAKES_MIXED.get(key)
+    if found is None:
+        found = _TAKES_MIXED[key] = _try_mixed(kind, dtype)
+    return found
 
 
-_STATES: weakref.WeakKeyDictionary[nn.Module, ModelState] = weakref.WeakKeyDictionary()
-_STATES_LOCK = new_lock()
-_NUMBERS = itertools.count(1)
+def _try_mixed(kind: type, dtype: torch.dtype) -> bool:
+    make = _PROBES.get(kind)
+    if make is None:
+        return False
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            norm = make()  # float32 parameters and statistics, initialised without the RNG
+            x = torch.arange(16.0).reshape(2, 2, 2, 2).to(dtype).requires_grad_()
+            out = norm(x)
+            out.float().sum().backward()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return out.dtype is dtype and x.grad is not None and x.grad.dtype is dtype
 
 
-def model_state(model: nn.Module) -> ModelState:
-    """The state of ``model`` (made on first use; kept while the model lives)."""
-    state = _STATES.get(model)
-    if state is None:
-        with _STATES_LOCK:
-            state = _STATES.get(model)
-            if state is None:
-                tag = f"{original_class(model).__name__}#{next(_NUMBERS)}"
-                state = _STATES[model] = ModelState(model, tag)
-    return state
-
-
-def original_class(module: nn.Module) -> type:
-    """``type(module)``, or the class a shadow class stands in for."""
-    cls = type(module)
-    return getattr(cls, "_speedflags_own_class", cls)
-
-
-def shadowed(module: nn.Module) -> bool:
-    """Whether ``module`` has a shadow class now."""
-    return "_speedflags_own_class" in type(module).__dict__
-
-
-def fsdp_owner(model: nn.Module) -> str | None:
-    """Why another system owns the parameters of ``model`` or a submodule (FSDP's
-    ``fully_shard`` or ``FullyShardedDataParallel``), or None.
-
-    Read without importing ``torch.distributed``: a model can be sharded only once it is
-    imported.
-    """
-    fsdp2 = [
-        getattr(sys.modules.get(name), "FSDPModule", None)
-        for name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
-    ]
-    fsdp1 = getattr(sys.modules.get("torch.distributed.fsdp"), "FullyShardedDataParallel", None)
-    kinds = tuple(k for k in (*fsdp2, fsdp1) if isinstance(k, type))
-    if not kinds:
-        return None
-    for name, module in model.named_modules():
-        if isinstance(module, kinds):
-            where = f"its submodule {name!r}" if name else "the model"
-            how = (
-                "FullyShardedDataParallel"
-                if fsdp1 and isinstance(module, fsdp1)
-                else ("fully_shard")
-            )
-            return (
-                f"{where} is sharded by FSDP ({how}), which owns its parameters and their "
-                "dtype (use FSDP's MixedPrecisionPolicy(param_dtype=...) there)"
-            )
+def _mixed_kind(module: nn.Module) -> type | None:
+    cls = original_class(module)
+    for kind, forward in _MIXED_KINDS:
+        if isinstance(module, kind) and getattr(cls, "forward", None) is forward:
+            return kind
     return None
 
 
-# --- casts ------------------------------------------------------------------------------------
+def _mixed_devices(module: nn.Module, dtype: torch.dtype) -> tuple[str, ...]:
+    kind = _mixed_kind(module)
+    if kind is None:
+        return ()
+    tensors = (*module._parameters.values(), *module._buffers.values())
+    device = next((t.device for t in tensors if t is not None), torch.device("cpu"))
+    return (device.type,) if takes_mixed(kind, device.type, dtype) else ()
 
 
-class _Depth(threading.local):
-    # > 0 while a shadowed module's forward runs in this thread (eagerly)
-    n = 0
+def _own_floating(module: nn.Module) -> torch.dtype | None:
+    # a norm's own dtype, read when it is called (the model may have been cast since)
+    for tensors in (module._parameters, module._buffers):
+        for t in tensors.values():
+            if t is not None and t.is_floating_point():
+                dtype: torch.dtype = t.dtype  # typed: 2.1's stubs give Any
+                return dtype
+    return None
 
 
-_DEPTH = _Depth()
-# A model's casts: (id(parameter), dtype) -> (version, data pointer, mode, cast). Modes: 0
-# made with autograd (serves every mode), 1 without (serves no_grad and inference mode), 2 in
-# inference mode (serves inference mode only: inference tensors cannot be saved for backward).
-Casts = dict[tuple[int, torch.dtype], tuple[int, int, int, torch.Tensor]]
+def _params_dtype(model: nn.Module) -> torch.dtype | None:
+    for param in model.parameters():
+        if param.is_floating_point():
+            dtype: torch.dtype = param.dtype
+            return dtype
+    return None
 
 
-def _mode(param: torch.Tensor) -> int:
-    if torch.is_inference_mode_enabled():
-        return 2
-    return 0 if param.requires_grad and torch.is_grad_enabled() else 1
+# --- mapping over inputs and outputs --------------------------------------------------------
+
+Fn = Callable[[torch.Tensor, Any], torch.Tensor]
 
 
-def cast(param: torch.Tensor, dtype: torch.dtype, casts: Casts) -> torch.Tensor:
-    """``param`` in ``dtype``, made once and reused while ``param`` is unchanged (its version
-    counter and storage: an optimizer step, ``load_state_dict`` or an in-place write renew
-    it; a write through ``param.data`` is not seen, as autocast's cache does not see it)."""
-    if param.dtype is dtype or not param.is_floating_point():
-        return param
-    if is_compiling():  # traced: the graph casts (dynamo cannot trace the cache)
-        traced: torch.Tensor = param.to(dtype)  # typed: Any in PyTorch 2.1's stubs
-        return traced
-    key = (id(param), dtype)
-    version, pointer, mode = param._version, param.data_ptr(), _mode(param)
-    hit = casts.get(key)
-    if hit is not None and hit[0] == version and hit[1] == pointer and hit[2] <= mode:
-        return hit[3]
-    made: torch.Tensor = param.to(dtype)
-    casts[key] = (version, pointer, mode, made)
-    return made
+def _to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if t.dtype is dtype or not t.is_floating_point():
+        return t
+    converted: torch.Tensor = t.to(dtype)  # typed: Any in PyTorch 2.1's stubs
+    return converted
 
 
-def _map(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``fn`` applied to each tensor in ``value`` (tensors, and tuples, lists and mappings of
-    them, nested); other objects unchanged."""
+def _channels_last(t: torch.Tensor, _: Any) -> torch.Tensor:
+    if t.dim() == 4 and t.is_floating_point():
+        converted: torch.Tensor = t.contiguous(memory_format=torch.channels_last)
+        return converted
+    return t
+
+
+def _is_channels_last(t: torch.Tensor) -> bool:
+    return bool(t.is_contiguous(memory_format=torch.channels_last)) and not t.is_contiguous()
+
+
+def _contiguous(t: torch.Tensor, _: Any) -> torch.Tensor:
+    if t.dim() == 4 and t.is_floating_point() and _is_channels_last(t):
+        return t.contiguous()
+    return t
+
+
+def _map(value: Any, fn: Fn, arg: Any) -> Any:
+    """``fn(tensor, arg)`` applied to each tensor in ``value`` (tensors, and tuples, lists,
+    mappings and dataclasses of them, nested); other objects unchanged."""
     if isinstance(value, torch.Tensor):
-        return fn(value)
+        return fn(value, arg)
     if isinstance(value, tuple):
-        mapped = [_map(v, fn) for v in value]
+        mapped = [_map(v, fn, arg) for v in value]
         return type(value)(*mapped) if hasattr(value, "_fields") else type(value)(mapped)
     if isinstance(value, list):
-        return [_map(v, fn) for v in value]
+        return [_map(v, fn, arg) for v in value]
     if isinstance(value, Mapping):
         if type(value) is dict:
-            return {k: _map(v, fn) for k, v in value.items()}
+            return {k: _map(v, fn, arg) for k, v in value.items()}
         out = copy.copy(value)  # a Mapping subclass (transformers' ModelOutput): same type
         for k, v in value.items():
-            out[k] = _map(v, fn)  # type: ignore[index]
+            out[k] = _map(v, fn, arg)  # type: ignore[index]
         return out
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        made = copy.copy(value)  # same type; frozen ones too
+        for field in dataclasses.fields(value):
+            if hasattr(value, field.name):
+                object.__setattr__(made, field.name, _map(getattr(value, field.name), fn, arg))
+        return made
     return value
-
-
-def _map_call(
-    args: tuple[Any, ...], kwargs: dict[str, Any], fn: Callable[[torch.Tensor], torch.Tensor]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """:func:`_map` over a call's arguments, tensors at the top level (the usual call)
-    without the recursion."""
-    mapped = tuple(
-        fn(a) if isinstance(a, torch.Tensor) else _map(a, fn) if isinstance(a, _NESTED) else a
-        for a in args
-    )
-    return mapped, ({k: _map(v, fn) for k, v in kwargs.items()} if kwargs else kwargs)
 
 
 _NESTED = (tuple, list, Mapping)
 
 
-def _first_floating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtype | None:
-    """The dtype of the first floating tensor among a call's arguments, or None."""
+def _map_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any], fn: Fn, arg: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`_map` over a call's arguments, tensors at the top level (the usual call)
+    without the recursion."""
+    mapped = tuple(
+        fn(a, arg)
+        if isinstance(a, torch.Tensor)
+        else _map(a, fn, arg)
+        if isinstance(a, _NESTED)
+        else a
+        for a in args
+    )
+    return mapped, ({k: _map(v, fn, arg) for k, v in kwargs.items()} if kwargs else kwargs)
+
+
+def _first_floating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The first floating tensor among a call's arguments, or None."""
     for value in args:
         if isinstance(value, torch.Tensor):
             if value.is_floating_point():
-                dtype: torch.dtype = value.dtype  # typed: 2.1's stubs give Any
-                return dtype
+                return value
             continue
         if isinstance(value, _NESTED):
             found = _first_in(value)
@@ -280,19 +308,27 @@ def _first_floating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtyp
     return _first_in(kwargs) if kwargs else None
 
 
-def _first_in(value: Any) -> torch.dtype | None:
-    found: list[torch.dtype] = []
+def _first_in(value: Any) -> torch.Tensor | None:
+    found: list[torch.Tensor] = []
 
-    def seen(t: torch.Tensor) -> torch.Tensor:
+    def seen(t: torch.Tensor, _: Any) -> torch.Tensor:
         if not found and t.is_floating_point():
-            found.append(t.dtype)
+            found.append(t)
         return t
 
-    _map(value, seen)
+    _map(value, seen, None)
     return found[0] if found else None
 
 
 # --- shadow classes -----------------------------------------------------------------------------
+
+
+class _Depth(threading.local):
+    # > 0 while a shadowed module's forward runs in this thread (eagerly)
+    n = 0
+
+
+_DEPTH = _Depth()
 
 
 @at_trace_time
@@ -305,7 +341,23 @@ def _dynamo_follows() -> bool:
     config = sys.modules.get("torch._dynamo.config")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return bool(getattr(config, "inline_inbuilt_nn_modules", False))
+        follows = bool(getattr(config, "inline_inbuilt_nn_modules", False))
+    if not follows and one_graph():  # torch.export, fullgraph=True: nothing may run eagerly
+        raise graph_error(
+            LeverInGraphError(
+                f"a model under param_dtype or memory_format in one graph ("
+                f"{_where(traced_where())}): PyTorch "
+                f"{torch.__version__}'s dynamo reads a module's parameters without its class "
+                "(inline_inbuilt_nn_modules is off), so the model runs eagerly inside the "
+                "block, which a full graph (torch.export, fullgraph=True) cannot. Export or "
+                "compile with fullgraph=True outside the block, or without fullgraph inside it."
+            )
+        )
+    return follows
+
+
+def _where(where: tuple[str, int] | None) -> str:
+    return f"{where[0]}:{where[1]}" if where else "traced code"
 
 
 def _run_eagerly(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -316,18 +368,16 @@ def _run_eagerly(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 _EAGER = KeptOut(_run_eagerly)
 
 
-def _shadow_class(
-    state: ModelState, cls: type, role: int, names: tuple[str, ...], config: Config
-) -> type:
-    key = (cls, role, names, config)
+def _shadow_class(state: ModelState, cls: type, role: int, parts: Parts, config: Config) -> type:
+    key = (cls, role, parts, config)
     made = state.made.get(key)
     if made is None:
-        made = state.made[key] = _make_class(cls, role, names, config, state.casts)
+        made = state.made[key] = _make_class(cls, role, parts, config, state)
     return made
 
 
-def _make_class(cls: type, role: int, names: tuple[str, ...], config: Config, casts: Casts) -> type:
-    dtype, channels_last, own_dtype = config
+def _make_class(cls: type, role: int, parts: Parts, config: Config, state: ModelState) -> type:
+    dtype, channels_last = config
     base_forward: Callable[..., Any] = cls.forward  # type: ignore[attr-defined]
     namespace: dict[str, Any] = {
         "__module__": cls.__module__,
@@ -335,38 +385,65 @@ def _make_class(cls: type, role: int, names: tuple[str, ...], config: Config, ca
         "__doc__": cls.__doc__,
         "_speedflags_own_class": cls,
         "_speedflags_config": config,
+        "_speedflags_state": state,
     }
-
-    if role & _PARAMS and dtype is not None:
-        for name in names:
-            namespace[name] = _cast_property(name, dtype, casts)
-    to_own = _to(own_dtype)
-    to_compute = _to(dtype) if dtype is not None else to_own
-    norm, params = bool(role & _NORM and dtype is not None), bool(role & _PARAMS and dtype)
+    norm = bool(role & _NORM and dtype is not None)
+    params = bool(role & _PARAMS and dtype is not None)
+    if params and dtype is not None:
+        for name in parts.cached:
+            namespace[name] = _cast_property(name, dtype, state.casts)
+        for name in parts.computed:
+            namespace[name] = _computed_property(cls, name, dtype)
+        # torch.jit.trace compiles a module's properties unless told not to
+        unused = getattr(cls, "__jit_unused_properties__", [])
+        namespace["__jit_unused_properties__"] = [*unused, *parts.cached, *parts.computed]
+    if role & _LAZY:
+        initialize = cls.initialize_parameters  # type: ignore[attr-defined]
+        namespace["initialize_parameters"] = _outside_forward(initialize)
+        become = cls.cls_to_become  # type: ignore[attr-defined]
+        namespace["cls_to_become"] = _shadow_class(state, become, role & ~_LAZY, parts, config)
+    if role & _CONV:
+        namespace["_save_to_state_dict"] = _saved_in_own_layout(cls, state)
+    mixed = parts.mixed
 
     def inner(self: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if norm:  # float32, on an upcast input
-            given = _first_floating(args, kwargs)
-            if given is not None and given is not own_dtype:
-                args, kwargs = _map_call(args, kwargs, to_own)
-                return _map(base_forward(self, *args, **kwargs), _to(given))
+        if norm:
+            x = _first_floating(args, kwargs)
+            if x is not None:
+                own = _own_floating(self)
+                if (
+                    own is not None
+                    and x.dtype is not own
+                    and not (own is torch.float32 and x.dtype is dtype and x.device.type in mixed)
+                ):  # float32 on an upcast input, the output back in the input's dtype
+                    args, kwargs = _map_call(args, kwargs, _to, own)
+                    return _map(base_forward(self, *args, **kwargs), _to, x.dtype)
         elif params:
-            args, kwargs = _map_call(args, kwargs, to_compute)
+            args, kwargs = _map_call(args, kwargs, _to, dtype)
         return base_forward(self, *args, **kwargs)
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if is_compiling() and not _dynamo_follows():
-            return _EAGER.call(self, args, kwargs)
+        if is_compiling():
+            if not _dynamo_follows():
+                return _EAGER.call(self, args, kwargs)
+        elif state.dirty:  # a module or parameter was added inside the block
+            _refresh(state)
         if not role & _ROOT:
             return _counted(inner, self, args, kwargs)
-        given = _first_floating(args, kwargs)
+        first = _first_floating(args, kwargs)
+        back_contiguous = False
         if channels_last:
-            args, kwargs = _map_call(args, kwargs, _channels_last)
+            back_contiguous = first is not None and not _is_channels_last(first)
+            args, kwargs = _map_call(args, kwargs, _channels_last, None)
         if dtype is None:
-            return _counted(inner, self, args, kwargs)
-        args, kwargs = _map_call(args, kwargs, to_compute)
-        out = _counted(inner, self, args, kwargs)
-        return _map(out, _to(given if given is not None else own_dtype))
+            out = _counted(inner, self, args, kwargs)
+        else:
+            args, kwargs = _map_call(args, kwargs, _to, dtype)
+            out = _counted(inner, self, args, kwargs)
+            back = first.dtype if first is not None else _params_dtype(self)
+            if back is not None:
+                out = _map(out, _to, back)
+        return _map(out, _contiguous, None) if back_contiguous else out
 
     forward.__doc__ = base_forward.__doc__
     namespace["forward"] = forward
@@ -390,31 +467,87 @@ def _counted(
         depth.n -= 1
 
 
+def _outside_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
+    # a lazy module initialises its parameters in a forward pre-hook, where its attributes
+    # must be the parameters (nn.init writes them), whatever forward is running around it
+    def call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        depth = _DEPTH
+        saved, depth.n = depth.n, 0
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            depth.n = saved
+
+    call.__name__ = getattr(fn, "__name__", "initialize_parameters")
+    call.__doc__ = fn.__doc__
+    return call
+
+
 def _cast_property(name: str, dtype: torch.dtype, casts: Casts) -> property:
     def get(self: nn.Module) -> Any:
-        param = self._parameters[name]
+        params = self._parameters
+        if name not in params:  # deleted inside the block: an attribute like any other
+            if name in self.__dict__:
+                return self.__dict__[name]
+            raise AttributeError(name)  # Python then asks nn.Module.__getattr__
+        param = params[name]
         if param is None or not (is_compiling() or _DEPTH.n):  # outside forward: the parameter
             return param
         return cast(param, dtype, casts)
 
-    return property(get, doc=f"the parameter {name!r}, cast to {dtype} inside forward")
+    def put(self: nn.Module, value: Any) -> None:
+        self.__dict__[name] = value  # reached only for a name that is no parameter now
+
+    return property(get, put, doc=f"the parameter {name!r}, cast to {dtype} inside forward")
 
 
-@functools.cache
-def _to(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A floating tensor in ``dtype`` (one function per dtype, made once)."""
+def _computed_property(cls: type, name: str, dtype: torch.dtype) -> property:
+    # a weight computed before each call: by a forward pre-hook into the instance's __dict__
+    # (spectral_norm, weight_norm), or by parametrize's property on the class
+    base = inspect.getattr_static(cls, name, None)
+    base = base if isinstance(base, property) else None
 
-    def convert(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype) if t.dtype is not dtype and t.is_floating_point() else t
+    def get(self: nn.Module) -> Any:
+        if base is not None:
+            value = base.__get__(self, type(self))
+        elif name in self.__dict__:
+            value = self.__dict__[name]
+        else:
+            raise AttributeError(name)
+        if not (is_compiling() or _DEPTH.n) or not isinstance(value, torch.Tensor):
+            return value
+        return _to(value, dtype)  # a new weight at every call: cast each time, never kept
 
-    return convert
+    def put(self: nn.Module, value: Any) -> None:
+        if base is not None:
+            base.__set__(self, value)
+        else:
+            self.__dict__[name] = value
+
+    def delete(self: nn.Module) -> None:
+        if base is not None:
+            base.__delete__(self)
+        elif name in self.__dict__:
+            del self.__dict__[name]
+        else:
+            raise AttributeError(name)
+
+    return property(get, put, delete, doc=f"{name!r}, computed, cast to {dtype} inside forward")
 
 
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    if t.dim() == 4 and t.is_floating_point():
-        converted: torch.Tensor = t.contiguous(memory_format=torch.channels_last)
-        return converted
-    return t
+def _saved_in_own_layout(cls: type, state: ModelState) -> Callable[..., None]:
+    base = cls._save_to_state_dict  # type: ignore[attr-defined]
+
+    def _save_to_state_dict(
+        self: nn.Module, destination: Any, prefix: str, keep_vars: bool
+    ) -> None:
+        base(self, destination, prefix, keep_vars)
+        weight = self._parameters.get("weight")
+        key = prefix + "weight"
+        if not keep_vars and weight is not None and key in destination:
+            destination[key] = own_layout(state, weight, destination[key])
+
+    return _save_to_state_dict
 
 
 def _reduce_as(cls: type) -> Callable[..., Any]:
@@ -428,35 +561,58 @@ def _reduce_as(cls: type) -> Callable[..., Any]:
     return __reduce_ex__
 
 
-# --- putting a state in place -------------------------------------------------------------------
+# --- planning: the class each module gets --------------------------------------------------------
+
+_LazyMixin = nn.modules.lazy.LazyModuleMixin
 
 
-def _plan(modules: list[nn.Module], state: ModelState) -> list[tuple[nn.Module, type]]:
-    """The class each of ``modules`` (the model's, the model first) gets for ``state``."""
-    dtype, cl = state.param_dtype, state.channels_last
-    config: Config = (dtype, cl, state.own_dtype)
-    key = (config, tuple(map(id, modules)))
-    planned = state.plans.get(key)
-    if planned is not None:
-        return planned
+def _plan(modules: list[nn.Module], state: ModelState) -> tuple[list[type], int]:
+    """The class each of ``modules`` (the model's, the model first) gets for ``state``, and
+    how many of them are shadow classes.
+
+    Raises:
+        InvalidValueError: a module is TorchScript (nothing has changed yet).
+    """
+    config: Config = (state.param_dtype, state.channels_last)
+    key = (config, tuple(map(id, modules)), tuple(map(type, modules)))
+    found = state.plans.get(key)
+    if found is not None:
+        return found
+    if any(isinstance(m, torch.jit.ScriptModule) for m in modules):
+        raise InvalidValueError(f"model levers on {state.tag}: {torchscript_part(modules[0])}")
+    dtype = state.param_dtype
+    kept = _parametrizations(modules)
     planned = []
     for module in modules:
         cls = original_class(module)
         role = _ROOT if module is modules[0] else 0
-        names: tuple[str, ...] = ()
-        if dtype is not None:
+        parts = _NO_PARTS
+        if dtype is not None and id(module) not in kept:
             if is_norm(module):
                 role |= _NORM
+                parts = Parts(mixed=_mixed_devices(module, dtype))
             else:
-                names = _floating_names(module)
-                if names:
+                computed, sources = _computed_names(module)
+                names = tuple(n for n in _floating_names(module) if n not in sources)
+                if names or computed:
                     role |= _PARAMS
-        keep = role == 0 or (role == _ROOT and dtype is None and not cl)
-        planned.append((module, cls if keep else _shadow_class(state, cls, role, names, config)))
+                    parts = Parts(names, computed)
+            lazy = isinstance(module, _LazyMixin) and module.has_uninitialized_params()
+            if (
+                lazy
+                and getattr(cls, "cls_to_become", None) is not None
+                and role & (_NORM | _PARAMS)
+            ):
+                role |= _LAZY
+        if state.channels_last and convertible(module) is not None:
+            role |= _CONV
+        keep = role == 0 or (role == _ROOT and dtype is None and not state.channels_last)
+        planned.append(cls if keep else _shadow_class(state, cls, role, parts, config))
     if len(state.plans) > 8:  # the model's modules keep changing: keep the latest only
         state.plans.clear()
-    state.plans[key] = planned
-    return planned
+    shadows = sum("_speedflags_own_class" in c.__dict__ for c in planned)
+    state.plans[key] = (planned, shadows)
+    return planned, shadows
 
 
 def _floating_names(module: nn.Module) -> tuple[str, ...]:
@@ -464,34 +620,82 @@ def _floating_names(module: nn.Module) -> tuple[str, ...]:
     return tuple(n for n, p in params.items() if p is not None and p.is_floating_point())
 
 
+def _computed_names(module: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The weights ``module`` computes before each call, and the parameters they come from."""
+    computed: list[str] = []
+    sources: list[str] = []
+    for hook in module._forward_pre_hooks.values():
+        if isinstance(hook, SpectralNorm):
+            computed.append(hook.name)
+            sources.append(hook.name + "_orig")
+        elif isinstance(hook, WeightNorm):
+            computed.append(hook.name)
+            sources += (hook.name + "_g", hook.name + "_v")
+    if parametrize.is_parametrized(module):
+        computed += [str(name) for name in module.parametrizations]  # type: ignore[union-attr]
+    return tuple(computed), tuple(sources)
+
+
+def _parametrizations(modules: list[nn.Module]) -> frozenset[int]:
+    # parametrize's ParametrizationLists and what they hold compute a weight from float32
+    # parameters; the parametrized module casts the weight where it reads it
+    lists = [m for m in modules if isinstance(m, parametrize.ParametrizationList)]
+    return frozenset(id(sub) for held in lists for sub in held.modules())
+
+
+# --- putting a state in place -------------------------------------------------------------------
+
+
 def sync(model: nn.Module, state: ModelState) -> None:
     """Make ``model`` compute as ``state`` says: swap each module's class, convert the
-    convolution weights. All or nothing: a failure (or an interruption) undoes what was done,
-    then raises. The loops are functions of their own: a loop's back edge inside a ``try``
-    can fall outside its handler on Python 3.12+ (tests/test_exception_table_holes.py)."""
+    convolution weights, claim its modules while a lever is set (release them once none
+    is). All or nothing: a failure (or an interruption) undoes what was done, then raises.
+    The loops are functions of their own: a loop's back edge inside a ``try`` can fall
+    outside its handler on Python 3.12+ (tests/test_exception_table_holes.py)."""
     done: list[tuple[nn.Module, type]] = []
-    converted: list[tuple[nn.Parameter, torch.Tensor]] = []
-    classes, strides = dict(state.classes), dict(state.strides)
+    converted: Converted = []
+    layouts = dict(state.layouts)
     modules = list(model.modules())
+    was_holding = holding(state)
+    state.dirty = False
     try:
-        _swap_classes(_plan(modules, state), state, done)
-        with torch.no_grad():
-            if state.channels_last:
-                _to_channels_last(modules, state, converted)
-            elif state.strides:
-                _to_own_layout(state, converted)
+        planned, shadows = _plan(modules, state)
+        if state.on:
+            claim(state, modules)
+        _swap_classes(modules, planned, state, done)
+        if len(state.classes) > shadows:
+            _put_back_strays(modules, state, done)
+        if state.channels_last:
+            to_channels_last(modules, state, converted)
+        elif state.layouts:
+            to_own_layouts(state, converted)
     except BaseException:
         _undo(done, converted)
-        state.classes, state.strides = classes, strides
+        state.layouts = layouts
+        _recount(modules, state)
+        if not was_holding:
+            release(state)
         raise
     finally:
         state.casts.clear()  # no cast outlives a change of setting
+    if not state.on:
+        release(state)
+
+
+def _refresh(state: ModelState) -> None:
+    # a module or parameter was added to the model inside the block: bring it in
+    model = state.model()
+    if model is not None and state.on:
+        sync(model, state)
 
 
 def _swap_classes(
-    planned: list[tuple[nn.Module, type]], state: ModelState, done: list[tuple[nn.Module, type]]
+    modules: list[nn.Module],
+    planned: list[type],
+    state: ModelState,
+    done: list[tuple[nn.Module, type]],
 ) -> None:
-    for module, wanted in planned:
+    for module, wanted in zip(modules, planned, strict=True):
         previous = type(module)
         if previous is wanted:
             continue
@@ -503,30 +707,28 @@ def _swap_classes(
             state.classes.pop(module, None)
 
 
-def _to_channels_last(
-    modules: list[nn.Module],
-    state: ModelState,
-    converted: list[tuple[nn.Parameter, torch.Tensor]],
+def _put_back_strays(
+    modules: list[nn.Module], state: ModelState, done: list[tuple[nn.Module, type]]
 ) -> None:
+    # modules taken out of the model inside the block get their own classes back
+    ids = {id(m) for m in modules}
+    for module, own in list(state.classes.items()):
+        if id(module) not in ids:
+            done.append((module, type(module)))
+            _set_class(module, own)
+            del state.classes[module]
+
+
+def _recount(modules: list[nn.Module], state: ModelState) -> None:
+    # after an undo: the classes map says what each module has again
     for module in modules:
-        weight = module._parameters.get("weight") if isinstance(module, _CONVS) else None
-        if weight is None or weight.dim() != 4 or id(weight) in state.strides:
-            continue
-        converted.append((weight, weight.data))
-        state.strides[id(weight)] = (weight, tuple(weight.stride()))
-        weight.data = weight.data.contiguous(memory_format=torch.channels_last)
+        if shadowed(module):
+            state.classes.setdefault(module, original_class(module))
+        else:
+            state.classes.pop(module, None)
 
 
-def _to_own_layout(state: ModelState, converted: list[tuple[nn.Parameter, torch.Tensor]]) -> None:
-    for weight, stride in list(state.strides.values()):
-        converted.append((weight, weight.data))
-        weight.data = _restrided(weight.data, stride)
-        del state.strides[id(weight)]
-
-
-def _undo(
-    done: list[tuple[nn.Module, type]], converted: list[tuple[nn.Parameter, torch.Tensor]]
-) -> None:
+def _undo(done: list[tuple[nn.Module, type]], converted: Converted) -> None:
     for weight, data in reversed(converted):
         weight.data = data
     for module, previous in reversed(done):
@@ -536,12 +738,3 @@ def _undo(
 def _set_class(module: nn.Module, cls: type) -> None:
     # object's own: nn.Module.__setattr__ would spend longer than the swap on its checks
     object.__setattr__(module, "__class__", cls)
-
-
-def _restrided(data: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
-    """``data``'s values with the strides ``stride`` (a copy; the same values, bit for bit)."""
-    if tuple(data.stride()) == stride:
-        return data
-    out = torch.empty_strided(data.shape, stride, dtype=data.dtype, device=data.device)
-    out.copy_(data)
-    return out

@@ -51,6 +51,7 @@ from .._locks import new_lock
 from .._tracing import is_compiling
 from .._version import install_hint
 from ..errors import LeverUnavailableError
+from ._model_casts import optimizer_stepped, steps_taken
 
 __all__ = [
     "INSTALL",
@@ -314,16 +315,11 @@ def is_twin(module: nn.Module) -> bool:
     return bool(getattr(type(module), "_speedflags_fp8_twin", False))
 
 
-# Optimizer steps taken while a twin is in place: a fused optimizer (AdamW(fused=True))
-# writes the weights without bumping their version counter, so the cast cache keys on this
-# count too. Counted by a process-wide optimizer step hook, registered while any fp8 block
+# Optimizer steps: a fused optimizer (AdamW(fused=True)) writes the weights without bumping
+# their version counter, so the cast cache keys on the optimizer steps taken too, counted by
+# param_dtype's hook (speedflags.levers._model_casts), registered here while any fp8 block
 # holds twins in a model (:func:`hold_steps`) and removed when the last one exits.
-_steps = [0]
 _step_hook: list[Any] = []  # [the hook's handle, how many models hold it]
-
-
-def _count_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    _steps[0] += 1
 
 
 def hold_steps() -> None:
@@ -332,7 +328,7 @@ def hold_steps() -> None:
         if not _step_hook:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            _step_hook[:] = [register_optimizer_step_post_hook(_count_step), 0]
+            _step_hook[:] = [register_optimizer_step_post_hook(optimizer_stepped), 0]
         _step_hook[1] += 1
 
 
@@ -365,7 +361,7 @@ def _make_twin_class(loaded: _Loaded) -> type:
         if mode == 0 or is_compiling():  # training, or traced: torchao's own forward
             out: torch.Tensor = float8_linear.forward(self, input)
             return out
-        key = (weight._version, weight.data_ptr(), _steps[0])
+        key = (weight._version, weight.data_ptr(), steps_taken())
         hit = self.__dict__.get(_CAST)
         if hit is not None and hit[0] == key and hit[1] <= mode:
             weight_t = hit[2]

@@ -2,9 +2,10 @@
 ``channels_last`` (NHWC), the layout cuDNN's and oneDNN's fastest convolution kernels take.
 
 The weights stay the same Parameter objects: each one's data is converted in place and, on
-exit, converted back to the exact strides it had, its values untouched (updates made inside
-the block are kept). Inputs are converted at the model's boundary. Mechanism:
-:mod:`speedflags.levers._model_shadow`.
+exit, its own tensor (storage, offset, strides) comes back holding the values it has then
+(updates made inside the block are kept). Inputs are converted at the model's boundary, and
+4-D outputs come back contiguous when the inputs were. Mechanism:
+:mod:`speedflags.levers._model_layout` and :mod:`speedflags.levers._model_shadow`.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def validate_memory_format(value: object) -> str | None:
 class MemoryFormatLever(ModelLever):
     """``memory_format="channels_last"`` (or ``False``) on one model.
 
-    Scope: model. Restores each convolution weight's strides (the same Parameter, the same
-    values) and the model's own class.
+    Scope: model. Restores each convolution weight's own tensor (the same Parameter, its own
+    storage and strides, the values it has then) and the model's own class.
 
     Example:
         >>> import torch, speedflags
@@ -71,7 +72,7 @@ class MemoryFormatLever(ModelLever):
     validate = staticmethod(validate_memory_format)
 
     def configured(self, model: nn.Module) -> Hashable:
-        config = type(model).__dict__.get("_speedflags_config")
+        config = self.config(model)
         return CHANNELS_LAST if config is not None and config[1] else OFF
 
     def to_field(self, value: Any) -> Any:

@@ -2,12 +2,14 @@
 which stay its float32 parameters (FSDP2's ``param_dtype``, on one device).
 
 Inside the block, the model's ``forward`` reads each floating parameter as a cast, made once
-and reused while the parameter is unchanged; gradients reach the float32 parameters, so the
-optimizer steps them and updates far below bf16's resolution are kept. Floating inputs are
-cast at the model's boundary and floating outputs come back in the inputs' dtype. Norm layers
-keep float32 parameters and compute in float32. ``state_dict()``, ``named_parameters()`` and
-every optimizer reference are the model's own throughout. Mechanism and limits:
-:mod:`speedflags.levers._model_shadow`.
+and reused while the parameter is unchanged (renewed by any optimizer step: fused ones too);
+gradients reach the float32 parameters, so the optimizer steps them and updates far below
+bf16's resolution are kept. Floating inputs are cast at the model's boundary and floating
+outputs come back in the inputs' dtype. Norm layers keep float32 parameters and statistics
+and take the bf16 activations where their kernels do, as autocast feeds them.
+``state_dict()``, ``named_parameters()`` and every optimizer reference are the model's own
+throughout. Mechanism and limits: :mod:`speedflags.levers._model_shadow`,
+:mod:`speedflags.levers._model_casts` and ``docs/model_levers.md``.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class ParamDtypeLever(ModelLever):
     validate = staticmethod(validate_param_dtype)
 
     def configured(self, model: nn.Module) -> Hashable:
-        config = type(model).__dict__.get("_speedflags_config")
+        config = self.config(model)
         if config is None or config[0] is None:
             return OFF
         dtype: torch.dtype = config[0]
@@ -132,7 +134,8 @@ DECLARED = (
         values=f"{CHOICES} (with model=)",
         summary=(
             "the model computes with bf16/fp16 casts of its float32 parameters, made once per "
-            "parameter version (norm layers stay float32); the parameters stay the parameters"
+            "parameter version or optimizer step (norm layers keep float32 parameters); the "
+            "parameters stay the parameters"
         ),
         accuracy=(
             "as amp: bf16 ~3e-3, fp16 ~4e-4 relative error; float32 master weights keep small "

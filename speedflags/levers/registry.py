@@ -40,7 +40,7 @@ from .._locks import new_lock
 from .._short_repr import short_repr
 from ..errors import InstalledLeverWarning, InvalidTypeError, InvalidValueError
 from ._base import UNSET, DeviceLever, Effect
-from ._model_shadow import fsdp_owner
+from ._model_state import refusal
 from .autocast import autocast_lever
 from .deterministic import BENCHMARK_CONTRADICTS
 from .spec import LeverSpec
@@ -203,8 +203,8 @@ def check_levers(call: str, given: Mapping[str, object]) -> tuple[tuple[str, Any
 
 def check_model(call: str, model: object, levers: Sequence[tuple[str, Any]]) -> None:
     """Refuse a ``model=`` that the checked ``levers`` cannot take: a model lever without a
-    model, a model that is not an ``nn.Module`` or whose parameters another system owns
-    (FSDP), or a model given with no model lever.
+    model, a model that is not an ``nn.Module``, whose parameters another system owns
+    (FSDP) or that is TorchScript, or a model given with no model lever.
 
     Example:
         >>> import torch
@@ -229,9 +229,9 @@ def check_model(call: str, model: object, levers: Sequence[tuple[str, Any]]) -> 
             f"{call}(model={type(model).__name__}): model= is for the model levers "
             f"({', '.join(MODEL_LEVER_NAMES)}), and none was given"
         )
-    owner = fsdp_owner(model)
-    if owner is not None:
-        raise InvalidValueError(f"{call}(model={type(model).__name__}, {wanted[0]}=...): {owner}")
+    refused = refusal(model)
+    if refused is not None:
+        raise InvalidValueError(f"{call}(model={type(model).__name__}, {wanted[0]}=...): {refused}")
 
 
 def shown_levers(given: Mapping[str, object]) -> list[str]:
