@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._fast_math import FastMath
 from ._recommend import recommended
@@ -92,8 +92,8 @@ class SpeedupStats:
     @property
     def cuda_graphs(self) -> CudaGraphsStats | None:
         # a @speedup(cuda_graphs=True) step's GraphedStep has them; a GuardedCompile not
-        graphs: CudaGraphsStats | None = getattr(self._compile, "graph_stats", None)
-        return graphs
+        graph_stats = getattr(self._compile, "graph_stats", None)
+        return None if graph_stats is None else cast("CudaGraphsStats", graph_stats())
 
     @property
     def levers(self) -> dict[str, Any]:

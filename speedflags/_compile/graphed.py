@@ -25,6 +25,7 @@ carries them out and says what happened:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import re
@@ -167,9 +168,10 @@ class SkipWatch(logging.Filter):
             )
 
 
+@dataclasses.dataclass(frozen=True)
 class CudaGraphsStats:
-    """What CUDA graphs did for a ``@speedup(cuda_graphs=True)`` step (live, read-only):
-    ``step.stats.cuda_graphs``.
+    """What CUDA graphs did for a ``@speedup(cuda_graphs=True)`` step, as of the moment
+    ``step.stats.cuda_graphs`` was read (each read makes a new one).
 
     Attributes:
         state: ``"pending"`` (not called yet), ``"on"`` (graphed), ``"skipped"`` (no effect
@@ -180,7 +182,8 @@ class CudaGraphsStats:
         recorded: how many signatures graphs were recorded for (``len(shapes)``).
         beyond_limit: how many distinct signatures came after the limit (run eagerly).
         graphed_calls: calls that ran through the compiled step (replays, recordings and
-            the graph trees' warm-up runs); eager_calls: calls past the limit, run eagerly.
+            the graph trees' warm-up runs).
+        eager_calls: calls past the limit, run eagerly.
         skips: inductor's reasons for graphs it did not record ("mutated inputs", ...).
 
     Example:
@@ -193,61 +196,19 @@ class CudaGraphsStats:
         ('skipped', 'no effect on cpu:')
     """
 
-    __slots__ = ("_step",)
-
-    def __init__(self, step: GraphedStep) -> None:
-        self._step = step
-
-    @property
-    def state(self) -> str:
-        return self._step.graphs
-
-    @property
-    def reason(self) -> str | None:
-        return self._step.graphs_reason
-
-    @property
-    def limit(self) -> int:
-        return self._step.budget.limit
-
-    @property
-    def shapes(self) -> list[str]:
-        step = self._step
-        return [policy.describe_signatures([s], step.names) for s in step.budget.seen]
-
-    @property
-    def recorded(self) -> int:
-        return len(self._step.budget.seen)
-
-    @property
-    def beyond_limit(self) -> int:
-        return self._step.budget.beyond_count
-
-    @property
-    def graphed_calls(self) -> int:
-        return self._step.graphed_calls
-
-    @property
-    def eager_calls(self) -> int:
-        return self._step.eager_calls
-
-    @property
-    def skips(self) -> list[str]:
-        return list(self._step.skips)
+    state: str
+    reason: str | None
+    limit: int
+    shapes: list[str]
+    recorded: int
+    beyond_limit: int
+    graphed_calls: int
+    eager_calls: int
+    skips: list[str]
 
     def to_dict(self) -> dict[str, Any]:
         """The stats as plain values."""
-        names = ("state", "reason", "limit", "shapes", "recorded", "beyond_limit",
-                 "graphed_calls", "eager_calls", "skips")  # fmt: skip
-        return {name: getattr(self, name) for name in names}
-
-    def __repr__(self) -> str:
-        reason = f", reason={self.reason!r}" if self.reason else ""
-        return (
-            f"CudaGraphsStats(state={self.state!r}{reason}, recorded={self.recorded}, "
-            f"limit={self.limit}, graphed_calls={self.graphed_calls}, "
-            f"eager_calls={self.eager_calls}, skips={len(self._step.skips)})"
-        )
+        return dataclasses.asdict(self)
 
 
 class GraphedStep:
@@ -256,7 +217,7 @@ class GraphedStep:
     ``compile_options`` are the step's own ``compile=`` options (``None``: not asked for);
     they are checked against CUDA graphs here, when the decorator is built. Calling it calls
     the step. ``graphs`` is ``"pending"``, ``"on"`` or ``"skipped"`` (``graphs_reason``
-    says why), ``graph_stats`` its :class:`CudaGraphsStats`. ``SpeedupStats`` reads it as
+    says why), ``graph_stats()`` its :class:`CudaGraphsStats` now. ``SpeedupStats`` reads it as
     a :class:`GuardedCompile` (``state``, ``reason``, ``options``, ``levers``: those of the
     compiled step, once there is one).
     """
@@ -280,7 +241,6 @@ class GraphedStep:
         self.skips: list[str] = []
         self.graphed_calls = 0
         self.eager_calls = 0
-        self.graph_stats = CudaGraphsStats(self)
         self._user_options = compile_options
         policy.graph_options(compile_options, shown)  # refused now, not at the first call
         self._device = device
@@ -291,6 +251,21 @@ class GraphedStep:
         self._lock = new_lock()
         self._warned_limit = False
         self._serial = next(_serials)
+
+    def graph_stats(self) -> CudaGraphsStats:
+        """What CUDA graphs did for this step so far."""
+        seen = self.budget.seen
+        return CudaGraphsStats(
+            state=self.graphs,
+            reason=self.graphs_reason,
+            limit=self.budget.limit,
+            shapes=[policy.describe_signatures([s], self.names) for s in seen],
+            recorded=len(seen),
+            beyond_limit=self.budget.beyond_count,
+            graphed_calls=self.graphed_calls,
+            eager_calls=self.eager_calls,
+            skips=list(self.skips),
+        )
 
     # --- read by SpeedupStats, as a GuardedCompile ---------------------------------------
 
