@@ -317,7 +317,8 @@ class FlagLedger:
                 # the restore records: Ring.closed's entry, appended here (the hot path)
                 ring = self.ring
                 ring.seq = seq = ring.seq + n
-                kept = None if unwind is None or unwind.notes is None else tuple(unwind.notes)
+                notes = None if unwind is None else unwind.settle()
+                kept = None if notes is None else tuple(notes)
                 self._entries.append(
                     entry("restore", seq - n + 1, _ring.now(), frame.label, frame.id,
                           frame.thread, frame.rank, where, program.lever_keys[:n], kept,

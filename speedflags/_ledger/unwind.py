@@ -199,7 +199,8 @@ class Unwind:
     ``found`` and ``restored`` are the close's own lists (per lever, by index: what it read,
     what it left); ``notes`` the records' notes (made on first use), ``notices`` the warnings,
     ``failures`` the restores that failed, ``pending`` an interruption raised once the exit
-    is complete.
+    is complete. Drift found on the way is kept in ``drifts`` and worded once every lever is
+    restored, by :meth:`settle` (the words ask the watch who wrote the flag).
 
     Example:
         >>> import threading
@@ -212,6 +213,7 @@ class Unwind:
     """
 
     __slots__ = (
+        "drifts",
         "failures",
         "found",
         "frame",
@@ -243,6 +245,8 @@ class Unwind:
         self.notices: list[Notice] = []
         self.failures: list[Failure] = []
         self.pending: BaseException | None = None
+        # (lever, found, expected, whether its note is the record's): worded by settle()
+        self.drifts: list[tuple[int, Any, Any, bool]] = []
 
     def _note(self, i: int, note: str) -> None:
         if self.notes is None:
@@ -258,16 +262,21 @@ class Unwind:
             held[i] = found
             self._note(i, HELD_NOTE)
             return
-        self._note(i, self._drift(i, found, frame.afters[i]))
+        self.drifts.append((i, found, frame.afters[i], True))
 
-    def _drift(self, i: int, found: Any, expected: Any) -> str:
-        """Lever ``i`` found at ``found`` where ``expected`` should hold: its warning (kept),
-        and its record's note (returned)."""
+    def settle(self) -> list[str] | None:
+        """Word the drift found so far (each lever's warning, and its record's note where
+        the drift is the note), once; the records' notes."""
         frame = self.frame
-        lever = frame.program.levers[i]
-        note, notice = _notices.drift(lever, found, expected, frame.befores[i], frame)
-        self.notices.append(notice)
-        return note
+        drifts = self.drifts
+        while drifts:
+            i, found, expected, noted = drifts.pop(0)
+            lever = frame.program.levers[i]
+            note, notice = _notices.drift(lever, found, expected, frame.befores[i], frame)
+            self.notices.append(notice)
+            if noted:
+                self._note(i, note)
+        return self.notes
 
     def buried(self, i: int) -> None:
         """Lever ``i`` is under later frames (or off its stack: an interrupted exit's): put
@@ -280,7 +289,7 @@ class Unwind:
         if position is not None and position < len(stack) - 1:
             top, j = stack[-1]
             if self.found[i] != top.afters[j]:  # the later frame's state did not hold: drift
-                self._drift(i, self.found[i], top.afters[j])
+                self.drifts.append((i, self.found[i], top.afters[j], False))
         self.restored[i] = _finish_lever(self.stacks, self.ring, frame, i, self.where)
 
     def failed(self, i: int, exc: BaseException) -> None:
@@ -328,8 +337,9 @@ class Unwind:
         self.stacks.open.pop(frame.id, None)
         # the close may have recorded it before the interruption (checked here, off its hot
         # path)
+        notes = self.settle()  # recorded already or not, the drift's warnings are said
         if not self.ring.closed_last(frame):
-            self.ring.closed(frame, self.where, found, restored, self.notes)
+            self.ring.closed(frame, self.where, found, restored, notes)
         _own_writes.leave(watched)
         self.pending = self.pending or exc
 

@@ -221,14 +221,12 @@ def claim(state: ModelState, modules: list[nn.Module]) -> None:
     with _LOCK:
         if state in _ACTIVE and state.claimed == ids:
             return  # the same modules as at its last sync (a block entered every step)
-        claims = _CLAIMS
-        for module, key in zip(modules, ids, strict=True):
-            other = claims.get(key)
-            if other is not None and other is not state and other.on and _holds(other, module):
-                raise InvalidValueError(_overlap(state, modules, module, other))
+        conflict = _claimed_by_another(state, modules, ids)
+        if conflict is not None:
+            raise InvalidValueError(_overlap(state, modules, *conflict))
         _unclaim(state, set(ids))
         for key in ids:
-            claims[key] = state
+            _CLAIMS[key] = state
         state.claimed = ids
         if state not in _ACTIVE:
             if not _ACTIVE:
@@ -246,6 +244,19 @@ def release(state: ModelState) -> None:
             del _ACTIVE[state]
             if not _ACTIVE:
                 _remove_hooks()
+
+
+def _claimed_by_another(
+    state: ModelState, modules: list[nn.Module], ids: tuple[int, ...]
+) -> tuple[nn.Module, ModelState] | None:
+    # A function of its own, called under the lock: a loop whose body ends in an `if` has a
+    # back edge outside the `with`'s exception table on Python 3.12+
+    # (tests/test_exception_table_holes.py)
+    for module, key in zip(modules, ids, strict=True):
+        other = _CLAIMS.get(key)
+        if other is not None and other is not state and other.on and _holds(other, module):
+            return module, other
+    return None
 
 
 def _unclaim(state: ModelState, kept: set[int]) -> None:
