@@ -276,6 +276,16 @@ def test_per_thread_stacks_do_not_pile_up() -> None:
     assert len(speedflags.ledger().stacks.by_key) <= 80
 
 
+def test_the_stacks_of_models_no_longer_under_a_lever_do_not_pile_up() -> None:
+    # Failed before: each model has a domain of its own, and their emptied stacks were kept
+    # for ever (a process making models, a test suite or a tuning loop, grew without bound)
+    for _ in range(200):
+        net = torch.nn.Linear(2, 2)
+        with fast_math(model=net, param_dtype="bf16"):
+            net(torch.ones(1, 2))
+    assert len(speedflags.ledger().stacks.by_key) <= 80
+
+
 def test_each_frame_records_its_threads_name_at_entry_and_a_renamed_thread_its_new_one() -> None:
     spec = fast_math(cudnn_benchmark=True, label="named")
     names: list[str] = []

@@ -72,12 +72,13 @@ class Stacks:
         """A new, empty stack for ``key``.
 
         Emptied stacks are kept for the next frame (docs/architecture.md, "The hot path");
-        those of threads gone are dropped here, once the stacks that are kept outnumber
-        ``_KEEP_STACKS``.
+        once the stacks kept outnumber ``_KEEP_STACKS``, the empty ones are dropped here:
+        those of threads gone, of models gone or no longer under a lever (a domain per
+        model), and the few a next frame makes again.
         """
         stacks = self.by_key
         if len(stacks) >= _KEEP_STACKS:
-            for old in [k for k, stack in stacks.items() if not stack and isinstance(k, tuple)]:
+            for old in [k for k, stack in stacks.items() if not stack]:
                 del stacks[old]
         stack: Stack = []
         stacks[key] = stack
