@@ -5,6 +5,7 @@ Also the pytest session table of ``benchmarks/`` (its conftest), run as a subpro
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -261,6 +262,10 @@ def test_a_real_ctrl_c_stops_cleanly() -> None:
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        # Ctrl-C as by default in the run, as in a terminal: a suite started in the
+        # background by a shell without job control ignores SIGINT, and the run would inherit
+        # that and finish (exit 0) instead of stopping
+        preexec_fn=functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stderr is not None

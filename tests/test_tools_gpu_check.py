@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -213,7 +214,13 @@ def test_a_step_past_its_cap_is_asked_to_stop_then_killed_with_its_children(
         "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(120)\n"
     )
     slow = gpu_check.Step("slow", ["-c", code], 16)
-    launched = gpu_check._launch(slow, str(tmp_path), sys.executable, 500)
+    # as in a check started in the background by a shell without job control, which ignores
+    # SIGINT (its children inherit it): failed before, the step never saw the Ctrl-C
+    ignoring = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        launched = gpu_check._launch(slow, str(tmp_path), sys.executable, 500)
+    finally:
+        signal.signal(signal.SIGINT, ignoring)
     assert isinstance(launched, gpu_check._Launched)
     _wait_for(ready.exists, "the step to be ready")
     grace = min(gpu_check.INTERRUPT_GRACE_S, launched.cap / 4)

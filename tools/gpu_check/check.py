@@ -78,6 +78,14 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def _answer_ctrl_c() -> None:
+    # In the step's process, before it runs: Ctrl-C as by default, so that the step asked to
+    # stop at its cap writes what it has. A check started in the background by a shell
+    # without job control (a CI script's `cmd &`, a remote runner) ignores SIGINT, and its
+    # children would inherit that and be killed at the end of the grace with nothing written.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
     """Kill ``process`` and every process it started (its own session)."""
     try:
@@ -155,6 +163,7 @@ def _launch(step: Step, out: str, python: str, left: float) -> _Launched | dict[
         env=_env(step.env),
         cwd=ROOT,
         start_new_session=True,  # a group of its own: killed whole when past its cap
+        preexec_fn=_answer_ctrl_c,
     )
     return _Launched(step, record, process, fh, cap, time.perf_counter())
 
