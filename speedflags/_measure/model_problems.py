@@ -244,7 +244,7 @@ class TransformerTrainProblem(Problem):
         layer = nn.TransformerEncoderLayer(
             self.d_model, self.heads, self.ff, dropout=0.0, batch_first=True, device="meta"
         )
-        encoder = nn.TransformerEncoder(layer, self.layers, enable_nested_tensor=False)
+        encoder = nn.TransformerEncoder(layer, self.layers, enable_nested_tensor=False)  # type: ignore[no-untyped-call, unused-ignore]
         model = nn.Sequential(encoder, nn.Linear(self.d_model, self.classes, device="meta"))
         model = model.to_empty(device=self.device)
         with torch.no_grad():

@@ -51,7 +51,7 @@ Casts = dict[tuple[int, torch.dtype], tuple[int, int, int, int, torch.Tensor]]
 # Plain tensors only: a tensor subclass (FakeTensor under torch.export, a lazy module's
 # UninitializedParameter, DTensor) has no data pointer to key on, or means something else by it.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_tracing_state = torch._C._get_tracing_state
+_tracing_state = torch._C._get_tracing_state  # type: ignore[attr-defined, unused-ignore]
 _is_lazy = torch.nn.parameter.is_lazy  # an uninitialised parameter of a lazy module
 
 

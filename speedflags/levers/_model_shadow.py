@@ -175,7 +175,7 @@ def _try_mixed(kind: type, dtype: torch.dtype) -> bool:
     if make is None:
         return False
     try:
-        with torch.inference_mode(False), torch.enable_grad():
+        with torch.inference_mode(False), torch.enable_grad():  # type: ignore[no-untyped-call, unused-ignore]
             norm = make()  # float32 parameters and statistics, initialised without the RNG
             x = torch.arange(16.0).reshape(2, 2, 2, 2).to(dtype).requires_grad_()
             out = norm(x)
@@ -245,7 +245,7 @@ def _is_channels_last(t: torch.Tensor) -> bool:
 
 def _contiguous(t: torch.Tensor, _: Any) -> torch.Tensor:
     if t.dim() == 4 and t.is_floating_point() and _is_channels_last(t):
-        return t.contiguous()
+        return t.contiguous()  # type: ignore[no-any-return, unused-ignore]
     return t
 
 
@@ -632,7 +632,7 @@ def _computed_names(module: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]
             computed.append(hook.name)
             sources += (hook.name + "_g", hook.name + "_v")
     if parametrize.is_parametrized(module):
-        computed += [str(name) for name in module.parametrizations]  # type: ignore[union-attr]
+        computed += [str(name) for name in module.parametrizations]  # type: ignore[union-attr, unused-ignore]
     return tuple(computed), tuple(sources)
 
 

@@ -223,7 +223,8 @@ class _DropNoise(logging.Filter):
 @contextlib.contextmanager
 def _quiet_import() -> Iterator[None]:
     """torchao's import, without its CPU-build noise (kept in :func:`import_notes`)."""
-    if torch.version.cuda is not None or torch.version.hip is not None:
+    # bool(): torch 2.1's stubs call torch.version.cuda a str, later ones Optional[str]
+    if bool(torch.version.cuda) or bool(torch.version.hip):
         yield  # a GPU build: a kernel that failed to load may matter; let torchao say so
         return
     filters = [(logging.getLogger(name), _DropNoise(p)) for name, p in _IMPORT_NOISE.items()]
