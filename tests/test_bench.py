@@ -191,7 +191,9 @@ def test_ctrl_c_prints_the_results_so_far_and_restores(
     before = speedflags.snapshot()
     path = tmp_path / "partial.json"
     assert bench("--workload", "matmul,sdpa", "--json", str(path)) == 130
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # when it stopped, not "took" (an interrupted run never took the estimate's time)
+    assert err.splitlines()[-1].startswith("stopped after ") and "(estimated: " in err
     assert "interrupted (Ctrl-C): the results so far" in out
     assert "matmul cpu 32  fp32" in out and "sdpa" not in out
     assert "flags: every lever reads as it did before the run" in out

@@ -224,7 +224,9 @@ def command(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
     took = result.environment.get("elapsed_s")
     if took is not None:
-        print(f"took {duration(took)} (estimated: {duration(expected)})", file=sys.stderr)
+        # an interrupted run did not take the estimate's time: say when it stopped instead
+        done = "stopped after" if result.interrupted else "took"
+        print(f"{done} {duration(took)} (estimated: {duration(expected)})", file=sys.stderr)
     if result.interrupted:
         print("\ninterrupted (Ctrl-C): the results so far", flush=True)
     print(render(result.results))
