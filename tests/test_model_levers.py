@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import speedflags
 from speedflags.errors import InvalidTypeError, InvalidValueError
-from speedflags.levers import _model_shadow
+from speedflags.levers import _model_casts, _model_shadow
 
 pytestmark = pytest.mark.usefixtures("cpu_with_bf16")
 
@@ -204,7 +204,11 @@ def test_a_cast_is_made_once_per_block_in_inference_and_once_per_optimizer_step(
             net(x).float().sum().backward()  # two micro-batches: one cast
         optimizer.step()  # the weight changed: cast again
         net(x).float().sum().backward()
-    assert _param_casts(ops, net) == 2
+    if _model_casts.steps_are_seen():
+        assert _param_casts(ops, net) == 2
+    else:  # PyTorch 2.1 once torch.compile ran here: renewed after each backward instead
+        assert torch.__version__ < "2.2"
+        assert _param_casts(ops, net) == 3
 
 
 def test_a_write_to_a_parameter_inside_the_block_reaches_the_parameter() -> None:

@@ -215,6 +215,28 @@ def test_the_global_hooks_are_set_while_any_block_is_open_and_gone_after_the_las
     assert _model_state.active_states() == ()
 
 
+def test_finding_whether_steps_are_seen_inside_a_block_costs_no_cast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first cast for training in a process asks whether PyTorch calls the step hooks, by
+    # stepping a one-element SGD while the block's hooks are on: that step was counted, and
+    # the next forward cast every weight again (3 casts for 2 micro-batches and a step, alone
+    # in a fresh process; 2 after any other test had asked). Forgotten here, asked again.
+    monkeypatch.setattr(_model_casts, "_SEEN", {})
+    net = nn.Linear(4, 4, bias=False)
+    x = torch.ones(2, 4)
+    with speedflags.fast_math(model=net, param_dtype="bf16"):
+        steps = _model_casts.steps_taken()
+        first = net(x)
+        assert _model_casts._SEEN  # the question was asked, inside the block
+        assert _model_casts.steps_taken() == steps  # its step is not counted
+        (state,) = _model_state.active_states()
+        ((*_, cast),) = state.casts.values()  # nor did it empty the cache
+        assert torch.equal(net(x), first)
+        ((*_, again),) = state.casts.values()
+        assert again is cast  # the second forward reused the first one's cast
+
+
 def test_an_optimizer_step_elsewhere_only_renews_casts() -> None:
     # the hook counts steps; a step of another model's optimizer costs a cast, changes nothing
     if not _model_casts.steps_are_seen():

@@ -40,7 +40,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .._tracing import is_compiling
 
-__all__ = ["Casts", "cast", "optimizer_stepped", "steps_are_seen", "steps_taken"]
+__all__ = ["Casts", "cast", "is_probe", "optimizer_stepped", "steps_are_seen", "steps_taken"]
 
 # A model's casts: (id(parameter), dtype) -> (version, data pointer, mode, steps, cast).
 # Modes: 0 made with autograd (serves every mode), 1 without (serves no_grad and inference
@@ -67,7 +67,15 @@ _STEPS = _Steps()
 
 def optimizer_stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
     """The global optimizer step post-hook: every cast made before this step is stale."""
-    _STEPS.n += 1
+    if not is_probe(optimizer):
+        _STEPS.n += 1
+
+
+def is_probe(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is :func:`steps_are_seen`'s own one-element SGD, whose step
+    changes no model: the step hooks pass it by (counted, it made every cast in the block
+    that asked stale, and the next read cast again)."""
+    return getattr(optimizer, "_speedflags_probe", False) is True
 
 
 def steps_taken() -> int:
@@ -97,7 +105,9 @@ def _try_a_step() -> bool:
     handle = register_optimizer_step_post_hook(lambda *_: fired.append(True))
     try:
         with torch.inference_mode(False):
-            torch.optim.SGD([param], lr=0.0).step()
+            probe = torch.optim.SGD([param], lr=0.0)
+            probe._speedflags_probe = True  # type: ignore[attr-defined]
+            probe.step()
     finally:
         handle.remove()
     return bool(fired)

@@ -32,7 +32,7 @@ from torch import nn
 from .._locks import new_lock
 from .._tracing import is_compiling
 from ..errors import InvalidValueError
-from ._model_casts import Casts, optimizer_stepped
+from ._model_casts import Casts, is_probe, optimizer_stepped
 
 __all__ = [
     "ModelState",
@@ -312,7 +312,7 @@ def _before_a_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     # that used them are gone after the backward; freed now, their memory serves the step's
     # own temporaries (held until the next forward, they made the CPU allocator fault in
     # fresh pages at every step: 1.5x autocast's page faults on a ResNet-18 step)
-    if is_compiling():  # traced: nothing to free at trace time
+    if is_compiling() or is_probe(optimizer):  # traced: nothing to free at trace time
         return
     with _LOCK:
         for state in _ACTIVE:
