@@ -7,14 +7,28 @@
         rank 1 switches TF32 on, then every rank runs `python -m speedflags report`.
 
 Every collective runs under a short process-group timeout, so a rank left waiting fails
-instead of hanging; the test also bounds and kills the whole process.
+instead of hanging. A rank still running after HANG_LIMIT_S (stuck anywhere: its imports,
+a scenario, gloo's teardown) prints every thread's stack to stderr and exits, before the
+test's own bound kills it: the test's failure then shows where each rank was. Each rank also
+says on stderr when it reaches each step.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import sys
+import time
+
+# the test waits 180 s for a rank (tests/test_distributed.py); this comes well before
+HANG_LIMIT_S = 120
+STARTED = time.monotonic()
+if __name__ == "__main__":
+    # armed before the imports below, so a rank stuck while importing shows where too
+    faulthandler.dump_traceback_later(HANG_LIMIT_S, exit=True)
+
 import json
 import os
-import sys
+import threading
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -29,7 +43,14 @@ from speedflags import RankMismatchError, fast_math, speedup
 from speedflags._distributed.compare import PER_RANK
 
 TIMEOUT = timedelta(seconds=30)
+# how long the group's teardown may take once the findings are written (below)
+TEARDOWN_LIMIT_S = 20
 THREADS = torch.get_num_threads()
+
+
+def progress(rank: int, step: str) -> None:
+    """One line on stderr: where this rank is, and when (the test shows it if a rank fails)."""
+    print(f"rank {rank}: {step} at {time.monotonic() - STARTED:.1f} s", file=sys.stderr, flush=True)
 
 
 def rank_records(label_part: str) -> list[dict[str, Any]]:
@@ -164,7 +185,22 @@ SCENARIOS: dict[str, Callable[[int], dict[str, Any]]] = {
 }
 
 
+def tear_down(rank: int) -> None:
+    """Destroy the group, bounded: gloo's teardown on PyTorch 2.1 now and then never returns
+    (a worker thread it joins), after the findings are written; that is not what these tests
+    test, so a rank past TEARDOWN_LIMIT_S says so and leaves anyway."""
+    teardown = threading.Thread(target=dist.destroy_process_group, daemon=True)
+    teardown.start()
+    teardown.join(TEARDOWN_LIMIT_S)
+    if teardown.is_alive():
+        progress(rank, f"the group's teardown still running after {TEARDOWN_LIMIT_S} s; leaving")
+        faulthandler.dump_traceback(all_threads=True)
+    else:
+        progress(rank, "group destroyed")
+
+
 def run_ranks(rank: int, world_size: int, store_file: str, out_file: str) -> None:
+    progress(rank, "imported; joining the group")
     dist.init_process_group(
         "gloo",
         init_method=f"file://{store_file}",
@@ -172,6 +208,7 @@ def run_ranks(rank: int, world_size: int, store_file: str, out_file: str) -> Non
         world_size=world_size,
         timeout=TIMEOUT,
     )
+    progress(rank, "joined")
     results: dict[str, Any] = {}
     try:
         for name, scenario in SCENARIOS.items():
@@ -179,11 +216,13 @@ def run_ranks(rank: int, world_size: int, store_file: str, out_file: str) -> Non
                 results[name] = scenario(rank)
             except Exception:
                 results[name] = {"error": traceback.format_exc()}
+            progress(rank, f"{name} done")
             dist.barrier()
     finally:
         with open(out_file, "w", encoding="utf-8") as fh:
             json.dump(results, fh)
-        dist.destroy_process_group()
+        progress(rank, "findings written")
+        tear_down(rank)
 
 
 def report_mismatch() -> int:

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,9 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def stop(proc: subprocess.Popen[str]) -> None:
+def stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
     """End ``proc`` and everything it started: SIGTERM first (torchrun passes it on to its
-    workers), then SIGKILL to whatever is left."""
+    workers), then SIGKILL to whatever is left. Returns what it printed (stdout, stderr)."""
     below = descendants(proc.pid)
     proc.terminate()
     try:
@@ -86,24 +87,38 @@ def stop(proc: subprocess.Popen[str]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    proc.communicate()
+    return proc.communicate()
+
+
+def outputs(results: list[subprocess.CompletedProcess[str]]) -> str:
+    """Each process's stderr, its end (where a rank was, its stacks if it hung)."""
+    return "\n".join(
+        f"--- process {i} (exit {r.returncode}), stderr's end:\n{(r.stderr or '')[-3000:]}"
+        for i, r in enumerate(results)
+    )
 
 
 def run_bounded(procs: list[subprocess.Popen[str]]) -> list[subprocess.CompletedProcess[str]]:
-    """Wait for every process (bounded); stop any still running, with what it started."""
-    results = []
-    try:
-        for proc in procs:
-            try:
-                out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"{proc.args!r} ran past {PROCESS_TIMEOUT_S} s", pytrace=False)
-            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                stop(proc)
+    """Wait for every process (bounded); stop any still running, with what it started. A
+    process past the bound fails the test, with every process's stderr."""
+    results: list[subprocess.CompletedProcess[str]] = []
+    late: list[Any] = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=PROCESS_TIMEOUT_S if not late else 1)
+        except subprocess.TimeoutExpired:
+            late.append(proc.args)
+            out, err = stop(proc)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    if late:
+        pytest.fail(f"{late!r} ran past {PROCESS_TIMEOUT_S} s\n{outputs(results)}", pytrace=False)
     return results
+
+
+def hung(results: list[subprocess.CompletedProcess[str]]) -> bool:
+    """Whether a rank left through its hang guard (_dist_worker.HANG_LIMIT_S): faulthandler's
+    'Timeout (0:02:00)!' heads the stacks it prints."""
+    return any("Timeout (" in (r.stderr or "") for r in results)
 
 
 def start(args: list[str]) -> subprocess.Popen[str]:
@@ -137,16 +152,28 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """One two-rank run of every scenario in _dist_worker.py; each rank's findings."""
     if not distributed.AVAILABLE:
         pytest.skip(f"PyTorch {torch.__version__} is built without torch.distributed")
-    tmp = tmp_path_factory.mktemp("ranks")
-    outs = [tmp / f"rank{rank}.json" for rank in range(WORLD_SIZE)]
-    procs = [
-        start([str(WORKER), "ranks", str(rank), str(WORLD_SIZE), str(tmp / "store"), str(out)])
-        for rank, out in enumerate(outs)
-    ]
-    results = run_bounded(procs)
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return [json.loads(out.read_text()) for out in outs]
+    for attempt in (1, 2):
+        tmp = tmp_path_factory.mktemp("ranks")
+        outs = [tmp / f"rank{rank}.json" for rank in range(WORLD_SIZE)]
+        procs = [
+            start([str(WORKER), "ranks", str(rank), str(WORLD_SIZE), str(tmp / "store"), str(out)])
+            for rank, out in enumerate(outs)
+        ]
+        results = run_bounded(procs)
+        if attempt == 1 and hung(results):
+            # Once in many runs on PyTorch 2.1 (gloo), a rank has hung where no collective
+            # was waiting; a hang is run again once, and said in the warnings summary with
+            # where each rank was. Two in a row fail; a wrong finding fails at once.
+            warnings.warn(
+                f"a two-rank run hung and was run again:\n{outputs(results)}",
+                pytest.PytestWarning,
+                stacklevel=1,
+            )
+            continue
+        for result in results:
+            assert result.returncode == 0, outputs(results)
+        return [json.loads(out.read_text()) for out in outs]
+    raise AssertionError("unreachable: the second attempt returns or fails")
 
 
 def scenario(ranks: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
